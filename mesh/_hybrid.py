@@ -1,0 +1,193 @@
+"""`HybridMesh`: an ICI x DCN mesh for multi-slice pods, and the device ordering behind it.
+
+Ordering (the rule the tests pin down):
+
+1. Devices are grouped by ``slice_index`` (slices in increasing index order); each slice is
+   one DCN "granule".
+2. Inside a slice, devices are laid out on their physical grid by ``coords`` (x, y, z) and
+   ``core_on_chip``; physical axes of size 1 are dropped. The logical ICI axes are given whole
+   physical axes: the first permutation of physical axes (lexicographic) whose consecutive
+   sizes multiply to each logical size, in order, wins; so a logical axis that equals a
+   physical axis (or a product of them) is a physical ring/torus line. When no such
+   assignment exists, the devices in physical row-major order are reshaped (physical axes
+   are split). Devices without ``coords`` (CPU, GPU) are ordered by id.
+3. The per-slice ICI meshes are tiled over the DCN mesh so that mesh axis ``i`` has size
+   ``dcn[i] * ici[i]`` with the DCN index major (JAX's ``create_hybrid_device_mesh``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mesh._mesh import Mesh
+from mesh._runtime import runtime_device_attributes
+from mesh.errors import MeshError
+
+__all__ = ["DeviceInfo", "HybridMesh", "hybrid_device_order"]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the mesh needs to know of a device: its id and where it sits.
+
+    Attributes:
+        id: the runtime device id (ordinal).
+        coords: physical chip coordinates (x, y, z) on TPU; ``None`` where unknown.
+        core_on_chip: the core index within the chip (TPU v2/v3 have 2 cores per chip).
+        slice_index: the slice (DCN granule) the device belongs to.
+    """
+
+    id: int
+    coords: tuple[int, ...] | None = None
+    core_on_chip: int = 0
+    slice_index: int = 0
+
+    @classmethod
+    def from_attributes(cls, device_id: int, attributes: dict) -> DeviceInfo:
+        """Build from one entry of torch_xla's ``global_runtime_device_attributes()``."""
+        coords = attributes.get("coords")
+        return cls(
+            id=device_id,
+            coords=tuple(int(c) for c in coords) if coords is not None else None,
+            core_on_chip=int(attributes.get("core_on_chip", 0)),
+            slice_index=int(attributes.get("slice_index", 0)),
+        )
+
+
+def _physical_grid(devices: Sequence[DeviceInfo]) -> np.ndarray:
+    """Device ids placed on their physical grid: axes (x, y, z, core), size-1 axes dropped."""
+    if any(d.coords is None for d in devices):
+        return np.asarray(sorted(d.id for d in devices), dtype=np.int64)
+    ndim = len(devices[0].coords)  # type: ignore[arg-type]
+    positions = [tuple(d.coords) + (d.core_on_chip,) for d in devices]  # type: ignore[operator]
+    lo = [min(p[k] for p in positions) for k in range(ndim + 1)]
+    extent = [max(p[k] for p in positions) - lo[k] + 1 for k in range(ndim + 1)]
+    if int(np.prod(extent)) != len(devices):
+        raise MeshError(
+            f"The {len(devices)} devices of a slice do not fill their bounding box {tuple(extent)} "
+            "(coords x, y, z, core); a slice must be a full rectangular block of chips."
+        )
+    grid = np.full(extent, -1, dtype=np.int64)
+    for d, p in zip(devices, positions):
+        grid[tuple(p[k] - lo[k] for k in range(ndim + 1))] = d.id
+    if (grid < 0).any():
+        raise MeshError("Two devices share the same coords and core_on_chip; check the topology.")
+    return grid.reshape([e for e in extent if e > 1] or [1])
+
+
+def _assign_whole_axes(phys_shape: tuple[int, ...], logical: tuple[int, ...]) -> list[int] | None:
+    """A permutation of physical axes that groups consecutively into the logical sizes."""
+    for perm in itertools.permutations(range(len(phys_shape))):
+        sizes = [phys_shape[p] for p in perm]
+        pos = 0
+        ok = True
+        for want in logical:
+            have = 1
+            while have < want and pos < len(sizes):
+                have *= sizes[pos]
+                pos += 1
+            if have != want:
+                ok = False
+                break
+        if ok and pos == len(sizes):
+            return list(perm)
+    return None
+
+
+def ici_device_order(devices: Sequence[DeviceInfo], ici_mesh_shape: Sequence[int]) -> np.ndarray:
+    """The devices of one slice as an array of shape ``ici_mesh_shape`` (rule 2 above)."""
+    shape = tuple(int(s) for s in ici_mesh_shape)
+    if int(np.prod(shape)) != len(devices):
+        raise MeshError(
+            f"ici_mesh_shape {shape} holds {int(np.prod(shape))} devices but a slice has "
+            f"{len(devices)}; its product must equal the devices per slice."
+        )
+    grid = _physical_grid(devices)
+    perm = _assign_whole_axes(grid.shape, shape)
+    if perm is not None:
+        grid = grid.transpose(perm)
+    return grid.reshape(shape)
+
+
+def hybrid_device_order(
+    devices: Sequence[DeviceInfo], ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int]
+) -> np.ndarray:
+    """Device ids as an array of shape ``dcn * ici`` (elementwise), per the module's rules."""
+    ici = tuple(int(s) for s in ici_mesh_shape)
+    dcn = tuple(int(s) for s in dcn_mesh_shape)
+    if len(ici) != len(dcn):
+        raise MeshError(
+            f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have the same number of axes; "
+            "pad the shorter one with 1s."
+        )
+    slices: dict[int, list[DeviceInfo]] = {}
+    for d in devices:
+        slices.setdefault(d.slice_index, []).append(d)
+    granules = [slices[k] for k in sorted(slices)]
+    if int(np.prod(dcn)) != len(granules):
+        raise MeshError(
+            f"dcn_mesh_shape {dcn} asks for {int(np.prod(dcn))} slices but the devices come from "
+            f"{len(granules)} slice(s) (slice_index values {sorted(slices)})."
+        )
+    per_slice = [ici_device_order(g, ici) for g in granules]
+    granule_grid = np.arange(len(granules)).reshape(dcn)
+    blocks = np.empty(dcn, dtype=object)
+    for idx in np.ndindex(*dcn):
+        blocks[idx] = per_slice[granule_grid[idx]]
+    return np.block(blocks.tolist()) if len(dcn) > 0 else per_slice[0]
+
+
+class HybridMesh(Mesh):
+    """A mesh over ICI-connected devices within slices and DCN between slices.
+
+    Axis ``i`` has size ``ici_mesh_shape[i] * dcn_mesh_shape[i]``; order axes by increasing
+    network intensity (e.g. ``('data', 'fsdp', 'tensor')``) and put the slice count on the
+    outermost (data) axis of ``dcn_mesh_shape``.
+
+    Args:
+        ici_mesh_shape: the logical mesh within one slice.
+        dcn_mesh_shape: the logical mesh of slices; default all 1s (one slice).
+        axis_names: one name per axis.
+        devices: the devices to lay out; default: the runtime's (``coords``,
+            ``core_on_chip`` and ``slice_index`` from torch_xla's device attributes).
+
+    Example:
+        >>> devs = [DeviceInfo(i, slice_index=i // 4) for i in range(8)]  # 2 slices of 4
+        >>> m = HybridMesh(ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1),
+        ...                axis_names=("data", "fsdp"), devices=devs)
+        >>> m.get_logical_mesh().tolist()
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    """
+
+    __slots__ = ("_ici_mesh_shape", "_dcn_mesh_shape")
+
+    def __init__(
+        self,
+        *,
+        ici_mesh_shape: Sequence[int],
+        dcn_mesh_shape: Sequence[int] | None = None,
+        axis_names: Sequence[str] | None = None,
+        devices: Sequence[DeviceInfo] | None = None,
+    ) -> None:
+        ici = tuple(int(s) for s in ici_mesh_shape)
+        dcn = tuple(int(s) for s in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
+        if devices is None:
+            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(runtime_device_attributes())]
+        order = hybrid_device_order(devices, ici, dcn)
+        super().__init__(order.reshape(-1), tuple(a * b for a, b in zip(ici, dcn)), axis_names)
+        object.__setattr__(self, "_ici_mesh_shape", ici)
+        object.__setattr__(self, "_dcn_mesh_shape", dcn)
+
+    @property
+    def ici_mesh_shape(self) -> tuple[int, ...]:
+        """The mesh within one slice."""
+        return self._ici_mesh_shape
+
+    @property
+    def dcn_mesh_shape(self) -> tuple[int, ...]:
+        """The mesh of slices."""
+        return self._dcn_mesh_shape

@@ -1,0 +1,216 @@
+"""`Mesh`: a logical, named n-d arrangement of device ids; a pure value, no runtime needed."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from numbers import Integral
+from typing import Union
+
+import numpy as np
+
+from mesh.errors import DeviceCountError, MeshError, MeshTypeError
+
+__all__ = ["Mesh", "AxisRef"]
+
+AxisRef = Union[str, int]
+"""A mesh axis, by name or by index (torch_xla accepts both)."""
+
+
+def _as_int_tuple(values: Iterable[object], what: str) -> tuple[int, ...]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, Integral):
+            raise MeshTypeError(f"{what} must hold integers, got {v!r} ({type(v).__name__}).")
+        out.append(int(v))
+    return tuple(out)
+
+
+class Mesh:
+    """A logical device mesh: device ids laid out in ``mesh_shape`` with optional axis names.
+
+    The positional signature is torch_xla's, so ``Mesh(device_ids, (4, 2), ('data', 'model'))``
+    from the PyTorch/XLA SPMD blog works unchanged. Unlike torch_xla's, a ``Mesh`` is an
+    immutable value: it is validated when built, compares and hashes by value, and needs no
+    runtime. The device count is checked where the mesh is used (``mark_sharding``).
+
+    Args:
+        device_ids: the device ids in row-major mesh order (any array-like of ints; it is
+            flattened). Each id appears once.
+        mesh_shape: the size of each mesh axis; the product must equal ``len(device_ids)``.
+        axis_names: one distinct string per axis, or ``None`` for unnamed axes (then
+            partition specs refer to axes by index).
+
+    Raises:
+        MeshError: the shape does not match the device count, ids repeat or are negative,
+            or names repeat or do not match the rank.
+        MeshTypeError: an argument has the wrong type.
+
+    Example:
+        >>> import numpy as np
+        >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+        >>> mesh.shape()
+        OrderedDict({'data': 4, 'model': 2})
+        >>> mesh.get_logical_mesh()[1]
+        array([2, 3])
+    """
+
+    __slots__ = ("_device_ids", "_mesh_shape", "_axis_names")
+
+    _device_ids: tuple[int, ...]
+    _mesh_shape: tuple[int, ...]
+    _axis_names: tuple[str, ...] | None
+
+    def __init__(
+        self,
+        device_ids: Sequence[int] | np.ndarray,
+        mesh_shape: Sequence[int],
+        axis_names: Sequence[str] | None = None,
+    ) -> None:
+        if isinstance(mesh_shape, Integral) and not isinstance(mesh_shape, bool):
+            mesh_shape = (int(mesh_shape),)
+        if isinstance(mesh_shape, (str, bytes)) or not isinstance(mesh_shape, Iterable):
+            raise MeshTypeError(f"mesh_shape must be a tuple of ints, got {mesh_shape!r}.")
+        shape = _as_int_tuple(mesh_shape, "mesh_shape")
+        if not shape:
+            raise MeshError("mesh_shape must have at least one axis, got ().")
+        if any(s < 1 for s in shape):
+            raise MeshError(f"Every mesh axis size must be >= 1, got mesh_shape={shape}.")
+
+        ids = _as_int_tuple(np.asarray(device_ids).reshape(-1).tolist(), "device_ids")
+        if int(np.prod(shape)) != len(ids):
+            raise MeshError(
+                f"mesh_shape {shape} holds {int(np.prod(shape))} devices but {len(ids)} device ids "
+                f"were given ({list(ids)}). Pass a mesh_shape whose product is {len(ids)}, "
+                f"e.g. ({len(ids)},)."
+            )
+        if any(i < 0 for i in ids):
+            raise MeshError(f"Device ids must be >= 0, got {list(ids)}.")
+        if len(set(ids)) != len(ids):
+            seen: set[int] = set()
+            dup = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+            raise MeshError(
+                f"Device ids {dup} appear more than once in {list(ids)}; each device must "
+                "appear exactly once in a mesh."
+            )
+
+        names: tuple[str, ...] | None = None
+        if axis_names is not None:
+            if isinstance(axis_names, str):
+                axis_names = (axis_names,)
+            names = tuple(axis_names)
+            for n in names:
+                if not isinstance(n, str):
+                    raise MeshTypeError(f"axis_names must be strings, got {n!r} in {names!r}.")
+            if len(names) != len(shape):
+                raise MeshError(
+                    f"axis_names {names} has {len(names)} names but mesh_shape {shape} has "
+                    f"{len(shape)} axes; give one name per axis."
+                )
+            if len(set(names)) != len(names):
+                raise MeshError(f"axis_names must be distinct, got {names}.")
+
+        object.__setattr__(self, "_device_ids", ids)
+        object.__setattr__(self, "_mesh_shape", shape)
+        object.__setattr__(self, "_axis_names", names)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Mesh is immutable; cannot set {name!r}. Build a new Mesh instead.")
+
+    # torch_xla-compatible accessors -------------------------------------------------------
+    @property
+    def device_ids(self) -> np.ndarray:
+        """The device ids, flat, in row-major mesh order (a read-only array)."""
+        arr = np.asarray(self._device_ids, dtype=np.int64)
+        arr.flags.writeable = False
+        return arr
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The size of each axis."""
+        return self._mesh_shape
+
+    @property
+    def axis_names(self) -> tuple[str, ...] | None:
+        """The axis names, or ``None`` for an unnamed mesh."""
+        return self._axis_names
+
+    @property
+    def ndim(self) -> int:
+        """The number of mesh axes."""
+        return len(self._mesh_shape)
+
+    def size(self) -> int:
+        """The number of devices in the mesh."""
+        return len(self._device_ids)
+
+    def shape(self) -> OrderedDict:
+        """An ``OrderedDict`` of axis name (or index, if unnamed) to axis size."""
+        keys: Sequence[AxisRef] = self._axis_names or range(len(self._mesh_shape))
+        return OrderedDict(zip(keys, self._mesh_shape))
+
+    def get_logical_mesh(self) -> np.ndarray:
+        """The device ids as an array of shape ``mesh_shape``."""
+        return np.asarray(self._device_ids, dtype=np.int64).reshape(self._mesh_shape)
+
+    # Axis lookup ---------------------------------------------------------------------------
+    def axis_index(self, axis: AxisRef) -> int:
+        """The index of a mesh axis given by name or index.
+
+        Raises:
+            MeshError: the name is not an axis of this mesh or the index is out of range.
+        """
+        if isinstance(axis, bool) or not isinstance(axis, (str, Integral)):
+            raise MeshTypeError(f"A mesh axis is a name or an int, got {axis!r}.")
+        if isinstance(axis, str):
+            if self._axis_names is None or axis not in self._axis_names:
+                raise MeshError(
+                    f"Mesh axis {axis!r} is not in {self.describe()}; use one of {list(self.shape().keys())}."
+                )
+            return self._axis_names.index(axis)
+        if not 0 <= int(axis) < self.ndim:
+            raise MeshError(f"Mesh axis index {axis} is out of range for {self.describe()}; use 0..{self.ndim - 1}.")
+        return int(axis)
+
+    def axis_size(self, axis: AxisRef) -> int:
+        """The size of a mesh axis given by name or index."""
+        return self._mesh_shape[self.axis_index(axis)]
+
+    def axis_label(self, index: int) -> AxisRef:
+        """The name of axis ``index``, or the index itself on an unnamed mesh."""
+        return self._axis_names[index] if self._axis_names is not None else index
+
+    def describe(self) -> str:
+        """A short text such as ``mesh{'data': 4, 'model': 2}`` for error messages."""
+        return "mesh{" + ", ".join(f"{k!r}: {v}" for k, v in self.shape().items()) + "}"
+
+    def check_device_count(self, available: int) -> None:
+        """Raise `DeviceCountError` unless every id is below the runtime's ``available`` devices."""
+        missing = sorted(i for i in self._device_ids if i >= available)
+        if missing:
+            raise DeviceCountError(
+                f"{self.describe()} uses device ids {missing}, but the runtime has only "
+                f"{available} device(s) (ids 0..{available - 1}). Build the mesh over "
+                f"range({available}) or run with more devices (on CPU: CPU_NUM_DEVICES)."
+            )
+
+    # Value semantics -----------------------------------------------------------------------
+    def _key(self) -> tuple:
+        return (self._device_ids, self._mesh_shape, self._axis_names)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        ids = list(self._device_ids)
+        iota = ids == list(range(len(ids)))
+        ids_text = f"range({len(ids)})" if iota else str(ids)
+        return f"Mesh(device_ids={ids_text}, mesh_shape={self._mesh_shape}, axis_names={self._axis_names})"
+
+    def __reduce__(self):  # immutable objects still pickle (used by checkpoints)
+        return (Mesh, (list(self._device_ids), self._mesh_shape, self._axis_names))

@@ -1,0 +1,129 @@
+"""The torch_xla backend: every call of a private ``torch_xla._XLAC`` binding lives here.
+
+Everything else in the product speaks `HloSharding` values; this module turns them into
+torch_xla ``OpSharding`` objects and back, attaches them to lazy tensors, and reads shards.
+A second backend (torchax / JAX) implements the same functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from spmd.hlo_sharding import HloSharding, ShardingKind
+
+__all__ = [
+    "ensure_spmd",
+    "device_count",
+    "is_xla_tensor",
+    "attach_sharding",
+    "attach_sharding_constraint",
+    "clear_sharding",
+    "sharding_of",
+    "local_shards",
+    "optimization_barrier_",
+    "tensors_hlo_text",
+    "sync",
+    "sync_tensors",
+]
+
+# torch_xla's ShardingType enum values (they are OpSharding.Type's).
+_REPLICATED, _MAXIMAL, _TILED, _PARTIAL = 0, 1, 3, 5
+
+
+def _xlac() -> Any:
+    import torch_xla
+
+    return torch_xla._XLAC
+
+
+def ensure_spmd() -> None:
+    """Turn on torch_xla's SPMD mode if it is off (``xr.use_spmd()``)."""
+    import torch_xla.runtime as xr
+
+    if not xr.is_spmd():
+        xr.use_spmd()
+
+
+@functools.cache
+def device_count() -> int:
+    """The number of devices of the runtime (all hosts)."""
+    return len(_xlac()._xla_get_all_runtime_devices())
+
+
+def is_xla_tensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives on an XLA device."""
+    return isinstance(t, torch.Tensor) and t.device.type == "xla"
+
+
+def _op_sharding(hlo: HloSharding) -> Any:
+    X = _xlac()
+    if hlo.kind is ShardingKind.REPLICATED:
+        return X.OpSharding([], [], [], _REPLICATED)
+    if hlo.kind is ShardingKind.MAXIMAL:
+        return X.OpSharding([list(hlo.devices)], [], [], _MAXIMAL)
+    if hlo.replication == 1:
+        return X.OpSharding(hlo.tile_assignment().reshape(hlo.tile_shape).tolist(), [], [], _TILED)
+    assignment = hlo.tile_assignment()
+    groups = assignment.reshape(-1, hlo.replication).tolist()
+    group_ids = np.arange(len(groups)).reshape(hlo.tile_shape).tolist()
+    return X.OpSharding(assignment.tolist(), group_ids, groups, _PARTIAL)
+
+
+def attach_sharding(t: torch.Tensor, hlo: HloSharding) -> None:
+    """Attach ``hlo`` to ``t`` in place: device data is resharded; a traced value gets a
+    sharding custom-call (a constraint). Raises torch_xla's RuntimeError if ``t`` already has
+    an annotation; callers clear it first."""
+    _xlac()._xla_mark_sharding(t, _op_sharding(hlo))
+
+
+def attach_sharding_constraint(t: torch.Tensor, hlo: HloSharding) -> None:
+    """Put a sharding custom-call on ``t``'s traced value without touching its data."""
+    _xlac()._xla_annotate_custom_sharding(t, _op_sharding(hlo))
+
+
+def clear_sharding(t: torch.Tensor) -> None:
+    """Remove ``t``'s sharding annotation."""
+    _xlac()._xla_clear_sharding(t)
+
+
+def sharding_of(t: torch.Tensor) -> HloSharding | None:
+    """The sharding torch_xla holds for ``t``, or ``None`` when it has none."""
+    text = _xlac()._get_xla_sharding_spec(t)
+    return HloSharding.parse(text) if text else None
+
+
+def sharding_text(t: torch.Tensor) -> str:
+    """torch_xla's own text for ``t``'s sharding ('' when it has none)."""
+    return str(_xlac()._get_xla_sharding_spec(t))
+
+
+def local_shards(t: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """``(device id, padded CPU copy of the shard)`` for each addressable device."""
+    shards = _xlac()._get_local_shards([t])[0]
+    return [(int(dev.split(":")[-1]), data) for data, dev in shards]
+
+
+def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
+    """XLA's optimization barrier over ``tensors``, in place."""
+    _xlac()._xla_optimization_barrier_(tensors)
+
+
+def tensors_hlo_text(tensors: list[torch.Tensor]) -> str:
+    """The unpartitioned HLO module that would compute ``tensors``."""
+    return str(_xlac()._get_xla_tensors_hlo(tensors))
+
+
+def sync() -> None:
+    """Cut the traced graph and run it (``torch_xla.sync()``)."""
+    import torch_xla
+
+    torch_xla.sync()
+
+
+def sync_tensors(tensors: list[torch.Tensor]) -> None:
+    """Compute ``tensors`` now (and only what they need), waiting for the result."""
+    _xlac()._xla_sync_multi(tensors, devices=[], wait=True)

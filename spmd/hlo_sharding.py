@@ -1,0 +1,205 @@
+"""`HloSharding`: XLA's sharding of one array as a pure value (numpy only, no torch_xla).
+
+It prints as XLA's HLO text (``{devices=[4,1,2]0,1,...,7 last_tile_dim_replicate}``), parses
+that text back (the explicit device list that torch_xla prints and the iota form
+``<=[4,2]T(1,0)`` that JAX prints), and answers which block of a global array each device
+holds, with the padding XLA adds when a dim does not divide evenly.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ShardingKind", "HloSharding", "ShardBounds"]
+
+
+class ShardingKind(enum.Enum):
+    """The three sharding kinds of the GSPMD paper that a (mesh, spec) can give."""
+
+    REPLICATED = "replicated"
+    MAXIMAL = "maximal"
+    TILED = "tiled"
+
+
+@dataclass(frozen=True)
+class ShardBounds:
+    """The block of the global array that one device holds.
+
+    Attributes:
+        device: the device id.
+        tile_index: the block's position in the tile grid (one entry per tensor dim).
+        index: slices into the global array (the unpadded block).
+        padded_shape: the block's shape on the device, including XLA's padding.
+        replica_id: which copy this is among devices holding the same block (0-based).
+    """
+
+    device: int
+    tile_index: tuple[int, ...]
+    index: tuple[slice, ...]
+    padded_shape: tuple[int, ...]
+    replica_id: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The unpadded block shape."""
+        return tuple(s.stop - s.start for s in self.index)
+
+    @property
+    def padding(self) -> tuple[int, ...]:
+        """Padding elements at the end of each dim."""
+        return tuple(p - s for p, s in zip(self.padded_shape, self.shape))
+
+
+@dataclass(frozen=True)
+class HloSharding:
+    """One array's XLA sharding.
+
+    Attributes:
+        kind: replicated, maximal (one device holds it all) or tiled.
+        tile_shape: for tiled, the number of blocks along each tensor dim.
+        devices: for tiled, the tile assignment flattened row-major over
+            ``tile_shape + (replication,)``; for maximal, the one device.
+        replication: devices holding each block (``> 1`` is XLA's ``last_tile_dim_replicate``).
+    """
+
+    kind: ShardingKind
+    tile_shape: tuple[int, ...] = ()
+    devices: tuple[int, ...] = ()
+    replication: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind is ShardingKind.TILED:
+            need = math.prod(self.tile_shape) * self.replication
+            if need != len(self.devices):
+                raise ValueError(
+                    f"Tile shape {self.tile_shape} x replication {self.replication} needs {need} "
+                    f"devices, got {len(self.devices)}."
+                )
+        if self.kind is ShardingKind.MAXIMAL and len(self.devices) != 1:
+            raise ValueError(f"A maximal sharding names one device, got {self.devices}.")
+
+    # Constructors --------------------------------------------------------------------------
+    @classmethod
+    def replicated(cls) -> HloSharding:
+        """Every device holds the whole array."""
+        return cls(ShardingKind.REPLICATED)
+
+    @classmethod
+    def maximal(cls, device: int) -> HloSharding:
+        """One device holds the whole array."""
+        return cls(ShardingKind.MAXIMAL, devices=(int(device),))
+
+    @classmethod
+    def tiled(cls, tile_assignment: np.ndarray, replicate_last_dim: bool = False) -> HloSharding:
+        """From an n-d array of device ids; with ``replicate_last_dim`` its last axis lists the
+        devices that hold the same block. Replication groups are stored sorted (their order
+        does not matter to XLA; torch_xla prints them sorted)."""
+        arr = np.asarray(tile_assignment, dtype=np.int64)
+        if replicate_last_dim:
+            tile_shape, replication = arr.shape[:-1], arr.shape[-1]
+            arr = np.sort(arr, axis=-1)
+        else:
+            tile_shape, replication = arr.shape, 1
+        return cls(
+            ShardingKind.TILED, tuple(int(s) for s in tile_shape), tuple(arr.reshape(-1).tolist()), int(replication)
+        )
+
+    # Text form -----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        if self.kind is ShardingKind.REPLICATED:
+            return "{replicated}"
+        if self.kind is ShardingKind.MAXIMAL:
+            return f"{{maximal device={self.devices[0]}}}"
+        dims = list(self.tile_shape) + ([self.replication] if self.replication > 1 else [])
+        text = "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, self.devices))
+        return text + (" last_tile_dim_replicate}" if self.replication > 1 else "}")
+
+    _TILED_RE = re.compile(
+        r"^\{devices=\[(?P<dims>[0-9,]+)\]\s*(?P<devs>[0-9,]+|<=\[[0-9,]+\](?:T\([0-9,]+\))?)"
+        r"(?P<rep>\s+last_tile_dim_replicate)?\}$"
+    )
+
+    @classmethod
+    def parse(cls, text: str) -> HloSharding:
+        """Parse XLA's HLO sharding text, explicit or iota device lists.
+
+        Raises:
+            ValueError: the text is not a replicated, maximal or (partially) tiled sharding.
+        """
+        t = text.strip()
+        if t == "{replicated}":
+            return cls.replicated()
+        m = re.fullmatch(r"\{maximal device=(\d+)\}", t)
+        if m:
+            return cls.maximal(int(m.group(1)))
+        m = cls._TILED_RE.match(t)
+        if not m:
+            raise ValueError(f"Not an HLO sharding this parser knows: {text!r}")
+        dims = [int(d) for d in m.group("dims").split(",")]
+        devs = m.group("devs")
+        if devs.startswith("<="):
+            im = re.fullmatch(r"<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", devs)
+            if im is None:
+                raise ValueError(f"Malformed iota device list in {text!r}")
+            reshape = [int(d) for d in im.group(1).split(",")]
+            ids = np.arange(math.prod(reshape)).reshape(reshape)
+            if im.group(2):
+                ids = ids.transpose([int(p) for p in im.group(2).split(",")])
+            flat = ids.reshape(-1)
+        else:
+            flat = np.asarray([int(d) for d in devs.split(",")])
+        return cls.tiled(flat.reshape(dims), replicate_last_dim=bool(m.group("rep")))
+
+    def map_devices(self, ids: Sequence[int]) -> HloSharding:
+        """Replace device ``i`` by ``ids[i]`` (JAX writes positions in the mesh's device list)."""
+        if self.kind is ShardingKind.REPLICATED:
+            return self
+        if self.kind is ShardingKind.MAXIMAL:
+            return HloSharding.maximal(ids[self.devices[0]])
+        arr = np.asarray(ids)[np.asarray(self.devices)].reshape(self._assignment_shape())
+        return HloSharding.tiled(arr, replicate_last_dim=self.replication > 1)
+
+    # Geometry ------------------------------------------------------------------------------
+    def _assignment_shape(self) -> tuple[int, ...]:
+        return self.tile_shape + ((self.replication,) if self.replication > 1 else ())
+
+    def tile_assignment(self) -> np.ndarray:
+        """Device ids of shape ``tile_shape + (replication,)`` (tiled shardings only)."""
+        if self.kind is not ShardingKind.TILED:
+            raise ValueError(f"{self} has no tile assignment.")
+        return np.asarray(self.devices, dtype=np.int64).reshape(self.tile_shape + (self.replication,))
+
+    @property
+    def is_replicated(self) -> bool:
+        """Every device holds the whole array."""
+        return self.kind is ShardingKind.REPLICATED
+
+    def shard_bounds(self, global_shape: Sequence[int], devices: Sequence[int]) -> list[ShardBounds]:
+        """The block each of ``devices`` holds of an array of ``global_shape``, in that order.
+
+        A dim of size ``n`` split ``k`` ways gives every device ``ceil(n / k)`` elements; the
+        last blocks are cut short (or empty) and XLA pads them, as GSPMD does.
+        """
+        shape = tuple(int(s) for s in global_shape)
+        if self.kind is not ShardingKind.TILED:
+            full = tuple(slice(0, s) for s in shape)
+            return [ShardBounds(d, (0,) * len(shape), full, shape, i) for i, d in enumerate(devices)]
+        if len(self.tile_shape) != len(shape):
+            raise ValueError(f"{self} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}.")
+        assignment = self.tile_assignment()
+        where = {int(d): idx for idx, d in np.ndenumerate(assignment)}
+        per_tile = [math.ceil(n / k) if k else n for n, k in zip(shape, self.tile_shape)]
+        out = []
+        for d in devices:
+            if int(d) not in where:
+                raise ValueError(f"Device {d} is not in the tile assignment of {self}.")
+            *tile, replica = where[int(d)]
+            index = tuple(slice(min(t * p, n), min((t + 1) * p, n)) for t, p, n in zip(tile, per_tile, shape))
+            out.append(ShardBounds(int(d), tuple(tile), index, tuple(per_tile), int(replica)))
+        return out

@@ -1,0 +1,139 @@
+"""`NamedSharding` (mesh + spec) and the pure math from it to an XLA `HloSharding`.
+
+The rule is JAX's (``NamedSharding._to_xla_hlo_sharding``) and torch_xla's
+(``Mesh.get_op_sharding``), which agree: permute the mesh so the axes the spec names come
+first, in spec order, and the axes it does not name come last; merge the axes of each tensor
+dim into one tile dim; merge the unnamed axes into one replication dim. No torch_xla here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mesh import Mesh
+from mesh.errors import MeshError
+from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
+from spmd.hlo_sharding import HloSharding, ShardBounds
+from spmd.partition_spec import PartitionSpec
+
+__all__ = ["NamedSharding", "resolve_spec", "hlo_sharding_for"]
+
+
+def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank: int) -> str:
+    tensor = f"tensor of shape {tuple(shape)}" if shape is not None else f"rank-{rank} tensor"
+    return f"{tensor}, spec {spec!r}, {mesh.describe()}"
+
+
+def resolve_spec(
+    mesh: Mesh, spec: PartitionSpec, rank: int, shape: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """The mesh axis indices sharding each of the ``rank`` tensor dims.
+
+    Raises:
+        SpecRankError: the spec is longer than ``rank``.
+        UnknownAxisError: a name is not a mesh axis.
+        AxisIndexError: an integer axis is out of range.
+        DuplicateAxisError: a mesh axis is used twice (e.g. by name and by index).
+    """
+    where = _context(mesh, spec, shape, rank)
+    if len(spec) > rank:
+        fix = "For a scalar the spec is P()." if rank == 0 else f"Give at most {rank} entries, one per dim."
+        raise SpecRankError(f"{where}: the spec has {len(spec)} entries but the tensor has {rank} dims. {fix}")
+    out: list[tuple[int, ...]] = []
+    used: dict[int, object] = {}
+    for entry in spec.padded(rank):
+        axes: list[int] = []
+        for axis in () if entry is None else entry if isinstance(entry, tuple) else (entry,):
+            try:
+                idx = mesh.axis_index(axis)
+            except MeshError:
+                if isinstance(axis, str):
+                    raise UnknownAxisError(
+                        f"{where}: mesh axis {axis!r} is not in the mesh. Use one of "
+                        f"{list(mesh.shape().keys())}, or None to replicate that dim."
+                    ) from None
+                raise AxisIndexError(
+                    f"{where}: mesh axis index {axis} is out of range; the mesh has axes "
+                    f"0..{mesh.ndim - 1} ({list(mesh.shape().keys())})."
+                ) from None
+            if idx in used:
+                raise DuplicateAxisError(
+                    f"{where}: mesh axis {mesh.axis_label(idx)!r} is used twice (as {used[idx]!r} "
+                    f"and {axis!r}); a mesh axis can shard at most one tensor dim."
+                )
+            used[idx] = axis
+            axes.append(idx)
+        out.append(tuple(axes))
+    return tuple(out)
+
+
+def hlo_sharding_for(mesh: Mesh, spec: PartitionSpec, rank: int, shape: Sequence[int] | None = None) -> HloSharding:
+    """The XLA sharding that ``(mesh, spec)`` gives a tensor of ``rank`` dims.
+
+    A one-device mesh gives a maximal sharding on that device (as torch_xla does); a spec
+    that shards nothing (or only over size-1 axes) gives a replicated one.
+
+    Example:
+        >>> import numpy as np
+        >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+        >>> str(hlo_sharding_for(mesh, PartitionSpec("data"), 2))
+        '{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}'
+    """
+    dims = resolve_spec(mesh, spec, rank, shape)
+    if mesh.size() == 1:
+        return HloSharding.maximal(int(mesh.device_ids[0]))
+    sizes = mesh.mesh_shape
+    named = [a for axes in dims for a in axes]
+    unnamed = [a for a in range(mesh.ndim) if a not in named]
+    tile_shape = [math.prod(sizes[a] for a in axes) for axes in dims]
+    replication = math.prod(sizes[a] for a in unnamed)
+    if math.prod(tile_shape) == 1:
+        return HloSharding.replicated()
+    assignment = mesh.get_logical_mesh().transpose(named + unnamed)
+    if replication == 1:
+        return HloSharding.tiled(assignment.reshape(tile_shape))
+    return HloSharding.tiled(assignment.reshape(tile_shape + [replication]), replicate_last_dim=True)
+
+
+@dataclass(frozen=True)
+class NamedSharding:
+    """A sharding given by a mesh and a partition spec, like ``jax.sharding.NamedSharding``.
+
+    Example:
+        >>> import numpy as np
+        >>> s = NamedSharding(Mesh(np.arange(8), (8,), ("x",)), PartitionSpec("x"))
+        >>> s.shard_shape((16, 4))
+        (2, 4)
+    """
+
+    mesh: Mesh
+    spec: PartitionSpec
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mesh, Mesh):
+            raise TypeError(f"NamedSharding needs a Mesh, got {type(self.mesh).__name__}.")
+        object.__setattr__(self, "spec", PartitionSpec.from_value(self.spec))
+
+    def hlo_sharding(self, rank: int, shape: Sequence[int] | None = None) -> HloSharding:
+        """The XLA sharding for a tensor of ``rank`` dims (see `hlo_sharding_for`)."""
+        return hlo_sharding_for(self.mesh, self.spec, rank, shape)
+
+    def shard_bounds(self, global_shape: Sequence[int]) -> list[ShardBounds]:
+        """The block each mesh device holds, in mesh device order."""
+        hlo = self.hlo_sharding(len(global_shape), global_shape)
+        return hlo.shard_bounds(global_shape, self.mesh.device_ids.tolist())
+
+    def shard_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
+        """The per-device block shape, including XLA's padding of uneven dims."""
+        dims = resolve_spec(self.mesh, self.spec, len(global_shape), global_shape)
+        sizes = self.mesh.mesh_shape
+        return tuple(math.ceil(n / math.prod(sizes[a] for a in axes)) for n, axes in zip(global_shape, dims))
+
+    def is_fully_replicated(self, rank: int) -> bool:
+        """Whether every device holds the whole tensor."""
+        return self.hlo_sharding(rank).is_replicated or self.mesh.size() == 1
+
+    def __repr__(self) -> str:
+        return f"NamedSharding({self.mesh.describe()}, {self.spec!r})"

@@ -1,0 +1,140 @@
+"""`PartitionSpec` (alias `P`): how each tensor dim maps onto mesh axes; an immutable value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from numbers import Integral
+from typing import Union
+
+from spmd.errors import DuplicateAxisError, PartitionSpecTypeError
+
+__all__ = ["PartitionSpec", "P", "SpecEntry"]
+
+AxisName = Union[str, int]
+SpecEntry = Union[AxisName, tuple[AxisName, ...], None]
+"""One dim's entry: a mesh axis (name or index), a tuple of them (major to minor), or None."""
+
+
+def _check_axis(axis: object, spec_text: str) -> AxisName:
+    if isinstance(axis, str):
+        return axis
+    if isinstance(axis, Integral) and not isinstance(axis, bool):
+        return int(axis)
+    raise PartitionSpecTypeError(
+        f"{spec_text}: {axis!r} ({type(axis).__name__}) is not a mesh axis; an entry is a mesh "
+        "axis name (str), a mesh axis index (int), a tuple of those, or None (replicated)."
+    )
+
+
+def _normalize(entry: object, spec_text: str) -> SpecEntry:
+    if entry is None:
+        return None
+    if isinstance(entry, (tuple, list)):
+        axes = tuple(_check_axis(a, spec_text) for a in entry)
+        if not axes:
+            return None  # JAX: an empty tuple means "not sharded"
+        return axes[0] if len(axes) == 1 else axes
+    return _check_axis(entry, spec_text)
+
+
+class PartitionSpec:
+    """How each dim of a tensor is laid out over the mesh axes.
+
+    Entry ``i`` describes tensor dim ``i``: a mesh axis name (``'data'``), a mesh axis index
+    (``0``, as in torch_xla), a tuple of axes (the dim is split over all of them, the first
+    major), or ``None`` (replicated). A spec shorter than the tensor's rank replicates the
+    trailing dims, as in JAX. Mesh axes the spec does not name replicate the tensor over them
+    (partial replication).
+
+    Unlike torch_xla's bare tuples, a ``PartitionSpec`` is checked on construction, is
+    immutable and hashable, and is not a tuple subclass (``P('x') != ('x',)``).
+
+    Example:
+        >>> P('data', None)
+        P('data', None)
+        >>> P(('data', 'fsdp'), 'model')[0]
+        ('data', 'fsdp')
+        >>> len(P())
+        0
+    """
+
+    __slots__ = ("_entries",)
+    _entries: tuple[SpecEntry, ...]
+
+    def __init__(self, *entries: object) -> None:
+        text = "PartitionSpec" + repr(tuple(entries))
+        norm = tuple(_normalize(e, text) for e in entries)
+        seen: set[AxisName] = set()
+        for entry in norm:
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                if axis is None:
+                    continue
+                if axis in seen:
+                    raise DuplicateAxisError(
+                        f"{_format(norm)} uses mesh axis {axis!r} more than once; a mesh axis can "
+                        "shard at most one tensor dim. Drop one of the uses."
+                    )
+                seen.add(axis)
+        object.__setattr__(self, "_entries", norm)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("PartitionSpec is immutable.")
+
+    @classmethod
+    def from_value(cls, spec: object) -> PartitionSpec:
+        """Accept a `PartitionSpec`, or a tuple/list in torch_xla's style."""
+        if isinstance(spec, PartitionSpec):
+            return spec
+        if isinstance(spec, (tuple, list)):
+            return cls(*spec)
+        raise PartitionSpecTypeError(
+            f"A partition spec is a PartitionSpec or a tuple of entries, got {spec!r} "
+            f"({type(spec).__name__}). Write P({spec!r}) for a one-dim spec."
+        )
+
+    @property
+    def entries(self) -> tuple[SpecEntry, ...]:
+        """The normalized entries."""
+        return self._entries
+
+    def mesh_axes(self) -> tuple[AxisName, ...]:
+        """Every mesh axis the spec names, in order."""
+        out: list[AxisName] = []
+        for e in self._entries:
+            if e is not None:
+                out.extend(e if isinstance(e, tuple) else (e,))
+        return tuple(out)
+
+    def padded(self, rank: int) -> tuple[SpecEntry, ...]:
+        """The entries padded with ``None`` to ``rank`` (no check that it is long enough)."""
+        return self._entries + (None,) * (rank - len(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[SpecEntry]:
+        return iter(self._entries)
+
+    def __getitem__(self, i: int) -> SpecEntry:
+        return self._entries[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartitionSpec):
+            return NotImplemented
+        return self._entries == other._entries
+
+    def __hash__(self) -> int:
+        return hash(("PartitionSpec", self._entries))
+
+    def __repr__(self) -> str:
+        return _format(self._entries)
+
+    def __reduce__(self):
+        return (PartitionSpec, self._entries)
+
+
+def _format(entries: tuple[SpecEntry, ...]) -> str:
+    return "P(" + ", ".join(repr(e) for e in entries) + ")"
+
+
+P = PartitionSpec

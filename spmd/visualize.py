@@ -1,0 +1,93 @@
+"""`visualize_sharding`: a table of which device holds which block, like JAX's
+``jax.debug.visualize_array_sharding``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spmd.hlo_sharding import HloSharding, ShardBounds
+from spmd.named_sharding import NamedSharding
+from spmd.sharded_tensor import ShardedTensor
+
+__all__ = ["ShardingLayout", "sharding_layout", "visualize_sharding"]
+
+
+@dataclass(frozen=True)
+class ShardingLayout:
+    """Blocks of a tensor laid out as a grid of rows x columns (dims 0 and 1).
+
+    ``cells[r][c]`` is ``(row range, column range, device ids holding the block)``.
+    Higher-rank tensors list one row per block (``columns == 1``).
+    """
+
+    shape: tuple[int, ...]
+    cells: tuple[tuple[tuple[str, str, tuple[int, ...]], ...], ...]
+
+
+def _span(s: slice) -> str:
+    return f"{s.start}:{s.stop}"
+
+
+def sharding_layout(shape: Sequence[int], bounds: Sequence[ShardBounds]) -> ShardingLayout:
+    """Group ``bounds`` by block and arrange the blocks in a grid."""
+    shape = tuple(shape)
+    blocks: dict[tuple[int, ...], list[ShardBounds]] = {}
+    for b in bounds:
+        blocks.setdefault(b.tile_index, []).append(b)
+    keys = sorted(blocks)
+    if len(shape) in (1, 2):
+        rows = sorted({k[0] for k in keys}) if shape else [0]
+        cols = sorted({k[1] for k in keys}) if len(shape) == 2 else [0]
+        grid = []
+        for r in rows:
+            line = []
+            for c in cols:
+                key = (r, c) if len(shape) == 2 else (r,)
+                group = blocks[key]
+                idx = group[0].index
+                line.append(
+                    (_span(idx[0]), _span(idx[1]) if len(shape) == 2 else "", tuple(sorted(g.device for g in group)))
+                )
+            grid.append(tuple(line))
+        return ShardingLayout(shape, tuple(grid))
+    grid = []
+    for k in keys:
+        idx = blocks[k][0].index
+        grid.append(((", ".join(_span(s) for s in idx), "", tuple(sorted(g.device for g in blocks[k]))),))
+    return ShardingLayout(shape, tuple(grid))
+
+
+def visualize_sharding(tensor: torch.Tensor | ShardedTensor, sharding: NamedSharding | None = None, *, console=None):
+    """Print (and return) a rich table of which devices hold which block of ``tensor``.
+
+    Args:
+        tensor: a `ShardedTensor`, or a tensor plus its ``sharding``; any object with a
+            ``.shape`` works with ``sharding`` given, so no device is needed.
+        sharding: the sharding, when ``tensor`` is not a `ShardedTensor`.
+        console: a ``rich.console.Console`` to print to (default: stdout).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    if isinstance(tensor, ShardedTensor):
+        sharding = tensor.sharding
+        shape = tensor.global_shape
+    else:
+        if sharding is None:
+            raise TypeError(
+                "visualize_sharding needs a ShardedTensor (what mark_sharding returns) or a "
+                "tensor plus sharding=NamedSharding(mesh, spec)."
+            )
+        shape = tuple(tensor.shape)
+    hlo: HloSharding = sharding.hlo_sharding(len(shape), shape)
+    layout = sharding_layout(shape, sharding.shard_bounds(shape))
+    table = Table(title=f"{tuple(shape)} {sharding.spec!r}", caption=str(hlo), show_header=False, show_lines=True)
+    for _ in layout.cells[0]:
+        table.add_column(justify="center")
+    for row in layout.cells:
+        table.add_row(*[f"[{r}{', ' + c if c else ''}]\ndev {', '.join(map(str, d))}" for r, c, d in row])
+    (console or Console()).print(table)
+    return table

@@ -1,0 +1,27 @@
+"""Test setup: 8 virtual CPU devices for torch_xla and JAX, set before either is imported."""
+
+from spmd.devices import configure_default_devices
+
+configure_default_devices(8)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from mesh import Mesh  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def xla():
+    """torch_xla in SPMD mode on the 8 devices; yields the XLA device."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    if xr.global_runtime_device_count() != 8:
+        pytest.fail(f"expected 8 virtual devices, got {xr.global_runtime_device_count()}")
+    return torch_xla.device()
+
+
+@pytest.fixture
+def mesh_4x2() -> Mesh:
+    return Mesh(np.arange(8), (4, 2), ("data", "model"))

@@ -1,0 +1,179 @@
+"""mark_sharding on torch_xla: numerics against unsharded runs, shards, constraints, errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from mesh import DeviceCountError, Mesh, set_global_mesh, use_mesh
+from spmd import (
+    NotAnXlaTensorError,
+    P,
+    ShardedTensor,
+    ShardingConflictError,
+    UnknownAxisError,
+    clear_sharding,
+    get_sharding,
+    mark_sharding,
+    mark_sharding_with_gradients,
+    with_sharding_constraint,
+)
+from spmd._backend import backend
+
+MESH_2D = Mesh(np.arange(8), (4, 2), ("data", "model"))
+MESH_3D = Mesh(np.arange(8), (2, 2, 2), ("x", "y", "z"))
+
+
+def to_xla(t, device, mesh, spec):
+    x = t.to(device)
+    mark_sharding(x, mesh, spec)
+    return x
+
+
+@pytest.mark.parametrize(
+    "mesh, a_spec, b_spec",
+    [
+        (MESH_2D, P("data", None), P(None, "model")),
+        (MESH_2D, P("data", "model"), P("model", None)),  # contraction dim sharded: all-reduce
+        (MESH_2D, P(None, ("data", "model")), P(("data", "model"), None)),
+        (MESH_3D, P(("x", "y"), "z"), P("z", None)),
+        (MESH_3D, P("x", None), P(None, ("z", "y"))),
+    ],
+)
+def test_matmul_matches_unsharded(xla, mesh, a_spec, b_spec):
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 24), torch.randn(24, 8)
+    out = to_xla(a, xla, mesh, a_spec) @ to_xla(b, xla, mesh, b_spec)
+    torch.testing.assert_close(out.cpu(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh, spec", [(MESH_2D, P("model", "data")), (MESH_3D, P("z", ("x", "y"), None))])
+def test_elementwise_and_reductions_match_unsharded(xla, mesh, spec):
+    torch.manual_seed(1)
+    shape = (8, 8) if len(spec) == 2 else (4, 8, 6)
+    x, y = torch.randn(shape), torch.randn(shape)
+    xs, ys = to_xla(x, xla, mesh, spec), to_xla(y, xla, mesh, spec)
+    torch.testing.assert_close((torch.sin(xs) * ys + 1).cpu(), torch.sin(x) * y + 1)
+    torch.testing.assert_close(xs.sum(dim=0).cpu(), x.sum(dim=0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xs.amax(dim=-1).cpu(), x.amax(dim=-1))
+    torch.testing.assert_close(xs.mean().cpu(), x.mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_uneven_shapes_are_padded_and_reported(xla):
+    t = torch.arange(10 * 3, dtype=torch.float32).reshape(10, 3)
+    view = mark_sharding(t.to(xla), MESH_2D, P("data"))
+    assert view.padding == (2, 0)
+    shards = view.local_shards
+    assert [s.device for s in shards] == list(range(8))
+    for s in shards:
+        assert s.padded_shape == (3, 3)
+        torch.testing.assert_close(s.data, t[s.index])
+    assert shards[6].index[0] == slice(9, 10) and shards[6].data.shape == (1, 3)
+    assert [s.replica_id for s in shards[:2]] == [0, 1]
+    torch.testing.assert_close((view.global_tensor * 2).cpu(), t * 2)
+
+
+def test_local_shard_indices_agree_with_torch_xla(xla):
+    import torch_xla
+
+    t = torch.randn(6, 10).to(xla)
+    view = mark_sharding(t, MESH_3D, P(("z", "x"), "y"))
+    theirs = torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]
+    for ours, (replica, indices) in zip(view.local_shards, theirs):
+        assert ours.replica_id == replica
+        assert [(s.start, s.stop) for s in ours.index] == [(s.start, s.stop) for s in indices]
+
+
+def test_view_reports_sharding(xla):
+    t = torch.zeros(8, 4).to(xla)
+    view = mark_sharding(t, MESH_2D, ("data", None))
+    assert isinstance(view, ShardedTensor)
+    assert view.global_tensor is t and view.tensor is t
+    assert view.global_shape == (8, 4)
+    assert view.sharding.spec == P("data", None)
+    assert view.sharding_spec == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
+    assert str(get_sharding(t)) == view.sharding_spec
+    assert "ShardedTensor(shape=(8, 4)" in repr(view)
+
+
+def test_parameters_can_be_sharded(xla):
+    lin = torch.nn.Linear(8, 16).to(xla)
+    mark_sharding(lin.weight, MESH_2D, P("model", None))
+    assert str(get_sharding(lin.weight)) == "{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
+    assert isinstance(lin.weight, torch.nn.Parameter)
+
+
+def test_remark_same_is_noop_different_raises_or_replaces(xla):
+    x = torch.arange(16.0).reshape(4, 4)
+    t = x.to(xla)
+    mark_sharding(t, MESH_2D, P("data"))
+    mark_sharding(t, MESH_2D, P("data"))
+    with pytest.raises(
+        ShardingConflictError, match=r"already sharded as .*Call clear_sharding\(t\) first, or pass replace=True"
+    ):
+        mark_sharding(t, MESH_2D, P(None, "model"))
+    mark_sharding(t, MESH_2D, P(None, "model"), replace=True)
+    assert str(get_sharding(t)) == "{devices=[1,2,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_clear_sharding(xla):
+    t = torch.ones(8, 8).to(xla)
+    mark_sharding(t, MESH_2D, P("data", "model"))
+    assert clear_sharding(t) is t
+    assert get_sharding(t) is None
+    mark_sharding(t, MESH_2D, P("model"))
+    with pytest.raises(NotAnXlaTensorError):
+        clear_sharding(torch.ones(2))
+
+
+def test_intermediate_becomes_a_constraint(xla):
+    a = torch.ones(8, 8).to(xla)
+    b = a * 2
+    mark_sharding(b, MESH_2D, P("data", "model"))
+    hlo = backend.tensors_hlo_text([b + 1])
+    assert 'custom_call_target="Sharding", sharding={devices=[4,2]0,1,2,3,4,5,6,7}' in hlo
+
+
+def test_with_sharding_constraint_leaves_input_alone(xla):
+    a = torch.ones(8, 8).to(xla) + 1
+    b = with_sharding_constraint(a, MESH_2D, P(None, "model"))
+    assert "Sharding" in backend.tensors_hlo_text([b])
+    assert "Sharding" not in backend.tensors_hlo_text([a])
+    torch.testing.assert_close(b.cpu(), torch.full((8, 8), 2.0))
+
+
+def test_mark_sharding_with_gradients_constrains_backward(xla):
+    w = torch.randn(8, 8, device=xla, requires_grad=True)
+    h = mark_sharding_with_gradients(w * 3, MESH_2D, P("data", None))
+    h.sum().backward()
+    hlo = backend.tensors_hlo_text([w.grad])
+    assert hlo.count('custom_call_target="Sharding", sharding={devices=[4,1,2]') == 1
+    torch.testing.assert_close(w.grad.cpu(), torch.full((8, 8), 3.0))
+
+
+def test_global_mesh_used_when_mesh_is_none(xla):
+    t = torch.zeros(8).to(xla)
+    with pytest.raises(ValueError, match="no global mesh is set"):
+        mark_sharding(t, None, P("data"))
+    with use_mesh(MESH_2D):
+        assert mark_sharding(t, None, P("data")).sharding.mesh is MESH_2D
+    set_global_mesh(None)
+
+
+def test_input_errors(xla):
+    with pytest.raises(
+        NotAnXlaTensorError, match=r"tensor of shape \(3,\) is on device 'cpu'.*\.to\(torch_xla.device\(\)\)"
+    ):
+        mark_sharding(torch.ones(3), MESH_2D, P("data"))
+    with pytest.raises(UnknownAxisError, match=r"shape \(8, 8\), spec P\('batch'\)"):
+        mark_sharding(torch.ones(8, 8).to(xla), MESH_2D, P("batch"))
+    big = Mesh(np.arange(16), (8, 2), ("data", "model"))
+    with pytest.raises(DeviceCountError, match=r"uses device ids \[8, .*runtime has only 8 device"):
+        mark_sharding(torch.ones(8).to(xla), big, P("data"))
+    small = Mesh(np.arange(4), (4,), ("data",))
+    with pytest.raises(DeviceCountError, match="has 4 devices but the runtime has 8.*range\\(8\\)"):
+        mark_sharding(torch.ones(8).to(xla), small, P("data"))
+    with pytest.raises(TypeError, match="expects a mesh.Mesh"):
+        mark_sharding(torch.ones(8).to(xla), (4, 2), P("data"))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        mark_sharding(np.ones(8), MESH_2D, P("data"))
