@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from numbers import Integral
-from typing import Union
 
 import numpy as np
 
@@ -13,7 +12,7 @@ from mesh.errors import DeviceCountError, MeshError, MeshTypeError
 
 __all__ = ["Mesh", "AxisRef"]
 
-AxisRef = Union[str, int]
+AxisRef = str | int
 """A mesh axis, by name or by index (torch_xla accepts both)."""
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 
@@ -23,7 +22,7 @@ __all__ = [
     "get_sharding",
 ]
 
-SpecLike = Union[PartitionSpec, Sequence[SpecEntry]]
+SpecLike = PartitionSpec | Sequence[SpecEntry]
 
 
 def _unwrap(t: object) -> torch.Tensor:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from numbers import Integral
-from typing import Union
 
 from spmd.errors import DuplicateAxisError, PartitionSpecTypeError
 
 __all__ = ["PartitionSpec", "P", "SpecEntry"]
 
-AxisName = Union[str, int]
-SpecEntry = Union[AxisName, tuple[AxisName, ...], None]
+AxisName = str | int
+SpecEntry = AxisName | tuple[AxisName, ...] | None
 """One dim's entry: a mesh axis (name or index), a tuple of them (major to minor), or None."""
 
 
