@@ -6,7 +6,7 @@ if you want virtual CPU devices.
 
 from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh, use_mesh
 from spmd.barrier import optimization_barrier
-from spmd.devices import configure_default_devices
+from spmd.devices import configure_default_devices, enable_spmd
 from spmd.errors import (
     AxisIndexError,
     DeviceCountError,
@@ -16,6 +16,7 @@ from spmd.errors import (
     ShardingConflictError,
     ShardingError,
     SpecRankError,
+    SpmdModeError,
     UnknownAxisError,
 )
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
@@ -50,10 +51,12 @@ __all__ = [
     "ShardingError",
     "ShardingKind",
     "SpecRankError",
+    "SpmdModeError",
     "UnknownAxisError",
     "XLAShardedTensor",
     "clear_sharding",
     "configure_default_devices",
+    "enable_spmd",
     "get_1d_mesh",
     "get_global_mesh",
     "get_sharding",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import os
 
-__all__ = ["configure_default_devices", "has_tpu"]
+__all__ = ["configure_default_devices", "enable_spmd", "has_tpu"]
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 
@@ -48,3 +48,16 @@ def configure_default_devices(num_cpu_devices: int = 8) -> str:
             count = os.environ["CPU_NUM_DEVICES"]
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
     return os.environ["PJRT_DEVICE"]
+
+
+def enable_spmd() -> None:
+    """Turn on torch_xla's SPMD mode; call it before any tensor is moved to the XLA device.
+
+    `mark_sharding` turns it on by itself when no tensor is on the device yet.
+
+    Raises:
+        SpmdModeError: tensors were already placed on the device without SPMD mode.
+    """
+    from spmd._backend import backend
+
+    backend.ensure_spmd()

@@ -13,6 +13,7 @@ __all__ = [
     "PartitionSpecTypeError",
     "NotAnXlaTensorError",
     "ShardingConflictError",
+    "SpmdModeError",
     "DeviceCountError",
 ]
 
@@ -47,3 +48,7 @@ class NotAnXlaTensorError(TypeError):
 
 class ShardingConflictError(ShardingError):
     """The tensor already carries a different sharding."""
+
+
+class SpmdModeError(RuntimeError):
+    """SPMD mode cannot be turned on any more: tensors were placed on the device without it."""

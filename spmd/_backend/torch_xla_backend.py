@@ -41,11 +41,26 @@ def _xlac() -> Any:
 
 
 def ensure_spmd() -> None:
-    """Turn on torch_xla's SPMD mode if it is off (``xr.use_spmd()``)."""
+    """Turn on torch_xla's SPMD mode if it is off (``xr.use_spmd()``).
+
+    Raises:
+        SpmdModeError: a tensor was already placed on the XLA device in non-SPMD mode.
+            torch_xla 2.9 then "forces" SPMD and the process segfaults at the next
+            computation (measured on the CPU backend), so we refuse instead.
+    """
     import torch_xla.runtime as xr
 
-    if not xr.is_spmd():
-        xr.use_spmd()
+    if xr.is_spmd():
+        return
+    if _xlac()._xla_get_spmd_config_is_locked():
+        from spmd.errors import SpmdModeError
+
+        raise SpmdModeError(
+            "SPMD mode is off and tensors already live on the XLA device, so it can no longer be "
+            "turned on safely (torch_xla 2.9 crashes later if it is). Call spmd.enable_spmd() (or "
+            "torch_xla.runtime.use_spmd()) at the top of the script, before any .to(torch_xla.device())."
+        )
+    xr.use_spmd()
 
 
 @functools.cache

@@ -1,0 +1,25 @@
+"""Every name in each package's __all__ exists, is public, and has a docstring where callable."""
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("package", ["mesh", "spmd", "fsdp_xla", "spmd.named_sharding", "spmd.hlo_sharding"])
+def test_all_names_exist(package):
+    module = importlib.import_module(package)
+    assert len(module.__all__) == len(set(module.__all__))
+    for name in module.__all__:
+        assert not name.startswith("_")
+        obj = getattr(module, name)
+        if callable(obj) and getattr(obj, "__module__", "").split(".")[0] in ("mesh", "spmd", "fsdp_xla"):
+            assert obj.__doc__, f"{package}.{name} has no docstring"
+
+
+def test_importing_spmd_does_not_start_a_runtime():
+    import subprocess
+    import sys
+
+    code = "import spmd, mesh, sys; print('torch_xla' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
