@@ -70,6 +70,7 @@ def visualize_sharding(tensor: torch.Tensor | ShardedTensor, sharding: NamedShar
         console: a ``rich.console.Console`` to print to (default: stdout).
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if isinstance(tensor, ShardedTensor):
@@ -84,10 +85,13 @@ def visualize_sharding(tensor: torch.Tensor | ShardedTensor, sharding: NamedShar
         shape = tuple(tensor.shape)
     hlo: HloSharding = sharding.hlo_sharding(len(shape), shape)
     layout = sharding_layout(shape, sharding.shard_bounds(shape))
-    table = Table(title=f"{tuple(shape)} {sharding.spec!r}", caption=str(hlo), show_header=False, show_lines=True)
+    table = Table(show_header=False, show_lines=True)
     for _ in layout.cells[0]:
         table.add_column(justify="center")
     for row in layout.cells:
-        table.add_row(*[f"[{r}{', ' + c if c else ''}]\ndev {', '.join(map(str, d))}" for r, c, d in row])
-    (console or Console()).print(table)
+        table.add_row(*[escape(f"[{r}{', ' + c if c else ''}]") + f"\ndev {', '.join(map(str, d))}" for r, c, d in row])
+    console = console or Console()
+    console.print(f"{tuple(shape)} {sharding.spec!r} on {sharding.mesh.describe()}", soft_wrap=True)
+    console.print(table)
+    console.print(str(hlo), soft_wrap=True, markup=False, highlight=False)
     return table
