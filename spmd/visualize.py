@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from spmd.hlo_sharding import HloSharding, ShardBounds
 from spmd.named_sharding import NamedSharding
 from spmd.sharded_tensor import ShardedTensor
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["ShardingLayout", "sharding_layout", "visualize_sharding"]
 
@@ -60,7 +65,12 @@ def sharding_layout(shape: Sequence[int], bounds: Sequence[ShardBounds]) -> Shar
     return ShardingLayout(shape, tuple(grid))
 
 
-def visualize_sharding(tensor: torch.Tensor | ShardedTensor, sharding: NamedSharding | None = None, *, console=None):
+def visualize_sharding(
+    tensor: torch.Tensor | ShardedTensor,
+    sharding: NamedSharding | None = None,
+    *,
+    console: Console | None = None,
+) -> Table:
     """Print (and return) a rich table of which devices hold which block of ``tensor``.
 
     Args:
