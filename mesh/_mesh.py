@@ -48,8 +48,8 @@ class Mesh:
     Example:
         >>> import numpy as np
         >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
-        >>> mesh.shape()
-        OrderedDict({'data': 4, 'model': 2})
+        >>> dict(mesh.shape())
+        {'data': 4, 'model': 2}
         >>> mesh.get_logical_mesh()[1]
         array([2, 3])
     """
