@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=CONFIG["n_layer"])
     parser.add_argument("--d-model", type=int, default=CONFIG["d_model"])
-    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "deferred_init_memory.json")
+    parser.add_argument("--json", type=Path, default=Path("runs") / "deferred_init_memory.json")
     parser.add_argument("--eager-limit", type=float, default=2.5, help="stop the torch_xla eager run past this x")
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -45,6 +45,7 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.distributed.spmd as xs  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 import spmd  # noqa: E402
 from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch  # noqa: E402
@@ -114,10 +115,10 @@ def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int
         return loss
 
     with inspector.capture(ignore=["parameter-all-gather", "replicated-argument", "replicated-activation"]) as report:
-        losses = [step().detach() for _ in range(warmup)]
+        losses = [step().detach() for _ in tqdm(range(warmup), desc=f"{kind}: compile + warm-up", leave=False)]
     xm.wait_device_ops()
     times = []
-    for _ in range(timed):
+    for _ in tqdm(range(timed), desc=f"{kind}: timed steps", leave=False):
         started = time.perf_counter()
         losses.append(step().detach())
         xm.wait_device_ops()
@@ -140,7 +141,7 @@ def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int
 def activation_bytes(config: dict, mesh: Mesh, batch: int, peak_at_batch: int) -> int:
     """Growth of fsdp_xla's forward+backward peak when the batch doubles (activations only)."""
     peaks = [peak_at_batch]
-    for b in (2 * batch,):
+    for b in tqdm((2 * batch,), desc="activations (batch x2)", leave=False):
         model = build("fsdp_xla", config, mesh)
         tokens = synthetic_batch(torch.Generator().manual_seed(b), b, config["seq"], config["vocab"])
         with inspector.capture(ignore=["parameter-all-gather", "replicated-argument"]) as report:
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=16, help="global batch")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed steps")
-    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "fsdp_memory.json")
+    parser.add_argument("--json", type=Path, default=Path("runs") / "fsdp_memory.json")
     args = parser.parse_args(argv)
 
     spmd.enable_spmd()
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = [
         run(k, config, mesh, args.batch, args.warmup, args.steps)
-        for k in ("torch_xla", "fsdp_xla", "fsdp_xla_no_barriers")
+        for k in tqdm(("torch_xla", "fsdp_xla", "fsdp_xla_no_barriers"), desc="configurations")
     ]
     ours = next(r for r in results if r.name == "fsdp_xla")
     assert ours.forward_backward_peak is not None

@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (they compile)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per chip")
     parser.add_argument("--chips", type=float, default=None, help="chips (default: devices / devices per chip)")
-    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "mfu_benchmark.json")
+    parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
     args = parser.parse_args(argv)
 
     spmd.enable_spmd()

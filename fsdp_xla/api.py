@@ -24,7 +24,7 @@ from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh, get_global_mesh
+from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm, with_sharding_constraint
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
@@ -118,15 +118,7 @@ def _apply_output_sharding(out: Any, shard_output: PartitionSpec | Callable[[Any
 
 
 def _resolve_mesh(mesh: Mesh | None, fsdp_axis: str) -> Mesh:
-    if mesh is None:
-        mesh = get_global_mesh()
-        if mesh is None:
-            raise MeshAxisError(
-                "FSDP got no mesh and no global mesh is set. Pass mesh=Mesh(np.arange(n), (n,), ('fsdp',)) or "
-                "call mesh.set_global_mesh(...)."
-            )
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"FSDP expects a mesh.Mesh, got {type(mesh).__name__}.")
+    mesh = mesh_or_global(mesh, "FSDP")
     names = mesh.axis_names or ()
     if fsdp_axis not in names:
         raise MeshAxisError(

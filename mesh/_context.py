@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from mesh._mesh import Mesh
-from mesh._runtime import runtime_device_count
+from mesh._runtime import mirror_global_mesh, runtime_device_count, runtime_global_mesh
+from mesh.errors import NoMeshError
 
-__all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh"]
+__all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh", "mesh_or_global"]
 
 # The only module-level mutable state in the product, by design: the explicit global mesh.
 _process_default: Mesh | None = None
@@ -25,17 +26,31 @@ def _stack() -> list[Mesh]:
 
 
 def set_global_mesh(mesh: Mesh | None) -> None:
-    """Set (or with ``None`` clear) the process-wide default mesh, as torch_xla's does."""
+    """Set (or with ``None`` clear) the process-wide default mesh.
+
+    torch_xla's global mesh becomes the same object, so torch_xla code that reads it (its FSDPv2
+    ``SpmdFullyShardedDataParallel``, the Hugging Face Trainer's ``xla_fsdp_v2`` path) sees it.
+    """
     global _process_default
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError(f"set_global_mesh expects a Mesh or None, got {type(mesh).__name__}.")
     _process_default = mesh
+    mirror_global_mesh(mesh)
 
 
 def get_global_mesh() -> Mesh | None:
-    """The innermost `use_mesh` mesh of this thread, else the process default, else ``None``."""
+    """The innermost `use_mesh` mesh of this thread, else the process default, else torch_xla's
+    global mesh (set by torch_xla's ``xs.set_global_mesh``, as our `Mesh`), else ``None``."""
     stack = _stack()
-    return stack[-1] if stack else _process_default
+    if stack:
+        return stack[-1]
+    if _process_default is not None:
+        return _process_default
+    theirs = runtime_global_mesh()
+    if theirs is None or isinstance(theirs, Mesh):
+        return theirs
+    names = None if theirs.axis_names is None else tuple(theirs.axis_names)  # type: ignore[attr-defined]
+    return Mesh(np.asarray(theirs.device_ids), tuple(theirs.mesh_shape), names)  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -61,3 +76,26 @@ def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) ->
     """A one-axis mesh over all devices (``num_devices``, default: the runtime's count)."""
     n = runtime_device_count() if num_devices is None else int(num_devices)
     return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
+
+
+def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
+    """``mesh``, or the current global mesh when it is ``None``.
+
+    Args:
+        mesh: the mesh the caller was given.
+        what: the call, for the message (``"mark_sharding(tensor of shape (8, 4), P('x'))"``).
+
+    Raises:
+        NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
+        TypeError: ``mesh`` is not a `Mesh`.
+    """
+    if mesh is None:
+        mesh = get_global_mesh()
+        if mesh is None:
+            raise NoMeshError(
+                f"{what} got no mesh and no global mesh is set. Pass one (e.g. mesh=Mesh(np.arange(n), (n,), "
+                "('data',))), or call mesh.set_global_mesh(...) / use `with use_mesh(...)`."
+            )
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{what} expects a mesh.Mesh, got {type(mesh).__name__}.")
+    return mesh

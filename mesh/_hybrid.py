@@ -4,13 +4,14 @@ Ordering (the rule the tests pin down):
 
 1. Devices are grouped by ``slice_index`` (slices in increasing index order); each slice is
    one DCN "granule".
-2. Inside a slice, devices are laid out on their physical grid by ``coords`` (x, y, z) and
-   ``core_on_chip``; physical axes of size 1 are dropped. The logical ICI axes are given whole
-   physical axes: the first permutation of physical axes (lexicographic) whose consecutive
-   sizes multiply to each logical size, in order, wins; so a logical axis that equals a
-   physical axis (or a product of them) is a physical ring/torus line. When no such
-   assignment exists, the devices in physical row-major order are reshaped (physical axes
-   are split). Devices without ``coords`` (CPU, GPU) are ordered by id.
+2. Inside a slice, devices are laid out on their physical grid by ``coords`` (x, y, z) and,
+   on chips with several cores, ``core_on_chip``. The logical ICI axes are given whole
+   physical axes by JAX's rule (``jax.experimental.mesh_utils.create_device_mesh``, which
+   torch_xla's ``HybridMesh`` also follows): from the last logical axis to the first, each
+   takes the first lexicographic combination of the most free physical axes whose sizes
+   multiply to its size; so a logical axis is a physical ring/torus line (or plane). When no
+   such assignment exists, the devices in physical row-major order are reshaped (physical
+   axes are split). Devices without ``coords`` (CPU, GPU) are ordered by id.
 3. The per-slice ICI meshes are tiled over the DCN mesh so that mesh axis ``i`` has size
    ``dcn[i] * ici[i]`` with the DCN index major (JAX's ``create_hybrid_device_mesh``).
 """
@@ -48,8 +49,15 @@ class DeviceInfo:
 
     @classmethod
     def from_attributes(cls, device_id: int, attributes: dict) -> DeviceInfo:
-        """Build from one entry of torch_xla's ``global_runtime_device_attributes()``."""
+        """Build from one entry of torch_xla's ``global_runtime_device_attributes()``.
+
+        The id is the ordinal in the entry's ``name`` (``"TPU:3"`` is device 3) when it has one,
+        as torch_xla reads it; the list's order need not be the ordinal order.
+        """
         coords = attributes.get("coords")
+        name = attributes.get("name")
+        if isinstance(name, str) and name.rsplit(":", 1)[-1].isdigit():
+            device_id = int(name.rsplit(":", 1)[-1])
         return cls(
             id=device_id,
             coords=tuple(int(c) for c in coords) if coords is not None else None,
@@ -59,13 +67,16 @@ class DeviceInfo:
 
 
 def _physical_grid(devices: Sequence[DeviceInfo]) -> np.ndarray:
-    """Device ids placed on their physical grid: axes (x, y, z, core), size-1 axes dropped."""
+    """Device ids placed on their physical grid: axes (x, y, z), plus a core axis when a chip has
+    several cores. Size-1 axes are kept (they take part in the axis assignment, as in JAX)."""
     if any(d.coords is None for d in devices):
         return np.asarray(sorted(d.id for d in devices), dtype=np.int64)
     ndim = len(devices[0].coords)  # type: ignore[arg-type]
-    positions = [tuple(d.coords) + (d.core_on_chip,) for d in devices]  # type: ignore[operator]
-    lo = [min(p[k] for p in positions) for k in range(ndim + 1)]
-    extent = [max(p[k] for p in positions) - lo[k] + 1 for k in range(ndim + 1)]
+    with_core = any(d.core_on_chip != 0 for d in devices)
+    positions = [tuple(d.coords) + ((d.core_on_chip,) if with_core else ()) for d in devices]  # type: ignore[operator]
+    rank = ndim + int(with_core)
+    lo = [min(p[k] for p in positions) for k in range(rank)]
+    extent = [max(p[k] for p in positions) - lo[k] + 1 for k in range(rank)]
     if int(np.prod(extent)) != len(devices):
         raise MeshError(
             f"The {len(devices)} devices of a slice do not fill their bounding box {tuple(extent)} "
@@ -73,29 +84,43 @@ def _physical_grid(devices: Sequence[DeviceInfo]) -> np.ndarray:
         )
     grid = np.full(extent, -1, dtype=np.int64)
     for d, p in zip(devices, positions):
-        grid[tuple(p[k] - lo[k] for k in range(ndim + 1))] = d.id
+        grid[tuple(p[k] - lo[k] for k in range(rank))] = d.id
     if (grid < 0).any():
         raise MeshError("Two devices share the same coords and core_on_chip; check the topology.")
-    return grid.reshape([e for e in extent if e > 1] or [1])
+    return grid
 
 
 def _assign_whole_axes(phys_shape: tuple[int, ...], logical: tuple[int, ...]) -> list[int] | None:
-    """A permutation of physical axes that groups consecutively into the logical sizes."""
-    for perm in itertools.permutations(range(len(phys_shape))):
-        sizes = [phys_shape[p] for p in perm]
-        pos = 0
-        ok = True
-        for want in logical:
-            have = 1
-            while have < want and pos < len(sizes):
-                have *= sizes[pos]
-                pos += 1
-            if have != want:
-                ok = False
+    """A transpose of the physical axes that gives each logical axis whole physical axes, or
+    ``None`` when there is none.
+
+    JAX's rule (``mesh_utils.create_device_mesh``): logical axes are served from the last (the
+    most network-intensive by convention) to the first; each takes the first combination, in
+    lexicographic order, of as many still-free physical axes as possible (3, then 2, then 1)
+    whose sizes multiply to its size. Physical axes nobody took (size 1) go last.
+    """
+    free = list(phys_shape)
+    assignment: list[tuple[int, ...]] = [() for _ in logical]
+    for axis in reversed(range(len(logical))):
+        for count in range(min(3, len(free)), 0, -1):
+            pick = next(
+                (
+                    c
+                    for c in itertools.combinations(range(len(free)), count)
+                    if np.prod([free[i] for i in c]) == logical[axis]
+                ),
+                None,
+            )
+            if pick is not None:
+                assignment[axis] = pick
+                for i in pick:
+                    free[i] = 0  # taken: no product with it matches any size again
                 break
-        if ok and pos == len(sizes):
-            return list(perm)
-    return None
+        else:
+            if logical[axis] > 1:
+                return None
+    order = [i for a in assignment for i in a]
+    return order + [i for i in range(len(phys_shape)) if i not in order]
 
 
 def ici_device_order(devices: Sequence[DeviceInfo], ici_mesh_shape: Sequence[int]) -> np.ndarray:

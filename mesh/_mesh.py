@@ -54,7 +54,7 @@ class Mesh:
         array([2, 3])
     """
 
-    __slots__ = ("_device_ids", "_mesh_shape", "_axis_names")
+    __slots__ = ("_device_ids", "_mesh_shape", "_axis_names", "_memo")
 
     _device_ids: tuple[int, ...]
     _mesh_shape: tuple[int, ...]
@@ -112,6 +112,7 @@ class Mesh:
         object.__setattr__(self, "_device_ids", ids)
         object.__setattr__(self, "_mesh_shape", shape)
         object.__setattr__(self, "_axis_names", names)
+        object.__setattr__(self, "_memo", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Mesh is immutable; cannot set {name!r}. Build a new Mesh instead.")
@@ -190,8 +191,82 @@ class Mesh:
             raise DeviceCountError(
                 f"{self.describe()} uses device ids {missing}, but the runtime has only "
                 f"{available} device(s) (ids 0..{available - 1}). Build the mesh over "
-                f"range({available}) or run with more devices (on CPU: CPU_NUM_DEVICES)."
+                f"range({available}) or run with more devices: call spmd.configure_default_devices(n) before "
+                "torch_xla is imported (on CPU it sets CPU_NUM_DEVICES=n; without it torch_xla's CPU runtime has 1 device)."
             )
+
+    # torch_xla's methods ---------------------------------------------------------------------
+    @property
+    def memo(self) -> dict:
+        """A per-object cache for what backends derive from this mesh (torch_xla's
+        ``OpSharding`` objects); not part of the mesh's value, never compared or pickled."""
+        return self._memo
+
+    def get_axis_name_idx(self, name: str) -> int | None:
+        """The index of axis ``name``, or ``None`` if the mesh has no such axis (torch_xla's
+        lookup; `axis_index` raises instead)."""
+        if self._axis_names is None or name not in self._axis_names:
+            return None
+        return self._axis_names.index(name)
+
+    def get_op_sharding(self, partition_spec: Sequence[object]) -> object:
+        """torch_xla's ``OpSharding`` for a tensor of rank ``len(partition_spec)`` sharded as
+        ``partition_spec`` (what ``torch_xla._XLAC`` functions take). Needs torch_xla.
+
+        Raises:
+            ShardingError: the spec does not fit this mesh (the message says why).
+        """
+        from spmd._backend import backend
+
+        return backend.op_sharding(self._hlo_sharding(partition_spec), self._memo)
+
+    def _get_op_sharding_args(self, partition_spec: Sequence[object]) -> tuple[list, list, list, int]:
+        """torch_xla's ``(tile_assignment, group_assignment, replication_groups, sharding_type)``
+        for ``partition_spec``: the arguments of ``OpSharding`` giving the same sharding."""
+        from spmd._backend import backend
+
+        return backend.sharding_args(self._hlo_sharding(partition_spec))
+
+    def _hlo_sharding(self, partition_spec: Sequence[object]) -> object:
+        from spmd.named_sharding import hlo_sharding_for
+        from spmd.partition_spec import PartitionSpec
+
+        spec = PartitionSpec.from_value(partition_spec)
+        return hlo_sharding_for(self, spec, len(spec))
+
+    def __str__(self) -> str:
+        """torch_xla's text of a mesh, which `from_str` reads back."""
+        return (
+            f"{{'device_ids': {list(self._device_ids)}, 'mesh_shape': {self._mesh_shape}, "
+            f"'axis_names': {self._axis_names}}}"
+        )
+
+    @classmethod
+    def from_str(cls, mesh_str: str) -> Mesh | None:
+        """The mesh ``str(mesh)`` printed, or ``None`` if ``mesh_str`` is not such a text."""
+        import ast
+
+        try:
+            d = ast.literal_eval(mesh_str.replace("Mesh", ""))
+            return Mesh(d["device_ids"], d["mesh_shape"], d["axis_names"])
+        except (ValueError, SyntaxError, KeyError, TypeError, MeshError):
+            return None
+
+    def get_jax_mesh(self) -> object:
+        """The same mesh as a ``jax.sharding.Mesh`` over ``jax.devices()`` (ids are JAX device ids).
+
+        Raises:
+            MeshError: an id is not one of JAX's devices.
+        """
+        import jax
+
+        by_id = {d.id: d for d in jax.devices()}
+        missing = sorted(i for i in self._device_ids if i not in by_id)
+        if missing:
+            raise MeshError(f"Device ids {missing} of {self.describe()} are not JAX devices (JAX has {sorted(by_id)}).")
+        devices = np.asarray([by_id[i] for i in self._device_ids], dtype=object).reshape(self._mesh_shape)
+        names = self._axis_names or tuple(str(i) for i in range(self.ndim))
+        return jax.sharding.Mesh(devices, names)
 
     # Value semantics -----------------------------------------------------------------------
     def _key(self) -> tuple:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MeshError", "MeshTypeError", "DeviceCountError"]
+__all__ = ["MeshError", "MeshTypeError", "DeviceCountError", "NoMeshError"]
 
 
 class MeshError(ValueError):
@@ -15,3 +15,7 @@ class MeshTypeError(TypeError):
 
 class DeviceCountError(MeshError):
     """A mesh names more (or other) devices than the runtime has."""
+
+
+class NoMeshError(MeshError):
+    """An operation needs a mesh, none was passed and no global mesh is set."""

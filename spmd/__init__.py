@@ -1,36 +1,48 @@
 """SPMD sharding for PyTorch/XLA: partition specs, named shardings, `mark_sharding` and tools.
 
 Importing ``spmd`` does not start the XLA runtime; call `configure_default_devices` first
-if you want virtual CPU devices.
+if you want virtual CPU devices. ``import spmd as xs`` stands in for
+``import torch_xla.distributed.spmd as xs``: every name of torch_xla's module is here.
 """
 
+from typing import Any
+
 from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh, use_mesh
-from spmd.barrier import optimization_barrier
+from spmd import xla_sharding
+from spmd.barrier import apply_backward_optimization_barrier, optimization_barrier
 from spmd.devices import configure_default_devices, enable_spmd
 from spmd.errors import (
     AxisIndexError,
     DeviceCountError,
     DuplicateAxisError,
+    NoMeshError,
     NotAnXlaTensorError,
     PartitionSpecTypeError,
     ShardingConflictError,
     ShardingError,
+    ShardLoadError,
     SpecRankError,
     SpmdModeError,
     UnknownAxisError,
 )
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
 from spmd.layer_norm import ShardableLayerNorm, layer_norm, use_shardable_layer_norm
+from spmd.manual import disable_manual_sharding, enable_manual_sharding, mark_manual_sharding
 from spmd.mark_sharding import (
+    MarkShardingFunction,
+    annotate_custom_sharding,
     clear_sharding,
     get_sharding,
     mark_sharding,
     mark_sharding_with_gradients,
+    shard_as,
     with_sharding_constraint,
 )
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.partition_spec import P, PartitionSpec
-from spmd.sharded_tensor import Shard, ShardedTensor, XLAShardedTensor
+from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
+from spmd.sharding_spec import ShardingSpec
+from spmd.sharding_type import ShardingType
 from spmd.visualize import visualize_sharding
 
 __all__ = [
@@ -73,4 +85,28 @@ __all__ = [
     "use_shardable_layer_norm",
     "visualize_sharding",
     "with_sharding_constraint",
+    # torch_xla's names (see docs/migration.md)
+    "MarkShardingFunction",
+    "NoMeshError",
+    "ShardLoadError",
+    "ShardingSpec",
+    "ShardingType",
+    "XLAShard",
+    "annotate_custom_sharding",
+    "apply_backward_optimization_barrier",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
+    "mark_manual_sharding",
+    "shard_as",
+    "wrap_if_sharded",
+    "xla_sharding",
+    *xla_sharding.TORCH_XLA_REEXPORTS,
 ]
+
+_mark_manual_sharding = mark_manual_sharding  # torch_xla's private-looking name, used by its scripts
+
+
+def __getattr__(name: str) -> Any:
+    if name in xla_sharding.TORCH_XLA_REEXPORTS:
+        return xla_sharding.reexported(name)
+    raise AttributeError(f"module 'spmd' has no attribute {name!r}")

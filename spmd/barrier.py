@@ -7,7 +7,7 @@ import torch
 from spmd._backend import backend
 from spmd.errors import NotAnXlaTensorError
 
-__all__ = ["optimization_barrier"]
+__all__ = ["optimization_barrier", "apply_backward_optimization_barrier"]
 
 
 def optimization_barrier(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -31,3 +31,20 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if flat:
         backend.optimization_barrier_(flat)
     return tuple(flat)
+
+
+def apply_backward_optimization_barrier(module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """Put an optimization barrier over ``module``'s parameter gradients and input gradients in
+    backward (torch_xla's function of this name).
+
+    XLA then cannot fuse this module's backward with its neighbours', which keeps it from
+    allocating one large buffer for all of their gradients at once. Returns the hook's handle.
+    """
+
+    def barrier(mod: torch.nn.Module, grad_input: tuple, grad_output: tuple) -> None:
+        grads = [p.grad for p in mod.parameters() if p.grad is not None]
+        flat = [g for g in grads + list(grad_input) if isinstance(g, torch.Tensor)]
+        if flat:
+            backend.optimization_barrier_(flat)
+
+    return module.register_full_backward_hook(barrier)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mesh.errors import DeviceCountError
+from mesh.errors import DeviceCountError, NoMeshError
 
 __all__ = [
     "ShardingError",
@@ -15,6 +15,8 @@ __all__ = [
     "ShardingConflictError",
     "SpmdModeError",
     "DeviceCountError",
+    "ShardLoadError",
+    "NoMeshError",
 ]
 
 
@@ -46,9 +48,21 @@ class NotAnXlaTensorError(TypeError):
     """The tensor is not on an XLA device, so it cannot carry an XLA sharding."""
 
 
-class ShardingConflictError(ShardingError):
-    """The tensor already carries a different sharding."""
+class ShardingConflictError(ShardingError, RuntimeError):
+    """The tensor already carries a different (non-replicated) sharding.
+
+    Also a ``RuntimeError``, which torch_xla raises for a conflicting re-mark, so scripts written
+    for torch_xla that catch it keep working.
+    """
 
 
 class SpmdModeError(RuntimeError):
     """SPMD mode cannot be turned on any more: tensors were placed on the device without it."""
+
+
+class ShardLoadError(ShardingError, RuntimeError):
+    """Shards given to ``load_local_shards_`` do not fit the tensor.
+
+    Also a ``RuntimeError``, which torch_xla raises here, so ``except RuntimeError`` in scripts
+    written for torch_xla still catches it.
+    """

@@ -20,11 +20,13 @@ __all__ = ["ShardingKind", "HloSharding", "ShardBounds"]
 
 
 class ShardingKind(enum.Enum):
-    """The three sharding kinds of the GSPMD paper that a (mesh, spec) can give."""
+    """The three sharding kinds of the GSPMD paper that a (mesh, spec) can give, and manual
+    (inside an `enable_manual_sharding` region, where GSPMD leaves the value alone)."""
 
     REPLICATED = "replicated"
     MAXIMAL = "maximal"
     TILED = "tiled"
+    MANUAL = "manual"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class HloSharding:
         return cls(ShardingKind.REPLICATED)
 
     @classmethod
+    def manual(cls) -> HloSharding:
+        """Each device holds its own value and GSPMD does not partition it (XLA's ``{manual}``)."""
+        return cls(ShardingKind.MANUAL)
+
+    @classmethod
     def maximal(cls, device: int) -> HloSharding:
         """One device holds the whole array."""
         return cls(ShardingKind.MAXIMAL, devices=(int(device),))
@@ -114,6 +121,8 @@ class HloSharding:
     def __str__(self) -> str:
         if self.kind is ShardingKind.REPLICATED:
             return "{replicated}"
+        if self.kind is ShardingKind.MANUAL:
+            return "{manual}"
         if self.kind is ShardingKind.MAXIMAL:
             return f"{{maximal device={self.devices[0]}}}"
         dims = list(self.tile_shape) + ([self.replication] if self.replication > 1 else [])
@@ -135,6 +144,8 @@ class HloSharding:
         t = text.strip()
         if t == "{replicated}":
             return cls.replicated()
+        if t == "{manual}":
+            return cls.manual()
         m = re.fullmatch(r"\{maximal device=(\d+)\}", t)
         if m:
             return cls.maximal(int(m.group(1)))
@@ -158,7 +169,7 @@ class HloSharding:
 
     def map_devices(self, ids: Sequence[int]) -> HloSharding:
         """Replace device ``i`` by ``ids[i]`` (JAX writes positions in the mesh's device list)."""
-        if self.kind is ShardingKind.REPLICATED:
+        if self.kind in (ShardingKind.REPLICATED, ShardingKind.MANUAL):
             return self
         if self.kind is ShardingKind.MAXIMAL:
             return HloSharding.maximal(ids[self.devices[0]])
@@ -187,6 +198,8 @@ class HloSharding:
         last blocks are cut short (or empty) and XLA pads them, as GSPMD does.
         """
         shape = tuple(int(s) for s in global_shape)
+        if self.kind is ShardingKind.MANUAL:
+            raise ValueError("A {manual} value has no global layout: each device holds its own block.")
         if self.kind is not ShardingKind.TILED:
             full = tuple(slice(0, s) for s in shape)
             return [ShardBounds(d, (0,) * len(shape), full, shape, i) for i, d in enumerate(devices)]

@@ -2,48 +2,50 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from mesh import DeviceCountError, Mesh, get_global_mesh
+from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import backend
-from spmd.errors import NotAnXlaTensorError, ShardingConflictError
-from spmd.hlo_sharding import HloSharding
+from spmd.errors import NotAnXlaTensorError, PartitionSpecTypeError, ShardingConflictError, ShardingError
+from spmd.hlo_sharding import HloSharding, ShardingKind
 from spmd.named_sharding import NamedSharding, hlo_sharding_for
 from spmd.partition_spec import PartitionSpec, SpecEntry
-from spmd.sharded_tensor import ShardedTensor
+from spmd.sharded_tensor import XLAShardedTensor
 
 __all__ = [
     "mark_sharding",
+    "annotate_custom_sharding",
     "with_sharding_constraint",
     "mark_sharding_with_gradients",
+    "MarkShardingFunction",
     "clear_sharding",
     "get_sharding",
+    "shard_as",
 ]
 
 SpecLike = PartitionSpec | Sequence[SpecEntry]
 
 
 def _unwrap(t: object) -> torch.Tensor:
-    if isinstance(t, ShardedTensor):
+    if isinstance(t, XLAShardedTensor):
         return t.global_tensor
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"Expected a torch.Tensor (or ShardedTensor), got {type(t).__name__}.")
+        raise TypeError(f"Expected a torch.Tensor, got {type(t).__name__}.")
     return t
 
 
 def _resolve(t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str) -> tuple[NamedSharding, HloSharding]:
-    spec = PartitionSpec.from_value(spec)
-    if mesh is None:
-        mesh = get_global_mesh()
-        if mesh is None:
-            raise ValueError(
-                f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r}) got no mesh and no global "
-                "mesh is set. Pass a mesh, or call mesh.set_global_mesh(...) / use `with use_mesh(...)`."
-            )
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"{what} expects a mesh.Mesh, got {type(mesh).__name__}.")
+    try:
+        spec = PartitionSpec.from_value(spec)
+    except (ShardingError, PartitionSpecTypeError) as e:  # say which call, tensor and mesh
+        where = mesh.describe() if isinstance(mesh, Mesh) else "the global mesh"
+        raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
+    mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
     hlo = hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))  # spec errors first: pure checks
     if not backend.is_xla_tensor(t):
         raise NotAnXlaTensorError(
@@ -57,19 +59,25 @@ def _resolve(t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str) -> t
         raise DeviceCountError(
             f"{what}: {mesh.describe()} has {mesh.size()} devices but the runtime has {available}; "
             f"GSPMD partitions every program over all {available} devices, so a mesh must use each "
-            f"of them once. Build it over range({available})."
+            f"of them once. Build it over range({available})"
+            + (
+                ", or start the runtime with more devices (spmd.configure_default_devices(n) before "
+                "torch_xla is imported; on CPU it sets CPU_NUM_DEVICES)."
+                if available < mesh.size()
+                else "."
+            )
         )
     return NamedSharding(mesh, spec), hlo
 
 
 def mark_sharding(
-    t: torch.Tensor | ShardedTensor,
+    t: torch.Tensor,
     mesh: Mesh | None,
     partition_spec: SpecLike,
     *,
     replace: bool = False,
-) -> ShardedTensor:
-    """Shard ``t`` over ``mesh`` as ``partition_spec`` says.
+) -> XLAShardedTensor:
+    """Shard ``t`` over ``mesh`` as ``partition_spec`` says, and return it as a sharded tensor.
 
     On device data (inputs, parameters) the data is laid out sharded, in place. On a traced
     intermediate it becomes a sharding constraint inside the graph (see
@@ -80,39 +88,67 @@ def mark_sharding(
         mesh: the mesh; ``None`` uses the global mesh.
         partition_spec: a `PartitionSpec` or a torch_xla-style tuple; it may be shorter than
             ``t.dim()`` (trailing dims replicated).
-        replace: if ``t`` already has a different sharding, replace it instead of raising.
+        replace: if ``t`` already has a different non-replicated sharding, replace it instead
+            of raising. A replicated ``t`` (explicitly, or as every step's output is) is
+            resharded without it, as torch_xla does.
 
     Returns:
-        A `ShardedTensor` view (global shape, sharding, local shards). ``t`` itself is sharded.
+        ``t`` as an `XLAShardedTensor`: a ``torch.Tensor`` view of the same data (use it in
+        the model, add to it, ``.cpu()`` it; gradients flow to ``t``) with ``sharding``,
+        ``shard_bounds``, ``local_shards`` and torch_xla's attributes. ``t`` itself is
+        sharded too, so the return value may be ignored.
 
     Raises:
+        NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
         NotAnXlaTensorError: ``t`` is not on an XLA device.
         ShardingError: the spec does not fit the mesh or the tensor (the message says which).
         DeviceCountError: the mesh does not use exactly the runtime's devices.
-        ShardingConflictError: ``t`` already has another sharding and ``replace`` is False.
+        ShardingConflictError: ``t`` already has another non-replicated sharding and
+            ``replace`` is False, or it is manually sharded.
 
     Example:
         >>> mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))   # doctest: +SKIP
-        >>> w = torch.randn(16, 32).to(torch_xla.device())         # doctest: +SKIP
-        >>> mark_sharding(w, mesh, P(None, "model")).shard_bounds[0].shape  # doctest: +SKIP
-        (16, 16)
+        >>> x = mark_sharding(torch.randn(16, 32).to(torch_xla.device()), mesh, P("data"))  # doctest: +SKIP
+        >>> (x @ w).sum().backward()                                # doctest: +SKIP
+        >>> x.shard_bounds[0].shape                                 # doctest: +SKIP
+        (4, 32)
     """
     tensor = _unwrap(t)
     sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding")
     backend.ensure_spmd()
     existing = backend.sharding_of(tensor)
     if existing is not None and existing != hlo:
-        if not replace:
+        if existing.kind is ShardingKind.MANUAL:
+            raise ShardingConflictError(
+                f"mark_sharding: the tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}: "
+                f"inside an enable_manual_sharding region), so GSPMD cannot lay it out as {sharding.spec!r}. "
+                "Call disable_manual_sharding(t, spec, full_shape) first, then mark the result."
+            )
+        if existing.kind is not ShardingKind.REPLICATED and not replace:
             raise ShardingConflictError(
                 f"mark_sharding: the tensor of shape {tuple(tensor.shape)} is already sharded as "
                 f"{existing}; spec {sharding.spec!r} over {sharding.mesh.describe()} asks for {hlo}. "
-                "Call clear_sharding(t) first, or pass replace=True to reshard it."
+                "Pass replace=True to reshard it, or call clear_sharding(t) first."
             )
         backend.clear_sharding(tensor)
         existing = None
     if existing is None:
-        backend.attach_sharding(tensor, hlo)
-    return ShardedTensor(tensor, sharding)
+        backend.attach_sharding(tensor, hlo, sharding.mesh.memo)
+    return XLAShardedTensor._view(tensor, sharding)
+
+
+def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> XLAShardedTensor:
+    """Constrain ``t``'s traced value to ``partition_spec`` in place, without moving its data.
+
+    torch_xla's ``annotate_custom_sharding``: unlike `mark_sharding`, device data keeps its
+    layout (the graph reads it as it is and then reshards), and an existing sharding is no
+    conflict. Returns ``t`` as an `XLAShardedTensor`.
+    """
+    tensor = _unwrap(t)
+    sharding, hlo = _resolve(tensor, mesh, partition_spec, "annotate_custom_sharding")
+    backend.ensure_spmd()
+    backend.attach_sharding_constraint(tensor, hlo, sharding.mesh.memo)
+    return XLAShardedTensor._view(tensor, sharding)
 
 
 def with_sharding_constraint(x: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> torch.Tensor:
@@ -122,41 +158,59 @@ def with_sharding_constraint(x: torch.Tensor, mesh: Mesh | None, partition_spec:
     constraint; gradients flow through it unconstrained (see `mark_sharding_with_gradients`).
     """
     tensor = _unwrap(x)
-    _, hlo = _resolve(tensor, mesh, partition_spec, "with_sharding_constraint")
+    sharding, hlo = _resolve(tensor, mesh, partition_spec, "with_sharding_constraint")
     backend.ensure_spmd()
     out = tensor.clone()
-    backend.attach_sharding_constraint(out, hlo)
+    backend.attach_sharding_constraint(out, hlo, sharding.mesh.memo)
     return out
 
 
-class _ConstrainWithGradient(torch.autograd.Function):
+@torch.library.custom_op("spmd::sharding_constraint", mutates_args=())
+def _sharding_constraint_op(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+    # Mesh and spec travel as text: AOTAutograd (torch.compile, functorch's aot_function) can
+    # only record a custom op whose arguments are tensors and plain values.
+    spec = PartitionSpec(*ast.literal_eval(partition_spec))
+    the_mesh = Mesh.from_str(mesh)
+    if the_mesh is None:
+        raise ValueError(f"spmd::sharding_constraint: {mesh!r} is not the text of a Mesh (str(mesh)).")
+    return with_sharding_constraint(t, the_mesh, spec)
+
+
+@_sharding_constraint_op.register_fake
+def _sharding_constraint_fake(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+class MarkShardingFunction(torch.autograd.Function):
+    """A sharding constraint on a value and, in backward, on its gradient (torch_xla's name).
+
+    ``MarkShardingFunction.apply(x, mesh, spec)`` is `mark_sharding_with_gradients` without the
+    argument checks; it records as one custom op, so AOTAutograd keeps both constraints.
+    """
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, hlo: HloSharding) -> torch.Tensor:  # type: ignore[override]
-        ctx.hlo = hlo
-        out = x.clone()
-        backend.attach_sharding_constraint(out, hlo)
-        return out
+    def forward(ctx, t: torch.Tensor, mesh: Mesh, partition_spec: SpecLike) -> torch.Tensor:  # type: ignore[override]
+        ctx.args = (str(mesh), repr(tuple(PartitionSpec.from_value(partition_spec))))
+        return _sharding_constraint_op(t, *ctx.args)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        g = grad.clone()
-        backend.attach_sharding_constraint(g, ctx.hlo)
-        return g, None
+        return _sharding_constraint_op(grad, *ctx.args), None, None
 
 
 def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> torch.Tensor:
     """`with_sharding_constraint` whose gradient carries the same constraint in backward.
 
     torch_xla's ``mark_sharding_with_gradients``; use it on activations whose backward
-    GSPMD would otherwise lay out badly.
+    GSPMD would otherwise lay out badly. ``x`` is unchanged (not sharded in place).
     """
     tensor = _unwrap(x)
-    _, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding_with_gradients")
+    sharding, _ = _resolve(tensor, mesh, partition_spec, "mark_sharding_with_gradients")
     backend.ensure_spmd()
-    return _ConstrainWithGradient.apply(tensor, hlo)
+    return MarkShardingFunction.apply(tensor, sharding.mesh, sharding.spec)
 
 
-def clear_sharding(t: torch.Tensor | ShardedTensor) -> torch.Tensor:
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Remove ``t``'s sharding annotation (in place) and return the tensor."""
     tensor = _unwrap(t)
     if not backend.is_xla_tensor(tensor):
@@ -168,9 +222,32 @@ def clear_sharding(t: torch.Tensor | ShardedTensor) -> torch.Tensor:
     return tensor
 
 
-def get_sharding(t: torch.Tensor | ShardedTensor) -> HloSharding | None:
+def get_sharding(t: torch.Tensor) -> HloSharding | None:
     """The XLA sharding ``t`` carries now, or ``None`` if it has none."""
     tensor = _unwrap(t)
     if not backend.is_xla_tensor(tensor):
         return None
     return backend.sharding_of(tensor)
+
+
+def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
+    """Give matching tensors of pytrees ``a`` and ``b`` one sharding, whichever GSPMD picks
+    (XLA's ``ShardAlike``; torch_xla's ``shard_as``). Returns both trees; use either output.
+
+    Raises:
+        TypeError: the trees differ in structure, or a leaf is ``None`` in one tree only.
+    """
+    a_leaves, a_tree = tree_flatten(a)
+    b_leaves, b_tree = tree_flatten(b)
+    if a_tree != b_tree:
+        raise TypeError(f"shard_as needs two pytrees of one structure, got {a_tree} and {b_tree}.")
+    out_a, out_b = [], []
+    for i, (x, y) in enumerate(zip(a_leaves, b_leaves)):
+        if x is None or y is None:
+            if (x is None) != (y is None):
+                raise TypeError(f"shard_as: leaf {i} is None in one tree only; put None in both or neither.")
+        else:
+            x, y = backend.shard_alike(_unwrap(x), _unwrap(y))
+        out_a.append(x)
+        out_b.append(y)
+    return tree_unflatten(out_a, a_tree), tree_unflatten(out_b, b_tree)

@@ -1,84 +1,161 @@
-"""`ShardedTensor`: what `mark_sharding` returns, a view of a sharded lazy tensor and its shards."""
+"""`XLAShardedTensor`: what `mark_sharding` returns on torch_xla, a tensor that knows its shards.
+
+It is a ``torch.Tensor`` subclass *view* of the marked tensor (``t.as_subclass``): the same
+device data and sharding, attached to autograd, usable anywhere a tensor is. It is not a
+wrapper holding another tensor (torch_xla's ``XLAShardedTensor`` is one, and drops
+``requires_grad``), so in-place updates, ``torch_xla._XLAC`` queries and HLO text are those of
+the marked tensor itself. Ops on it return `XLAShardedTensor` results while they stay on the
+XLA device, as torch_xla's do; moving one off the device (``.cpu()``) gives a plain tensor.
+
+On the DTensor backend `mark_sharding` returns a ``torch.distributed.tensor.DTensor``
+instead: the value to keep is always the return value (``x = mark_sharding(x, ...)``), and
+`spmd.get_sharding` reads the sharding of either.
+"""
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from spmd._backend import backend
-from spmd.hlo_sharding import HloSharding, ShardBounds
+from spmd.errors import ShardLoadError
+from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
 from spmd.named_sharding import NamedSharding
+from spmd.sharding_type import ShardingType
 
-__all__ = ["Shard", "ShardedTensor", "XLAShardedTensor"]
+__all__ = [
+    "Shard",
+    "XLAShard",
+    "ShardedTensor",
+    "XLAShardedTensor",
+    "wrap_if_sharded",
+    "wrap_as_sharded_tensor",
+    "unwrap_sharded_tensor",
+]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shard:
-    """One device's block of a sharded tensor, copied to the host.
+    """One device's block of a sharded tensor, copied to the host (torch_xla's ``XLAShard``).
+
+    Mutable on purpose, as torch_xla's: edit ``data`` (or assign a new tensor) and pass the
+    list to `XLAShardedTensor.load_local_shards_`.
 
     Attributes:
-        device: the device id.
-        index: slices of the global tensor this block covers (padding excluded).
-        data: the block's values (padding excluded).
-        padded_shape: the block's shape on the device, including XLA's padding.
-        replica_id: which copy this is among devices that hold the same block.
+        data: the block as the device holds it, **including** XLA's padding of uneven dims
+            (torch_xla's meaning); `unpadded_data` drops the padding.
+        indices: slices of the global tensor this block covers (``slice(start, stop, 1)`` per
+            dim, padding excluded), or ``Ellipsis`` when the tensor is replicated.
+        shard_device: the torch_xla device string the block came from (``"xla:3"``...).
+        replica_id: which copy this is among the devices holding the same block; for a
+            replicated tensor, the device's ordinal.
     """
 
-    device: int
-    index: tuple[slice, ...]
     data: torch.Tensor
-    padded_shape: tuple[int, ...]
+    indices: types.EllipsisType | list[slice]
+    shard_device: str
     replica_id: int
 
+    @property
+    def device(self) -> int:
+        """The device id (the number in `shard_device`)."""
+        return int(self.shard_device.rsplit(":", 1)[-1])
 
-class ShardedTensor:
-    """A view of a lazy XLA tensor that carries a sharding.
+    @property
+    def index(self) -> tuple[slice, ...]:
+        """The block's slices of the global tensor, also for replicated data (whole dims)."""
+        if self.indices is Ellipsis:
+            return tuple(slice(0, n) for n in self.data.shape)
+        return tuple(slice(s.start, s.stop) for s in self.indices)
 
-    It does not copy or wrap the data: ``.global_tensor`` is the very tensor passed to
-    `mark_sharding`, which keeps its sharding and stays usable in the model.
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """The block's shape on the device, padding included."""
+        return tuple(self.data.shape)
 
-    Attributes:
-        global_tensor: the sharded tensor itself (named as in torch_xla's XLAShardedTensor).
-        sharding: the `NamedSharding` (mesh and spec) it was marked with.
+    @property
+    def unpadded_data(self) -> torch.Tensor:
+        """``data`` without XLA's padding (a view of it)."""
+        return self.data[tuple(slice(0, s.stop - s.start) for s in self.index)]
+
+    @unpadded_data.setter
+    def unpadded_data(self, value: torch.Tensor) -> None:
+        self.data[tuple(slice(0, s.stop - s.start) for s in self.index)] = value
+
+
+XLAShard = Shard
+"""torch_xla's name for `Shard`."""
+
+
+class XLAShardedTensor(torch.Tensor):
+    """A sharded lazy XLA tensor: the marked tensor itself, seen with its sharding.
+
+    Attributes of torch_xla's ``XLAShardedTensor``: `global_tensor`, `local_shards`,
+    `load_local_shards_`, `sharding_spec`, `sharding_type`, `mesh_shape`, `partition_spec`.
+    Ours: `sharding` (mesh and spec), `hlo_sharding`, `global_shape`, `shard_bounds`, `padding`.
+    Build one with `mark_sharding`; ``isinstance(x, XLAShardedTensor)`` holds for its result
+    and for tensors computed from it on the device.
     """
 
-    __slots__ = ("global_tensor", "sharding")
+    _spmd_marked: torch.Tensor | None
+    _spmd_sharding: NamedSharding | None
 
-    def __init__(self, tensor: torch.Tensor, sharding: NamedSharding) -> None:
-        self.global_tensor = tensor
-        self.sharding = sharding
+    @classmethod
+    def _view(cls, tensor: torch.Tensor, sharding: NamedSharding | None) -> XLAShardedTensor:
+        """A view of ``tensor`` (kept as `global_tensor`) carrying ``sharding``."""
+        with torch._C.DisableTorchFunctionSubclass():
+            view = tensor.as_subclass(cls)
+        view._spmd_marked = tensor
+        view._spmd_sharding = sharding
+        return view
 
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: D105
+        # Ops run on the view itself (an autograd- and functionalization-tracked alias of the
+        # marked tensor), so C++ code handed the view (torch_xla's FSDPv2 marks outputs with
+        # _XLAC calls) and the ops after it see one tensor. Results stay sharded tensors while
+        # on the XLA device (torch_xla's behaviour); a host copy is a plain tensor.
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        if func in _PLAIN_RESULT:
+            return out
+        return _rewrap(out)
+
+    # torch_xla's attributes -----------------------------------------------------------------
     @property
-    def tensor(self) -> torch.Tensor:
-        """The sharded tensor (same object as ``global_tensor``)."""
-        return self.global_tensor
-
-    @property
-    def global_shape(self) -> tuple[int, ...]:
-        """The logical (unsharded) shape."""
-        return tuple(self.global_tensor.shape)
-
-    @property
-    def hlo_sharding(self) -> HloSharding:
-        """The XLA sharding."""
-        return self.sharding.hlo_sharding(self.global_tensor.dim(), self.global_shape)
+    def global_tensor(self) -> torch.Tensor:
+        """The marked tensor (a plain ``torch.Tensor``; the same object `mark_sharding` got)."""
+        marked = self.__dict__.get("_spmd_marked")
+        if marked is not None:
+            return marked
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(torch.Tensor)
 
     @property
     def sharding_spec(self) -> str:
-        """The HLO sharding text, as torch_xla's ``XLAShardedTensor.sharding_spec``."""
-        return str(self.hlo_sharding)
+        """torch_xla's text of the sharding the runtime holds (``''`` when none)."""
+        return backend.sharding_text(self.global_tensor)
 
     @property
-    def shard_bounds(self) -> list[ShardBounds]:
-        """Which block each device holds, with padding; computed, no device access."""
-        return self.sharding.shard_bounds(self.global_shape)
+    def sharding_type(self) -> ShardingType | None:
+        """The `ShardingType` the runtime holds, or ``None`` when unsharded."""
+        value = backend.sharding_type(self.global_tensor)
+        return None if value is None else ShardingType(value)
 
     @property
-    def padding(self) -> tuple[int, ...]:
-        """The most padding any device's block has along each dim (zeros when even)."""
-        bounds = self.shard_bounds
-        return tuple(max(b.padding[d] for b in bounds) for d in range(len(self.global_shape)))
+    def mesh_shape(self) -> tuple[int, ...] | None:
+        """The mesh shape it was marked over (``None`` for a result of an op)."""
+        sharding = self.sharding
+        return None if sharding is None else sharding.mesh.mesh_shape
+
+    @property
+    def partition_spec(self) -> tuple | None:
+        """The spec it was marked with, as a tuple (``None`` for a result of an op)."""
+        sharding = self.sharding
+        return None if sharding is None else tuple(sharding.spec)
 
     @property
     def local_shards(self) -> list[Shard]:
@@ -86,21 +163,147 @@ class ShardedTensor:
 
         Runs the pending computation of this tensor if it has not run yet.
         """
-        backend.sync_tensors([self.global_tensor])
-        bounds = {b.device: b for b in self.shard_bounds}
+        tensor = self.global_tensor
+        backend.sync_tensors([tensor])
+        hlo = self.hlo_sharding
+        shards = backend.local_shard_devices(tensor)
+        if hlo.kind is ShardingKind.MANUAL:
+            raise ShardLoadError(
+                f"The tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}); it has no global "
+                "layout to cut into shards. Call disable_manual_sharding(...) first."
+            )
+        replicated = hlo.kind is not ShardingKind.TILED
+        bounds = {b.device: b for b in hlo.shard_bounds(tuple(tensor.shape), [_device_id(d) for _, d in shards])}
         out = []
-        for device, padded in backend.local_shards(self.global_tensor):
-            b = bounds[device]
-            data = padded[tuple(slice(0, n) for n in b.shape)]
-            out.append(Shard(device, b.index, data, b.padded_shape, b.replica_id))
+        for data, device in shards:
+            b = bounds[_device_id(device)]
+            indices = Ellipsis if replicated else [slice(s.start, s.stop, 1) for s in b.index]
+            out.append(Shard(data, indices, device, b.replica_id))
         return out
 
-    def __repr__(self) -> str:
-        return (
-            f"ShardedTensor(shape={self.global_shape}, dtype={self.global_tensor.dtype}, "
-            f"{self.sharding!r}, hlo={self.hlo_sharding})"
-        )
+    def load_local_shards_(self, shards: list[Shard]) -> None:
+        """Replace each device's block by ``shards[i].data`` (padded, as `local_shards` gives it).
+
+        Raises:
+            ShardLoadError: the tensor is replicated, a device is missing or repeated, or a
+                block has the wrong shape. It is also a ``RuntimeError``, as torch_xla raises.
+        """
+        tensor = self.global_tensor
+        hlo = self.hlo_sharding
+        where = f"load_local_shards_ (tensor of shape {tuple(tensor.shape)}, sharding {hlo})"
+        if hlo.kind is not ShardingKind.TILED:
+            raise ShardLoadError(
+                f"{where}: a replicated tensor has no per-device blocks to load. Assign a new tensor, "
+                "or mark it sharded first."
+            )
+        expected = {d: shape for d, shape in _padded_block_shapes(tensor, hlo)}
+        given = [_device_id(s.shard_device) for s in shards]
+        if sorted(given) != sorted(expected):
+            raise ShardLoadError(
+                f"{where}: got blocks for devices {sorted(given)}, need exactly one for each of "
+                f"{sorted(expected)}. Pass the whole list local_shards returned."
+            )
+        for s in shards:
+            shape = tuple(s.data.shape)
+            if shape != expected[_device_id(s.shard_device)]:
+                raise ShardLoadError(
+                    f"{where}: the block for {s.shard_device} has shape {shape}; the device holds "
+                    f"{expected[_device_id(s.shard_device)]} (padding included)."
+                )
+        datas, devices = [s.data for s in shards], [s.shard_device for s in shards]
+        backend.load_local_shards(tensor, datas, devices)
+        if self is not tensor:
+            # This view is a second tensor over the same data; the load swaps device data
+            # under both, which functionalization cannot see, so each gets it.
+            backend.load_local_shards(self, datas, devices)
+
+    # Ours ---------------------------------------------------------------------------------------
+    @property
+    def sharding(self) -> NamedSharding | None:
+        """The mesh and spec `mark_sharding` was given (``None`` for a result of an op)."""
+        return self.__dict__.get("_spmd_sharding")
+
+    @property
+    def hlo_sharding(self) -> HloSharding:
+        """The XLA sharding the runtime holds (replicated when it holds none)."""
+        return backend.sharding_of(self.global_tensor) or HloSharding.replicated()
+
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        """The logical (unsharded) shape."""
+        return tuple(self.shape)
+
+    @property
+    def shard_bounds(self) -> list[ShardBounds]:
+        """Which block each device holds, with padding; computed, no device access."""
+        sharding = self.sharding
+        if sharding is not None:
+            return sharding.shard_bounds(self.global_shape)
+        return self.hlo_sharding.shard_bounds(self.global_shape, list(range(backend.device_count())))
+
+    @property
+    def padding(self) -> tuple[int, ...]:
+        """The most padding any device's block has along each dim (zeros when even)."""
+        bounds = self.shard_bounds
+        return tuple(max(b.padding[d] for b in bounds) for d in range(len(self.global_shape)))
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        if self.device.type != "xla":  # e.g. printed by torch while moving between devices
+            return f"XLAShardedTensor({self.global_tensor!r})"
+        return f"XLAShardedTensor({self.global_tensor!r}, sharding={self.sharding_spec or '{replicated}'})"
 
 
-XLAShardedTensor = ShardedTensor
-"""torch_xla's name, so ``isinstance(x, XLAShardedTensor)`` in old scripts keeps working."""
+ShardedTensor = XLAShardedTensor
+"""Our name for the torch_xla backend's sharded tensor type."""
+
+# Methods whose results describe the tensor rather than being it.
+_PLAIN_RESULT = frozenset(
+    {
+        torch.Tensor.__repr__,
+        torch.Tensor.__format__,
+        torch.Tensor.__reduce_ex__,
+        torch.Tensor.as_subclass,
+    }
+)
+
+
+def _rewrap(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if type(value) is torch.Tensor and value.device.type == "xla":
+            return XLAShardedTensor._view(value, None)
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)([_rewrap(v) for v in value])
+    return value
+
+
+def _device_id(device: str) -> int:
+    return int(device.rsplit(":", 1)[-1])
+
+
+def _padded_block_shapes(tensor: torch.Tensor, hlo: HloSharding) -> list[tuple[int, tuple[int, ...]]]:
+    devices = list(range(backend.device_count()))
+    return [(b.device, b.padded_shape) for b in hlo.shard_bounds(tuple(tensor.shape), devices)]
+
+
+def wrap_if_sharded(x: Any) -> Any:
+    """``x`` as an `XLAShardedTensor` if it is an XLA tensor with a sharding, else ``x`` itself."""
+    if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and backend.is_xla_tensor(x):
+        if backend.sharding_type(x) is not None:
+            return XLAShardedTensor._view(x, None)
+    return x
+
+
+def wrap_as_sharded_tensor(t: torch.Tensor, mesh_shape: Any = None, partition_spec: Any = None) -> XLAShardedTensor:
+    """``t`` as an `XLAShardedTensor` (torch_xla's helper; ``mesh_shape`` and ``partition_spec``
+    are accepted for its signature and not needed: the runtime holds the sharding)."""
+    if isinstance(t, XLAShardedTensor):
+        return t
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"wrap_as_sharded_tensor expects a torch.Tensor, got {type(t).__name__}.")
+    return XLAShardedTensor._view(t, None)
+
+
+def unwrap_sharded_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The marked tensor behind an `XLAShardedTensor`, or ``t`` itself."""
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t

@@ -1,8 +1,8 @@
 """Hugging Face integration: the Trainer's ``fsdp_config`` JSON, `FSDPTrainer`, and 2-D
 sharding plans for GPT-2 and Llama.
 
-``FSDPTrainer`` needs transformers (``pip install 'xla-spmd[hf]'``); it is imported on first use,
-so reading a config works without it.
+``FSDPTrainer`` and ``TrainingArguments`` need transformers (``pip install 'xla-spmd[hf]'``);
+they are imported on first use, so reading a config works without it.
 """
 
 from typing import Any
@@ -17,6 +17,7 @@ __all__ = [
     "HFFSDPConfig",
     "IGNORED_KEYS",
     "IGNORED_XLA_SETTINGS",
+    "TrainingArguments",
     "gpt2_plan",
     "llama_plan",
     "read_fsdp_config",
@@ -28,4 +29,8 @@ def __getattr__(name: str) -> Any:
         from fsdp_xla.hf.trainer import FSDPTrainer
 
         return FSDPTrainer
+    if name == "TrainingArguments":
+        from fsdp_xla.hf.arguments import TrainingArguments
+
+        return TrainingArguments
     raise AttributeError(f"module 'fsdp_xla.hf' has no attribute {name!r}")

@@ -9,6 +9,7 @@ imported here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import warnings
@@ -186,7 +187,11 @@ def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
         except FileNotFoundError as e:
             raise HFConfigError(f"fsdp_config file {path} does not exist.") from e
         except json.JSONDecodeError as e:
-            raise HFConfigError(f"fsdp_config file {path} is not valid JSON: {e}.") from e
+            line = e.doc.splitlines()[e.lineno - 1] if e.lineno <= len(e.doc.splitlines()) else ""
+            raise HFConfigError(
+                f"fsdp_config file {path}, line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}).\n"
+                f"    {line}\n    {' ' * (e.colno - 1)}^"
+            ) from e
         if not isinstance(data, dict):
             raise HFConfigError(f"fsdp_config file {path} holds a {type(data).__name__}; it must be a JSON object.")
         return data
@@ -231,7 +236,11 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
     known = _MAPPED_KEYS | set(IGNORED_KEYS)
     unknown = sorted(set(cfg) - known)
     if unknown:
-        raise HFConfigError(f"fsdp_config has unknown key(s) {unknown}; the Trainer's keys are {sorted(known)}.")
+        hints = [
+            f"{k!r} (did you mean {close[0]!r}?)" for k in unknown if (close := difflib.get_close_matches(k, known, 1))
+        ]
+        hint = f" Closest: {', '.join(hints)}." if hints else ""
+        raise HFConfigError(f"fsdp_config has unknown key(s) {unknown}.{hint} The Trainer's keys are {sorted(known)}.")
 
     # A key left off (false, 0, empty) asks for nothing fsdp_xla would do differently; the
     # Trainer itself fills some in (xla_fsdp_v2=false), so only keys that ask for something count.

@@ -33,6 +33,7 @@ from spmd._backend import backend
 from spmd.devices import enable_spmd
 from spmd.errors import SpmdModeError
 from spmd.sharding_plan import ShardingPlan
+from spmd.sharding_spec import ShardingSpec
 
 try:
     from transformers import Trainer
@@ -125,14 +126,7 @@ class FSDPTrainer(Trainer):
 
     def _shard_batches(self, loader: Any) -> Any:
         if hasattr(loader, "_parallel_loader_kwargs"):
-            names = tuple(self.fsdp_mesh.axis_names or ())
-            backend.loader_input_sharding(
-                loader,
-                list(self.fsdp_mesh.device_ids),
-                tuple(self.fsdp_mesh.mesh_shape),
-                names,
-                ("fsdp", None),
-            )
+            loader._parallel_loader_kwargs["input_sharding"] = ShardingSpec(self.fsdp_mesh, ("fsdp", None))
         return loader
 
     def get_train_dataloader(self) -> Any:

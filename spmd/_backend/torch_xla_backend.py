@@ -24,6 +24,7 @@ __all__ = [
     "clear_sharding",
     "sharding_of",
     "local_shards",
+    "local_shard_devices",
     "optimization_barrier_",
     "tensors_hlo_text",
     "sync",
@@ -35,12 +36,20 @@ __all__ = [
     "to_device_sharded",
     "checkpoint",
     "sync_named",
-    "loader_input_sharding",
     "device_kind",
+    "op_sharding",
+    "sharding_type",
+    "xla_sharding_spec",
+    "load_local_shards",
+    "mark_manual_sharding",
+    "full_to_shard_shape",
+    "shard_to_full_shape",
+    "from_cpu_shards",
+    "shard_alike",
 ]
 
 # torch_xla's ShardingType enum values (they are OpSharding.Type's).
-_REPLICATED, _MAXIMAL, _TILED, _PARTIAL = 0, 1, 3, 5
+_REPLICATED, _MAXIMAL, _TILED, _MANUAL, _PARTIAL = 0, 1, 3, 4, 5
 
 
 def _xlac() -> Any:
@@ -70,6 +79,14 @@ def ensure_spmd() -> None:
             "torch_xla.runtime.use_spmd()) at the top of the script, before any .to(torch_xla.device())."
         )
     xr.use_spmd()
+    if platform() == "CPU" and device_count() == 1:
+        import warnings
+
+        warnings.warn(
+            "SPMD is on with a CPU runtime of 1 device, so nothing is sharded. For virtual devices call "
+            "spmd.configure_default_devices() (or set CPU_NUM_DEVICES=8) before torch_xla is imported.",
+            stacklevel=3,
+        )
 
 
 @functools.cache
@@ -90,6 +107,8 @@ def _sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
         return [], [], [], _REPLICATED
     if hlo.kind is ShardingKind.MAXIMAL:
         return [list(hlo.devices)], [], [], _MAXIMAL
+    if hlo.kind is ShardingKind.MANUAL:
+        return [], [], [], _MANUAL
     if hlo.replication == 1:
         return hlo.tile_assignment().reshape(hlo.tile_shape).tolist(), [], [], _TILED
     assignment = hlo.tile_assignment()
@@ -98,12 +117,32 @@ def _sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
     return assignment.tolist(), group_ids, groups, _PARTIAL
 
 
-def _op_sharding(hlo: HloSharding) -> Any:
-    return _xlac().OpSharding(*_sharding_args(hlo))
+def sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
+    """torch_xla's ``Mesh._get_op_sharding_args`` for ``hlo``: (tile assignment, group
+    assignment, replication groups, ``ShardingType`` value)."""
+    return _sharding_args(hlo)
 
 
-def _sharding_spec(t: torch.Tensor, hlo: HloSharding) -> Any:
-    return _xlac().XlaShardingSpec(t, *_sharding_args(hlo), False)
+def op_sharding(hlo: HloSharding, cache: dict | None = None) -> Any:
+    """torch_xla's ``OpSharding`` for ``hlo``.
+
+    With ``cache`` (a mesh's `Mesh.memo`), each distinct sharding is built once per mesh, as
+    torch_xla's ``Mesh.get_op_sharding`` caches it (each build counts in torch_xla's
+    ``CreateOpSharding`` metric, and is costly on a large mesh).
+    """
+    if cache is None:
+        return _xlac().OpSharding(*_sharding_args(hlo))
+    key = ("op_sharding", hlo)
+    if key not in cache:
+        cache[key] = _xlac().OpSharding(*_sharding_args(hlo))
+    return cache[key]
+
+
+def xla_sharding_spec(t: torch.Tensor, hlo: HloSharding, minibatch: bool = False) -> Any:
+    """torch_xla's ``XlaShardingSpec`` of ``hlo`` for ``t``: what its data loaders and
+    ``send_cpu_data_to_device(input_sharding=...)`` take. With ``minibatch`` the batch dim of
+    ``t`` is this host's part of the global batch."""
+    return _xlac().XlaShardingSpec(t, *_sharding_args(hlo), bool(minibatch))
 
 
 def to_device_sharded(cpu_tensor: torch.Tensor, hlo: HloSharding) -> torch.Tensor:
@@ -112,7 +151,7 @@ def to_device_sharded(cpu_tensor: torch.Tensor, hlo: HloSharding) -> torch.Tenso
     import torch_xla
 
     device = str(torch_xla.device())
-    return _xlac()._xla_tensors_from_aten([cpu_tensor], [device], [_sharding_spec(cpu_tensor, hlo)])[0]
+    return _xlac()._xla_tensors_from_aten([cpu_tensor], [device], [xla_sharding_spec(cpu_tensor, hlo)])[0]
 
 
 def checkpoint(function: Any, *args: torch.Tensor) -> Any:
@@ -124,21 +163,27 @@ def checkpoint(function: Any, *args: torch.Tensor) -> Any:
     return xla_checkpoint(function, *args, use_reentrant=True)
 
 
-def attach_sharding(t: torch.Tensor, hlo: HloSharding) -> None:
+def attach_sharding(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None) -> None:
     """Attach ``hlo`` to ``t`` in place: device data is resharded; a traced value gets a
     sharding custom-call (a constraint). Raises torch_xla's RuntimeError if ``t`` already has
     an annotation; callers clear it first."""
-    _xlac()._xla_mark_sharding(t, _op_sharding(hlo))
+    _xlac()._xla_mark_sharding(t, op_sharding(hlo, cache))
 
 
-def attach_sharding_constraint(t: torch.Tensor, hlo: HloSharding) -> None:
+def attach_sharding_constraint(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None) -> None:
     """Put a sharding custom-call on ``t``'s traced value without touching its data."""
-    _xlac()._xla_annotate_custom_sharding(t, _op_sharding(hlo))
+    _xlac()._xla_annotate_custom_sharding(t, op_sharding(hlo, cache))
 
 
 def clear_sharding(t: torch.Tensor) -> None:
     """Remove ``t``'s sharding annotation."""
     _xlac()._xla_clear_sharding(t)
+
+
+def sharding_type(t: torch.Tensor) -> int | None:
+    """torch_xla's ``ShardingType`` value of ``t``'s sharding, or ``None`` when it has none."""
+    value = _xlac()._get_xla_sharding_type(t)
+    return None if value is None else int(value)
 
 
 def sharding_of(t: torch.Tensor) -> HloSharding | None:
@@ -154,8 +199,12 @@ def sharding_text(t: torch.Tensor) -> str:
 
 def local_shards(t: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     """``(device id, padded CPU copy of the shard)`` for each addressable device."""
-    shards = _xlac()._get_local_shards([t])[0]
-    return [(int(dev.split(":")[-1]), data) for data, dev in shards]
+    return [(int(dev.rsplit(":", 1)[-1]), data) for data, dev in local_shard_devices(t)]
+
+
+def local_shard_devices(t: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+    """``(padded CPU copy of the shard, torch_xla device string)`` for each addressable device."""
+    return [(data, str(dev)) for data, dev in _xlac()._get_local_shards([t])[0]]
 
 
 def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
@@ -223,19 +272,48 @@ def step_functions() -> list[tuple[Any, str]]:
     return [(torch_xla, "sync")]
 
 
-def loader_input_sharding(
-    loader: Any, device_ids: list[int], mesh_shape: tuple[int, ...], axis_names: tuple[str, ...], spec: tuple[Any, ...]
-) -> None:
-    """Make a torch_xla ``MpDeviceLoader`` send each rank-``len(spec)`` batch tensor to the
-    devices laid out as ``spec`` over the mesh (it then transfers each shard to its device)."""
-    import torch_xla.distributed.spmd as xs
-
-    mesh = xs.Mesh(np.asarray(device_ids), mesh_shape, axis_names)
-    loader._parallel_loader_kwargs["input_sharding"] = xs.ShardingSpec(mesh, spec)
-
-
 def device_kind() -> str:
     """The accelerator's kind as XLA names it ("TPU v5 lite", "TPU7x", "cpu")."""
     import torch_xla.core.xla_model as xm
 
     return str(xm.xla_device_kind())
+
+
+def load_local_shards(t: torch.Tensor, shards: list[torch.Tensor], devices: list[str]) -> None:
+    """Replace the device data of sharded ``t`` by ``shards`` (host tensors, padded as the
+    devices hold them), one per entry of ``devices`` (torch_xla device strings)."""
+    _xlac()._load_local_shards(t, shards, devices)
+
+
+def mark_manual_sharding(t: torch.Tensor) -> None:
+    """Mark traced ``t`` as manually sharded (``{manual}``): GSPMD leaves it alone."""
+    _xlac()._mark_manual_sharding(t, op_sharding(HloSharding.manual()))
+
+
+def full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
+    """XLA's ``SPMDFullToShardShape`` of sharded ``t``: each device's block, manual from here."""
+    return _xlac()._spmd_full_to_shard_shape(t)
+
+
+def shard_to_full_shape(
+    t: torch.Tensor, hlo: HloSharding, shape: tuple[int, ...], dtype: torch.dtype, cache: dict | None = None
+) -> torch.Tensor:
+    """XLA's ``SPMDShardToFullShape``: manual per-device blocks ``t`` back to a global tensor of
+    ``shape`` laid out as ``hlo``."""
+    return _xlac()._spmd_shard_to_full_shape(t, op_sharding(hlo, cache), torch.Size(shape), dtype)
+
+
+def from_cpu_shards(shards: list[torch.Tensor], hlo: HloSharding, global_shape: tuple[int, ...] | None) -> torch.Tensor:
+    """A global XLA tensor laid out as ``hlo`` whose device ``i`` holds ``shards[i]`` (host
+    tensors, one per runtime device, padded blocks allowed; ``global_shape`` trims padding)."""
+    size = None if global_shape is None else torch.Size(global_shape)
+    return _xlac()._global_tensor_from_cpu_shards(shards, op_sharding(hlo), size)
+
+
+def shard_alike(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """XLA's ``ShardAlike`` pair: ``x`` and ``y`` get one sharding, whichever GSPMD picks
+    (through torch_xla's JAX bridge, as its ``shard_as``)."""
+    import torch_xla.core.xla_builder as xb
+    from jax.experimental.shard_alike import shard_alike as jax_shard_alike
+
+    return xb.call_jax(jax_shard_alike, (x, y))

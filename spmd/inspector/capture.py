@@ -211,6 +211,9 @@ def capture(
             without a recompilation warning.
         name_modules: open a scope per module call so parameters and collectives are named.
 
+    If the block raises, the report still holds the graphs compiled before that, marked
+    ``partial``, and the exception propagates.
+
     Raises:
         InspectorError: at the end of the block, if XLA wrote no dumps (dumping was requested
             too late) or nothing was compiled.
@@ -222,17 +225,23 @@ def capture(
     compiled_before = backend.compile_count() if "torch_xla" in sys.modules else 0
     recorder = _StepRecorder(dump_dir, set(list_modules(dump_dir)))
     scopes = _ModuleScopes()
+    error: BaseException | None = None
     with recorder:
-        if name_modules:
-            with scopes:
+        try:
+            if name_modules:
+                with scopes:
+                    yield handle
+            else:
                 yield handle
-        else:
-            yield handle
+        except BaseException as e:  # noqa: BLE001 - report what compiled, then re-raise it
+            error = e
     compiled = backend.compile_count() - compiled_before
     prefixes = list_modules(dump_dir)
     graph_steps = {m: step for step, modules in recorder.steps.items() for m in modules}
     if not graph_steps:
         handle._failure = _NOT_DUMPING.format(compiled=compiled, dump_dir=dump_dir) if compiled else _NOTHING_COMPILED
+        if error is not None:
+            raise error
         raise InspectorError(handle._failure)
     namer = scopes.name_parameter if name_modules else None
     graphs = tuple(read_graph(dump_dir, prefixes[m], step=graph_steps[m], namer=namer) for m in sorted(graph_steps))
@@ -244,4 +253,7 @@ def capture(
         platform=backend.platform(),
         steps=steps,
         dump_dir=str(dump_dir),
+        partial="" if error is None else f"the block raised {type(error).__name__}: {error}".strip(),
     )
+    if error is not None:
+        raise error

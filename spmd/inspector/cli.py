@@ -8,6 +8,7 @@ import functools
 import runpy
 import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     keep_dumps = args.dump_dir is not None or dump_dir_from_flags() is not None
     dump_dir = prepare(args.dump_dir)  # before torch_xla is imported: dumps and module names
 
-    from spmd.inspector.capture import capture
+    from spmd.inspector.capture import InspectorError, capture
 
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *args.script_args]
     sys.path.insert(0, str(script.resolve().parent))
+    exit_code, failure = 0, ""
+    report: Any = None
     try:
         with capture(
             ignore=args.ignore, replicated_threshold_bytes=args.threshold, warmup_steps=args.warmup_steps
@@ -113,14 +116,30 @@ def main(argv: list[str] | None = None) -> int:
                     raise
             finally:
                 restore()
+    except SystemExit as e:  # the script exited with an error code: report, then keep it
+        exit_code = e.code if isinstance(e.code, int) else 1
+        failure = f"the script exited with code {e.code}"
+    except InspectorError as e:  # nothing to report (nothing compiled, dumps requested too late)
+        exit_code, failure = 2, str(e)
+    except Exception:  # the script raised: report what compiled, print its traceback, exit 1
+        exit_code = 1
+        failure = traceback.format_exc()
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    print(report.table(max_collectives=args.max_collectives))
-    if args.json is not None:
-        path = report.write_json(args.json)
-        print(f"\nJSON report: {path} (optimized HLO in {path.with_name(path.stem + '.hlo')}/)")
+    try:
+        finished = report.report if report is not None else None
+    except InspectorError as e:
+        finished = None
+        print(f"spmd.inspector: {e}", file=sys.stderr)
+    if finished is not None:
+        print(finished.table(max_collectives=args.max_collectives))
+        if args.json is not None:
+            path = finished.write_json(args.json)
+            print(f"\nJSON report: {path} (optimized HLO in {path.with_name(path.stem + '.hlo')}/)")
+    if failure:
+        print(f"\nspmd.inspector: {failure.rstrip()}", file=sys.stderr)
     if keep_dumps:
         print(f"XLA dumps: {dump_dir}")
     else:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    return 0
+    return exit_code

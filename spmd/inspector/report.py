@@ -145,6 +145,7 @@ class Report:
         steps: graphs compiled per step, ``{step: (module ids...)}``; a step ends at each
             ``torch_xla.sync()``.
         dump_dir: where XLA wrote its dumps.
+        partial: why the run stopped early (the script raised), or ``""`` for a complete run.
     """
 
     graphs: tuple[GraphReport, ...]
@@ -153,6 +154,7 @@ class Report:
     platform: str = ""
     steps: dict[int, tuple[int, ...]] = field(default_factory=dict)
     dump_dir: str = ""
+    partial: str = ""
 
     # Totals -------------------------------------------------------------------------------
     @property
@@ -270,6 +272,7 @@ class Report:
             )
         return {
             "tool": "spmd.inspector",
+            "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,
             "graphs": graphs,
@@ -325,6 +328,8 @@ class Report:
     def table(self, max_collectives: int = 20) -> str:
         """The report as a plain-text table (what the CLI prints)."""
         lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
+        if self.partial:
+            lines.append(f"PARTIAL REPORT: {self.partial}; the graphs compiled before that are below.")
         for g in self.graphs:
             step = f", step {g.step}" if g.step is not None else ""
             lines.append("")

@@ -16,7 +16,7 @@ from fsdp_xla import (
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
 )
-from mesh import Mesh, set_global_mesh, use_mesh
+from mesh import Mesh, NoMeshError, set_global_mesh, use_mesh
 from spmd import P, ShardableLayerNorm, get_sharding, mark_sharding
 from spmd.named_sharding import hlo_sharding_for
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, lm_loss, train
@@ -63,7 +63,7 @@ def test_global_mesh_is_used(xla):
 
 def test_bad_input_is_rejected_with_the_fix(xla):
     set_global_mesh(None)
-    with pytest.raises(MeshAxisError, match="no global mesh is set"):
+    with pytest.raises(NoMeshError, match="no global mesh is set"):
         FSDP(GPT(**SMALL))
     mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
     with pytest.raises(MeshAxisError, match=r"has axes \('data', 'model'\)\. Name one axis 'fsdp'"):

@@ -33,25 +33,51 @@ def test_logical_axes_follow_physical_axes():
         assert by_id[int(grid[idx])].coords == idx
 
 
-def test_merged_axis_is_a_product_of_whole_physical_axes():
-    devs = tpu_slice((2, 2, 4))
-    m = HybridMesh(ici_mesh_shape=(4, 4), axis_names=("data", "model"), devices=devs)
-    by_id = coords_of(devs)
-    grid = m.get_logical_mesh()
-    # 'data' spans x and y (the first permutation that fits), 'model' is the z line.
-    for row in grid:
-        zs = [by_id[int(d)].coords[2] for d in row]
-        xy = {by_id[int(d)].coords[:2] for d in row}
-        assert zs == [0, 1, 2, 3] and len(xy) == 1
+def _factorizations(n, parts):
+    if parts == 1:
+        yield (n,)
+        return
+    for d in range(1, n + 1):
+        if n % d == 0:
+            for rest in _factorizations(n // d, parts - 1):
+                yield (d, *rest)
 
 
-def test_cores_on_chip_form_an_axis():
-    devs = tpu_slice((2, 2, 1), cores=2)  # v3-8 style: 4 chips x 2 cores
-    m = HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"), devices=devs)
-    by_id = coords_of(devs)
-    for row in m.get_logical_mesh():
-        chips = {by_id[int(d)].coords for d in row}
-        assert len(chips) == 1  # the 2-wide 'model' axis is the two cores of one chip
+@pytest.mark.parametrize("phys", [(2, 2, 1), (2, 2, 2), (2, 2, 4), (4, 4, 1), (4, 4, 4), (8, 8, 1), (4, 8, 1)])
+def test_ici_order_equals_jax_create_device_mesh(phys):
+    """Wherever JAX's TPU mesh rule assigns whole physical axes, ours gives the same mesh."""
+    from jax._src.mesh_utils import _create_device_mesh_for_nd_torus
+
+    devs = tpu_slice(phys, shuffle_seed=1)
+    grid = np.full(phys, -1)
+    for d in devs:
+        grid[d.coords] = d.id
+    n = int(np.prod(phys))
+    compared = 0
+    for parts in (1, 2, 3):
+        for logical in _factorizations(n, parts):
+            ours = HybridMesh(ici_mesh_shape=logical, devices=devs).get_logical_mesh()
+            try:
+                theirs, _ = _create_device_mesh_for_nd_torus(grid, logical)
+            except NotImplementedError:  # JAX splits no physical axis; we fall back to row-major
+                assert sorted(ours.reshape(-1).tolist()) == list(range(n))
+                continue
+            assert ours.tolist() == theirs.tolist(), logical
+            compared += 1
+    assert compared >= 3
+
+
+def test_torch_xla_two_slice_example():
+    """torch_xla's own HybridMesh test: 2 slices of v4-8, names out of list order."""
+    coords = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)] * 2
+    names = [2, 1, 0, 3, 4, 7, 6, 5]
+    attrs = [
+        {"coords": list(c), "core_on_chip": 0, "slice_index": i // 4, "name": f"TPU:{n}"}
+        for i, (c, n) in enumerate(zip(coords, names))
+    ]
+    devs = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(attrs)]
+    m = HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1), devices=devs)
+    assert m.get_logical_mesh().tolist() == [[2, 1], [0, 3], [4, 7], [6, 5]]
 
 
 def test_no_whole_axis_fit_splits_in_row_major_order():

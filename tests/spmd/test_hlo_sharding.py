@@ -39,7 +39,11 @@ def test_map_devices():
 
 def test_bad_text_and_bad_values():
     with pytest.raises(ValueError, match="Not an HLO sharding"):
-        HloSharding.parse("{manual}")
+        HloSharding.parse("{manual device=3}")
+    manual = HloSharding.parse("{manual}")
+    assert manual == HloSharding.manual() and str(manual) == "{manual}"
+    with pytest.raises(ValueError, match="no global layout"):
+        manual.shard_bounds((4,), [0])
     with pytest.raises(ValueError, match="needs 8 devices"):
         HloSharding(ShardingKind.TILED, (4, 2), (0, 1, 2))
 

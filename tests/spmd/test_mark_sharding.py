@@ -6,6 +6,8 @@ import torch
 
 from mesh import DeviceCountError, Mesh, set_global_mesh, use_mesh
 from spmd import (
+    DuplicateAxisError,
+    NoMeshError,
     NotAnXlaTensorError,
     P,
     ShardedTensor,
@@ -65,9 +67,11 @@ def test_uneven_shapes_are_padded_and_reported(xla):
     shards = view.local_shards
     assert [s.device for s in shards] == list(range(8))
     for s in shards:
-        assert s.padded_shape == (3, 3)
-        torch.testing.assert_close(s.data, t[s.index])
-    assert shards[6].index[0] == slice(9, 10) and shards[6].data.shape == (1, 3)
+        assert s.padded_shape == (3, 3) and s.data.shape == (3, 3)  # torch_xla's meaning: padded
+        torch.testing.assert_close(s.unpadded_data, t[s.index])
+        assert s.indices == [slice(s.index[0].start, s.index[0].stop, 1), slice(0, 3, 1)]
+    assert shards[6].index[0] == slice(9, 10) and shards[6].unpadded_data.shape == (1, 3)
+    torch.testing.assert_close(shards[6].data[1:], torch.zeros(2, 3))  # XLA's padding
     assert [s.replica_id for s in shards[:2]] == [0, 1]
     torch.testing.assert_close((view.global_tensor * 2).cpu(), t * 2)
 
@@ -86,13 +90,13 @@ def test_local_shard_indices_agree_with_torch_xla(xla):
 def test_view_reports_sharding(xla):
     t = torch.zeros(8, 4).to(xla)
     view = mark_sharding(t, MESH_2D, ("data", None))
-    assert isinstance(view, ShardedTensor)
-    assert view.global_tensor is t and view.tensor is t
+    assert isinstance(view, ShardedTensor) and isinstance(view, torch.Tensor)
+    assert view.global_tensor is t
     assert view.global_shape == (8, 4)
     assert view.sharding.spec == P("data", None)
     assert view.sharding_spec == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
     assert str(get_sharding(t)) == view.sharding_spec
-    assert "ShardedTensor(shape=(8, 4)" in repr(view)
+    assert repr(view).startswith("XLAShardedTensor(tensor(") and "last_tile_dim_replicate" in repr(view)
 
 
 def test_parameters_can_be_sharded(xla):
@@ -107,9 +111,9 @@ def test_remark_same_is_noop_different_raises_or_replaces(xla):
     t = x.to(xla)
     mark_sharding(t, MESH_2D, P("data"))
     mark_sharding(t, MESH_2D, P("data"))
-    with pytest.raises(
-        ShardingConflictError, match=r"already sharded as .*Call clear_sharding\(t\) first, or pass replace=True"
-    ):
+    with pytest.raises(ShardingConflictError, match=r"already sharded as .*Pass replace=True to reshard it"):
+        mark_sharding(t, MESH_2D, P(None, "model"))
+    with pytest.raises(RuntimeError):  # what torch_xla raises there, for scripts that catch it
         mark_sharding(t, MESH_2D, P(None, "model"))
     mark_sharding(t, MESH_2D, P(None, "model"), replace=True)
     assert str(get_sharding(t)) == "{devices=[1,2,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
@@ -151,9 +155,31 @@ def test_mark_sharding_with_gradients_constrains_backward(xla):
     torch.testing.assert_close(w.grad.cpu(), torch.full((8, 8), 3.0))
 
 
+def test_remark_over_replicated_reshards(xla):
+    x = torch.arange(16.0).reshape(4, 4)
+    t = x.to(xla)
+    mark_sharding(t, MESH_2D, P())  # explicitly replicated
+    assert str(get_sharding(t)) == "{replicated}"
+    mark_sharding(t, MESH_2D, P("data", "model"))  # permitted without replace=True, as in torch_xla
+    assert str(get_sharding(t)) == "{devices=[4,2]0,1,2,3,4,5,6,7}"
+    u = x.to(xla)
+    out = (u @ u).relu()  # a step's output carries {replicated} once computed
+    torch_xla_sync()
+    assert str(get_sharding(out)) == "{replicated}"
+    view = mark_sharding(out, MESH_2D, P("model"))
+    assert view.sharding_spec == "{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
+    torch.testing.assert_close(view.cpu(), (x @ x).relu())
+
+
+def torch_xla_sync():
+    import torch_xla
+
+    torch_xla.sync()
+
+
 def test_global_mesh_used_when_mesh_is_none(xla):
     t = torch.zeros(8).to(xla)
-    with pytest.raises(ValueError, match="no global mesh is set"):
+    with pytest.raises(NoMeshError, match="no global mesh is set"):
         mark_sharding(t, None, P("data"))
     with use_mesh(MESH_2D):
         assert mark_sharding(t, None, P("data")).sharding.mesh is MESH_2D
@@ -177,3 +203,8 @@ def test_input_errors(xla):
         mark_sharding(torch.ones(8).to(xla), (4, 2), P("data"))
     with pytest.raises(TypeError, match="torch.Tensor"):
         mark_sharding(np.ones(8), MESH_2D, P("data"))
+    with pytest.raises(
+        DuplicateAxisError,
+        match=r"mark_sharding\(tensor of shape \(8, 8\), over mesh\{'data': 4, 'model': 2\}\).*more than once",
+    ):
+        mark_sharding(torch.ones(8, 8).to(xla), MESH_2D, ("data", "data"))

@@ -96,6 +96,7 @@ def test_size_policy_and_no_wrap():
     "config, message",
     [
         ({"xla": True, "shard_everything": True}, r"unknown key\(s\) \['shard_everything'\]"),
+        ({"transformer_layer_cls_to_warp": ["Block"]}, r"did you mean 'transformer_layer_cls_to_wrap'\?"),
         ({"xla": "yes"}, r"'xla' must be true or false, got 'yes'"),
         ({"min_num_params": "1e8"}, r"'min_num_params' must be an integer >= 0, got '1e8'"),
         ({"min_num_params": 10, "transformer_layer_cls_to_wrap": ["GPT2Block"]}, "mutually exclusive"),
@@ -125,9 +126,10 @@ def test_layer_class_absent_from_the_model():
 
 def test_json_file_errors(tmp_path):
     bad = tmp_path / "c.json"
-    bad.write_text("{oops")
-    with pytest.raises(HFConfigError, match="not valid JSON"):
+    bad.write_text('{\n  "xla": true,\n  "min_num_params": 1e8,,\n}')
+    with pytest.raises(HFConfigError, match=r"c.json, line 3, column 25: not valid JSON") as err:
         read_fsdp_config(bad)
+    assert '"min_num_params": 1e8,,' in str(err.value)
     bad.write_text(json.dumps([1]))
     with pytest.raises(HFConfigError, match="holds a list"):
         read_fsdp_config(bad)

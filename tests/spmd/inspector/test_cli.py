@@ -83,3 +83,38 @@ def test_row_parallel_all_reduce_agrees_with_the_hand_calculation(cli_run):
     assert ar["result_bytes"] == 128 * 64 * 4 == 32768
     assert ar["group_size"] == 2 and ar["num_groups"] == 4
     assert ar["bytes_sent_per_device"] == 32768
+
+
+CRASHING_SCRIPT = """
+import numpy as np, torch, torch_xla
+import spmd
+from mesh import Mesh
+spmd.enable_spmd()
+mesh = Mesh(np.arange(8), (8,), ("data",))
+x = spmd.mark_sharding(torch.ones(64, 16).to(torch_xla.device()), mesh, ("data", None))
+for step in range(2):
+    x = (x @ torch.ones(16, 16).to(torch_xla.device())).relu() + step
+    torch_xla.sync()
+raise ValueError("boom after two steps")
+"""
+
+
+def test_a_crashing_script_still_gets_a_partial_report(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    json_path = tmp_path / "report.json"
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run(
+        [sys.executable, "-m", "spmd.inspector", "--json", str(json_path), str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 1  # the script's failure, kept
+    assert "PARTIAL REPORT: the block raised ValueError: boom after two steps" in run.stdout
+    assert "ValueError: boom after two steps" in run.stderr  # its traceback
+    report = json.loads(json_path.read_text())
+    assert report["partial"].startswith("the block raised ValueError") and len(report["graphs"]) == 2

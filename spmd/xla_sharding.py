@@ -1,0 +1,84 @@
+"""torch_xla's ``torch_xla.distributed.spmd.xla_sharding`` names, from our modules.
+
+Scripts that import from torch_xla's submodule (``from torch_xla.distributed.spmd.xla_sharding
+import MarkShardingFunction``) switch by changing ``torch_xla.distributed.spmd`` to ``spmd``.
+The model-code helpers of torch_xla that involve no mesh (the einsum ``nn.Linear`` patch) and its
+DTensor-style ``xla_distribute_*`` helpers are torch_xla's own objects, imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
+from spmd.barrier import apply_backward_optimization_barrier
+from spmd.manual import disable_manual_sharding, enable_manual_sharding, mark_manual_sharding
+from spmd.mark_sharding import (
+    MarkShardingFunction,
+    annotate_custom_sharding,
+    clear_sharding,
+    mark_sharding,
+    mark_sharding_with_gradients,
+    shard_as,
+)
+from spmd.sharded_tensor import (
+    XLAShard,
+    XLAShardedTensor,
+    unwrap_sharded_tensor,
+    wrap_as_sharded_tensor,
+    wrap_if_sharded,
+)
+from spmd.sharding_spec import ShardingSpec
+from spmd.sharding_type import ShardingType
+
+_mark_manual_sharding = mark_manual_sharding
+
+# torch_xla's objects, re-exported as they are: (module, name).
+TORCH_XLA_REEXPORTS: dict[str, tuple[str, str]] = {
+    "XLAPatchedLinear": ("torch_xla.distributed.spmd.xla_sharding", "XLAPatchedLinear"),
+    "xla_patched_nn_linear_forward": ("torch_xla.distributed.spmd.xla_sharding", "xla_patched_nn_linear_forward"),
+    "apply_xla_patch_to_nn_linear": ("torch_xla.distributed.spmd.xla_sharding", "apply_xla_patch_to_nn_linear"),
+    "EinsumLinear": ("torch_xla.distributed.spmd.xla_sharding", "EinsumLinear"),
+    "xla_distribute_tensor": ("torch_xla.distributed.spmd.api", "xla_distribute_tensor"),
+    "xla_distribute_module": ("torch_xla.distributed.spmd.api", "xla_distribute_module"),
+    "auto_policy": ("torch_xla.distributed.spmd.api", "auto_policy"),
+}
+
+__all__ = [
+    "HybridMesh",
+    "MarkShardingFunction",
+    "Mesh",
+    "ShardingSpec",
+    "ShardingType",
+    "XLAShard",
+    "XLAShardedTensor",
+    "annotate_custom_sharding",
+    "apply_backward_optimization_barrier",
+    "clear_sharding",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
+    "get_1d_mesh",
+    "get_global_mesh",
+    "mark_sharding",
+    "mark_sharding_with_gradients",
+    "set_global_mesh",
+    "shard_as",
+    "unwrap_sharded_tensor",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
+    *TORCH_XLA_REEXPORTS,
+]
+
+
+def reexported(name: str) -> Any:
+    """torch_xla's object ``name`` from `TORCH_XLA_REEXPORTS` (imports torch_xla)."""
+    import importlib
+
+    module, attr = TORCH_XLA_REEXPORTS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def __getattr__(name: str) -> Any:
+    if name in TORCH_XLA_REEXPORTS:
+        return reexported(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,120 @@
+"""What mark_sharding returns on torch_xla: a torch.Tensor view with shards and torch_xla's attributes."""
+
+import numpy as np
+import pytest
+import torch
+
+from mesh import Mesh
+from spmd import (
+    P,
+    ShardingType,
+    ShardLoadError,
+    XLAShardedTensor,
+    get_sharding,
+    mark_sharding,
+    wrap_if_sharded,
+)
+
+MESH = Mesh(np.arange(8), (4, 2), ("data", "model"))
+MESH_1D = Mesh(np.arange(8), (8,), ("x",))
+
+
+def test_the_result_is_a_tensor_the_model_can_use(xla):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    data = torch.randn(8, 16)
+    expected = model(data)
+    model.to(xla)
+    x = mark_sharding(data.to(xla), MESH, ("data", None))
+    assert isinstance(x, XLAShardedTensor) and isinstance(x, torch.Tensor)
+    out = model(x)
+    assert isinstance(out, XLAShardedTensor)  # results on the device stay sharded tensors
+    host = out.cpu()
+    assert type(host) is torch.Tensor  # a host copy is a plain tensor
+    torch.testing.assert_close(host, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((x + 1).cpu(), data + 1)
+    assert out.sharding is None and out.hlo_sharding is not None  # not marked, but the runtime knows
+
+
+def test_gradients_flow_to_the_marked_tensor(xla):
+    w_host = torch.randn(8, 4)
+    w = w_host.to(xla).requires_grad_(True)
+    v = mark_sharding(w, MESH_1D, P("x"))
+    assert v.requires_grad and v.global_tensor is w
+    (v * v).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), 2 * w_host)
+
+    lin = torch.nn.Linear(4, 2).to(xla)
+    weight = mark_sharding(lin.weight, MESH, (None, "data"))
+    assert isinstance(lin.weight, torch.nn.Parameter) and weight.global_tensor is lin.weight
+    (weight.sum() * 3).backward()
+    torch.testing.assert_close(lin.weight.grad.cpu(), torch.full((2, 4), 3.0))
+
+
+def test_in_place_updates_reach_the_marked_tensor(xla):
+    t = torch.zeros(8, 2).to(xla)
+    v = mark_sharding(t, MESH, ("data", "model"))
+    assert v.add_(2) is v
+    v *= 3
+    torch.testing.assert_close(t.cpu(), torch.full((8, 2), 6.0))
+    assert get_sharding(t) is not None and v.sharding_spec == str(get_sharding(t))
+
+
+def test_torch_xla_attributes(xla):
+    import torch_xla
+
+    t = torch.randn(8, 6).to(xla)
+    v = mark_sharding(t, MESH, ("data", None))
+    assert v.sharding_type is ShardingType.PARTIAL
+    assert v.sharding_spec == torch_xla._XLAC._get_xla_sharding_spec(t)
+    assert v.mesh_shape == (4, 2) and v.partition_spec == ("data", None)
+    tiled = mark_sharding(torch.randn(8, 6).to(xla), MESH, ("data", "model"))
+    assert tiled.sharding_type is ShardingType.TILED
+    assert mark_sharding(torch.randn(3).to(xla), MESH, ()).sharding_type is ShardingType.REPLICATED
+
+
+def test_local_shards_match_torch_xla(xla):
+    import torch_xla
+
+    t = torch.arange(6 * 10, dtype=torch.float32).reshape(6, 10)
+    xt = t.to(xla)
+    v = mark_sharding(xt, Mesh(np.arange(8), (2, 2, 2), ("x", "y", "z")), (("z", "x"), None))
+    theirs = torch_xla._XLAC._get_local_shard_replica_and_indices([xt])[0]
+    for shard, (replica, indices) in zip(v.local_shards, theirs):
+        assert (shard.replica_id, shard.indices) == (replica, indices)
+        torch.testing.assert_close(shard.unpadded_data, t[tuple(shard.indices)])
+    replicated = mark_sharding(torch.arange(4.0).to(xla), MESH_1D, (None,))
+    for i, shard in enumerate(replicated.local_shards):
+        assert shard.indices is Ellipsis and shard.replica_id == i and shard.device == i
+        torch.testing.assert_close(shard.data, torch.arange(4.0))
+
+
+def test_load_local_shards_round_trip_and_errors(xla):
+    t = torch.arange(10, dtype=torch.float32)  # 8-way split of 10: padded blocks of 2
+    xt = t.to(xla)
+    v = mark_sharding(xt, MESH_1D, ("x",))
+    shards = v.local_shards
+    for s in shards:
+        s.unpadded_data = -s.unpadded_data
+    v.load_local_shards_(shards)
+    torch.testing.assert_close(v.cpu(), -t)
+    torch.testing.assert_close(xt.cpu(), -t)  # the marked tensor sees the new data too
+    with pytest.raises(ShardLoadError, match=r"got blocks for devices \[0, 1, 2, 3, 4, 5, 6\], need exactly one"):
+        v.load_local_shards_(shards[:-1])
+    with pytest.raises(RuntimeError):  # torch_xla's type, for scripts that catch it
+        v.load_local_shards_(shards[:-1])
+    shards[3].data = torch.zeros(4)
+    with pytest.raises(ShardLoadError, match=r"block for CPU:3 has shape \(4,\); the device holds \(2,\)"):
+        v.load_local_shards_(shards)
+    rep = mark_sharding(torch.ones(4).to(xla), MESH_1D, (None,))
+    with pytest.raises(ShardLoadError, match="replicated tensor has no per-device blocks"):
+        rep.load_local_shards_(rep.local_shards)
+
+
+def test_wrap_if_sharded(xla):
+    plain = torch.ones(4).to(xla)
+    assert wrap_if_sharded(plain) is plain
+    assert wrap_if_sharded(3) == 3
+    mark_sharding(plain, MESH_1D, ("x",))
+    wrapped = wrap_if_sharded(plain)
+    assert isinstance(wrapped, XLAShardedTensor) and wrapped.global_tensor is plain
