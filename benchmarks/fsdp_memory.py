@@ -233,4 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from spmd.xla_log import show_repeated_notices_once
+
+    show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
     main()

@@ -115,6 +115,9 @@ def simple_example(steps: int = 20) -> list[float]:
 
 
 if __name__ == "__main__":
+    from spmd.xla_log import show_repeated_notices_once
+
+    show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
     xr.use_spmd()  # the blog's full example starts with this; the fragments assume it
     mesh_section()
     print(partition_spec_section())

@@ -189,9 +189,9 @@ def run(strategy: str, config, args, n: int, progress) -> dict:
         return loss.detach()
 
     with inspector.capture(ignore=["parameter-all-gather", "replicated-argument", "replicated-activation"]) as report:
-        for _ in range(args.warmup):
+        for _ in progress(range(args.warmup), desc=f"{strategy:>9} compile + warm-up"):
             step()
-    xm.wait_device_ops()
+        xm.wait_device_ops()
     times = []
     for _ in progress(range(args.steps), desc=f"{strategy:>9}"):
         started = time.perf_counter()
@@ -351,4 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from spmd.xla_log import show_repeated_notices_once
+
+    show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
     main()

@@ -167,7 +167,16 @@ def attach_sharding(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None
     """Attach ``hlo`` to ``t`` in place: device data is resharded; a traced value gets a
     sharding custom-call (a constraint). Raises torch_xla's RuntimeError if ``t`` already has
     an annotation; callers clear it first."""
-    _xlac()._xla_mark_sharding(t, op_sharding(hlo, cache))
+    op = op_sharding(hlo, cache)
+    try:
+        _xlac()._xla_mark_sharding(t, op)
+    except RuntimeError as e:
+        # A step's output right after torch_xla.sync(): its device data is still being computed
+        # (execution is asynchronous) and torch_xla refuses to reshard it. Wait, then reshard.
+        if "Data does not present on any device" not in str(e):
+            raise
+        _xlac()._xla_wait_device_ops(devices=[])
+        _xlac()._xla_mark_sharding(t, op)
 
 
 def attach_sharding_constraint(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None) -> None:

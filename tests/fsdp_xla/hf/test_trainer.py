@@ -105,3 +105,19 @@ def test_fused_adamw_default_is_replaced(xla, tmp_path):
     args = training_args(tmp_path, optim="adamw_torch_fused")
     trainer = FSDPTrainer(model=GPT2LMHeadModel(gpt2_config()), args=args, train_dataset=Counting(32))
     assert trainer.args.optim.value == "adamw_torch"
+
+
+def test_our_training_arguments_name_the_bad_json_line(tmp_path):
+    from fsdp_xla.hf import TrainingArguments as CheckedArguments
+
+    bad = tmp_path / "fsdp_config.json"
+    bad.write_text('{\n  "xla": true,\n  "xla_fsdp_grad_ckpt": true,\n}\n')
+    with pytest.raises(json.JSONDecodeError):  # transformers' own: no file name
+        TrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(bad), report_to=[])
+    with pytest.raises(HFConfigError, match=r"fsdp_config.json, line 4, column 1: not valid JSON"):
+        CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(bad), report_to=[])
+    bad.write_text(json.dumps({"xla": True, "transformer_layer_cls_to_warp": ["GPT2Block"]}))
+    with pytest.raises(HFConfigError, match="did you mean 'transformer_layer_cls_to_wrap'"):
+        CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(bad), report_to=[])
+    good = CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(BLOG_JSON), report_to=[])
+    assert isinstance(good, TrainingArguments) and good.fsdp_config["xla"] is True

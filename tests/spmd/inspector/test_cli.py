@@ -118,3 +118,14 @@ def test_a_crashing_script_still_gets_a_partial_report(tmp_path):
     assert "ValueError: boom after two steps" in run.stderr  # its traceback
     report = json.loads(json_path.read_text())
     assert report["partial"].startswith("the block raised ValueError") and len(report["graphs"]) == 2
+
+
+def test_docs_sample_output_is_current(cli_run):
+    """docs/inspector.md shows this run's output; its figures must be what the CLI prints now."""
+    stdout, _, _ = cli_run
+    doc = (ROOT / "docs" / "inspector.md").read_text()
+    sample = doc.split("examples/train_spmd.py`\n", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    figures = [line.strip() for line in sample.splitlines() if "per-device peak" in line or line.startswith("step ")]
+    assert len(figures) == 4
+    for line in figures:
+        assert line in stdout, line
