@@ -106,8 +106,11 @@ class XLAShardedTensor(torch.Tensor):
     @classmethod
     def _view(cls, tensor: torch.Tensor, sharding: NamedSharding | None) -> XLAShardedTensor:
         """A view of ``tensor`` (kept as `global_tensor`) carrying ``sharding``."""
-        with torch._C.DisableTorchFunctionSubclass():
-            view = tensor.as_subclass(cls)
+        if type(tensor) is torch.Tensor or isinstance(tensor, torch.nn.Parameter):
+            view = torch.Tensor.as_subclass(tensor, cls)
+        else:  # a subclass with a __torch_function__ of its own
+            with torch._C.DisableTorchFunctionSubclass():
+                view = tensor.as_subclass(cls)
         view._spmd_marked = tensor
         view._spmd_sharding = sharding
         return view
@@ -118,8 +121,9 @@ class XLAShardedTensor(torch.Tensor):
         # marked tensor), so C++ code handed the view (torch_xla's FSDPv2 marks outputs with
         # _XLAC calls) and the ops after it see one tensor. Results stay sharded tensors while
         # on the XLA device (torch_xla's behaviour); a host copy is a plain tensor.
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **(kwargs or {}))
+        out = _call_as_plain_tensors(func, types, args, kwargs or {})
+        if type(out) is torch.Tensor:  # the common case first: one tensor result
+            return XLAShardedTensor._view(out, None) if out.device.type == "xla" else out
         if func in _PLAIN_RESULT:
             return out
         return _rewrap(out)
@@ -255,6 +259,10 @@ class XLAShardedTensor(torch.Tensor):
 
 ShardedTensor = XLAShardedTensor
 """Our name for the torch_xla backend's sharded tensor type."""
+
+# torch's C implementation of "run func with __torch_function__ off": what a context manager
+# would do, without its per-op Python cost (half of the subclass's overhead, measured).
+_call_as_plain_tensors = torch._C._disabled_torch_function_impl
 
 # Methods whose results describe the tensor rather than being it.
 _PLAIN_RESULT = frozenset(
