@@ -10,34 +10,52 @@ Layout of a checkpoint directory::
         ...
 
 A save writes a new version directory, syncs it to disk, then replaces ``LATEST`` with a
-rename, the one atomic step; older versions are removed after. A save killed at any point
-leaves ``LATEST`` naming the previous complete version. Loading reads only safetensors and
-JSON (no pickle), assembles each tensor on the host and lays it out as the model's current
-sharding, so a checkpoint saved on 8 devices loads on 4 (or on any mesh).
+rename, the one atomic step; older versions are removed after. A save killed at any point, or
+stopped by a full disk (then a `CheckpointError`), leaves ``LATEST`` naming the previous
+complete version. Saves into one directory take an exclusive lock on ``<dir>/.lock`` and so run
+one after the other; loads take it shared, so no version is removed while it is being read.
+
+Loading reads only safetensors and JSON (no pickle, so no code runs), and only files inside the
+checkpoint: ``LATEST`` and every file named in ``index.json`` must be names the writer makes, and
+the whole index is checked before any tensor is read (`fsdp_xla._checkpoint_format`). Each
+tensor is assembled on the host and laid out as the model's current sharding, so a checkpoint
+saved on 8 devices loads on 4 (or on any mesh).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fsdp_xla._checkpoint_format import (
+    FORMAT,
+    check_index,
+    check_version_name,
+    device_file_name,
+    version_name,
+)
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
 
 __all__ = ["save_sharded", "load_sharded", "consolidate", "checkpoint_version", "FORMAT"]
 
-FORMAT = "fsdp_xla.sharded/1"
 _INDEX = "index.json"
 _LATEST = "LATEST"
+_LOCK = ".lock"
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -165,69 +183,118 @@ def save_sharded(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
-    version = f"v-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    work = root / f".{version}.partial"
-    work.mkdir()
-    try:
-        backend.sync_tensors([t for t in tensors.values() if backend.is_xla_tensor(t)])
-        per_device: dict[int, dict[str, torch.Tensor]] = {}
-        index: dict[str, Any] = {}
-        for name, t in tensors.items():
-            entry = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "blocks": []}
-            for block in _blocks(t):
-                per_device.setdefault(block.device, {})[name] = block.data
-                entry["blocks"].append({"file": f"device-{block.device:05d}.safetensors", "index": block.index})
-            index[name] = entry
-        for device, content in sorted(per_device.items()):
-            _write_device_file(work / f"device-{device:05d}.safetensors", content)
-        meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
-        with open(work / _INDEX, "w") as f:
-            json.dump(meta, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(work)
-        os.rename(work, root / version)
-        _fsync_dir(root)
-        latest_tmp = root / f".{_LATEST}.{uuid.uuid4().hex[:8]}"
-        latest_tmp.write_text(version + "\n")
-        with open(latest_tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(latest_tmp, root / _LATEST)  # the commit point
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
-    for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
-        shutil.rmtree(old, ignore_errors=True)
-    for partial in root.glob(".v-*.partial"):
-        shutil.rmtree(partial, ignore_errors=True)
+    pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
+    if pending:
+        backend.sync_tensors(pending)
+    with _locked(root, shared=False):
+        version = version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
+        work = root / f".{version}.partial"
+        work.mkdir()
+        try:
+            _write_version(work, tensors, aliases, optim_json, extra)
+            os.rename(work, root / version)
+            _fsync_dir(root)
+            latest_tmp = root / f".{_LATEST}.{uuid.uuid4().hex[:8]}"
+            try:
+                latest_tmp.write_text(version + "\n")
+                with open(latest_tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(latest_tmp, root / _LATEST)  # the commit point
+            except BaseException:
+                latest_tmp.unlink(missing_ok=True)
+                shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
+                raise
+            _fsync_dir(root)
+        except BaseException as e:
+            shutil.rmtree(work, ignore_errors=True)
+            if _is_disk_full(e):
+                raise CheckpointError(
+                    f"Saving to {root} failed, the disk is full or a file size limit was hit ({e}). Nothing of "
+                    f"this save remains; {root / _LATEST} still names the previous checkpoint. Free space and "
+                    "save again."
+                ) from e
+            raise
+        versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
+        for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+        for partial in root.glob(".v-*.partial"):  # left by a save that was killed
+            shutil.rmtree(partial, ignore_errors=True)
     return root / version
+
+
+def _write_version(
+    work: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None
+) -> None:
+    per_device: dict[int, dict[str, torch.Tensor]] = {}
+    index: dict[str, Any] = {}
+    for name, t in tensors.items():
+        entry = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "blocks": []}
+        for block in _blocks(t):
+            per_device.setdefault(block.device, {})[name] = block.data
+            entry["blocks"].append({"file": device_file_name(block.device), "index": block.index})
+        index[name] = entry
+    for device, content in sorted(per_device.items()):
+        _write_device_file(work / device_file_name(device), content)
+    meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
+    with open(work / _INDEX, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(work)
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    """An OSError for a full disk or a file size limit; safetensors reports its own as text."""
+    if isinstance(e, OSError) and e.errno in _DISK_FULL:
+        return True
+    text = str(e)
+    return any(f"os error {code}" in text for code in _DISK_FULL) or "No space left" in text or "too large" in text
+
+
+@contextlib.contextmanager
+def _locked(root: Path, *, shared: bool) -> Iterator[None]:
+    """Hold ``root/.lock``: exclusive while saving, shared while loading. A checkpoint on a
+    read-only location is read without the lock (nobody can write there)."""
+    try:
+        fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        if not shared:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def checkpoint_version(path: str | os.PathLike[str]) -> Path:
     """The complete version directory ``path/LATEST`` names.
 
     Raises:
-        CheckpointError: no checkpoint there, or ``LATEST`` names a missing version.
+        CheckpointError: no checkpoint there, or ``LATEST`` names anything but a version
+            directory of this checkpoint (a path outside it included), or a missing one.
     """
     root = Path(path)
     latest = root / _LATEST
     if not latest.is_file():
         raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")
-    version = root / latest.read_text().strip()
+    version = root / check_version_name(latest.read_text(errors="replace"), latest)
     if not (version / _INDEX).is_file():
         raise CheckpointError(f"{latest} names {version.name}, which has no {_INDEX}: the checkpoint is damaged.")
     return version
 
 
 def _read_index(version: Path) -> dict[str, Any]:
+    """The version's index, checked entry by entry before any tensor is read."""
     try:
         meta = json.loads((version / _INDEX).read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{version / _INDEX} is not valid JSON ({e}): the checkpoint is damaged.") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{version / _INDEX} has format {meta.get('format')!r}; this reader knows {FORMAT!r}.")
+    except RecursionError as e:
+        raise CheckpointError(f"{version / _INDEX} nests too deeply to be an index: the checkpoint is damaged.") from e
+    check_index(meta, version / _INDEX)
     return meta
 
 
@@ -242,6 +309,8 @@ class _Reader:
         from safetensors import SafetensorError, safe_open
 
         path = self.version / file
+        if path.resolve().parent != self.version.resolve():  # check_index allows plain names only
+            raise CheckpointError(f"{file!r} is not a file of {self.version}.")
         try:
             if file not in self._open:
                 self._open[file] = safe_open(str(path), framework="pt")
@@ -306,31 +375,32 @@ def load_sharded(
         CheckpointError: missing or damaged checkpoint, a missing or unexpected key (when
             ``strict``), or a shape that does not match; the message names the key.
     """
-    version = checkpoint_version(path)
-    meta = _read_index(version)
-    reader = _Reader(version)
-    index, aliases = meta["tensors"], meta.get("aliases", {})
-    state = model.state_dict(keep_vars=True)
-    wanted = {f"model/{k}" for k in state}
-    stored = {k for k in list(index) + list(aliases) if k.startswith("model/")}
-    if strict and wanted != stored:
-        missing = sorted(k.removeprefix("model/") for k in wanted - stored)
-        unexpected = sorted(k.removeprefix("model/") for k in stored - wanted)
-        raise CheckpointError(
-            f"Checkpoint {version} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}. "
-            "Load it into the model it was saved from, or pass strict=False."
-        )
-    done: set[int] = set()
-    for name, target in state.items():
-        key = f"model/{name}"
-        key = aliases.get(key, key)
-        if key not in index or id(target) in done:
-            continue
-        _set(target, _place(target, _assemble(reader, key, index[key]), name))
-        done.add(id(target))
-    if optimizer is not None:
-        _load_optimizer(optimizer, model, meta, index, reader)
-    return dict(meta.get("extra", {}))
+    with _locked(Path(path), shared=True):  # no save removes this version meanwhile
+        version = checkpoint_version(path)
+        meta = _read_index(version)
+        reader = _Reader(version)
+        index, aliases = meta["tensors"], meta.get("aliases", {})
+        state = model.state_dict(keep_vars=True)
+        wanted = {f"model/{k}" for k in state}
+        stored = {k for k in list(index) + list(aliases) if k.startswith("model/")}
+        if strict and wanted != stored:
+            missing = sorted(k.removeprefix("model/") for k in wanted - stored)
+            unexpected = sorted(k.removeprefix("model/") for k in stored - wanted)
+            raise CheckpointError(
+                f"Checkpoint {version} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}. "
+                "Load it into the model it was saved from, or pass strict=False."
+            )
+        done: set[int] = set()
+        for name, target in state.items():
+            key = f"model/{name}"
+            key = aliases.get(key, key)
+            if key not in index or id(target) in done:
+                continue
+            _set(target, _place(target, _assemble(reader, key, index[key]), name))
+            done.add(id(target))
+        if optimizer is not None:
+            _load_optimizer(optimizer, model, meta, index, reader)
+        return dict(meta.get("extra", {}))
 
 
 def _load_optimizer(
@@ -382,16 +452,17 @@ def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dic
     With ``optimizer=True`` the optimizer tensors are included as ``optim/<param>/<field>``.
     Tied weights appear under each of their names, as in ``model.state_dict()``.
     """
-    version = checkpoint_version(path)
-    meta = _read_index(version)
-    reader = _Reader(version)
-    out: dict[str, torch.Tensor] = {}
-    for key, entry in meta["tensors"].items():
-        if key.startswith("model/"):
-            out[key.removeprefix("model/")] = _assemble(reader, key, entry)
-        elif optimizer:
-            out[key] = _assemble(reader, key, entry)
-    for alias, target in meta.get("aliases", {}).items():
-        if alias.startswith("model/") and target.removeprefix("model/") in out:
-            out[alias.removeprefix("model/")] = out[target.removeprefix("model/")]
-    return out
+    with _locked(Path(path), shared=True):
+        version = checkpoint_version(path)
+        meta = _read_index(version)
+        reader = _Reader(version)
+        out: dict[str, torch.Tensor] = {}
+        for key, entry in meta["tensors"].items():
+            if key.startswith("model/"):
+                out[key.removeprefix("model/")] = _assemble(reader, key, entry)
+            elif optimizer:
+                out[key] = _assemble(reader, key, entry)
+        for alias, target in meta.get("aliases", {}).items():
+            if alias.startswith("model/") and target.removeprefix("model/") in out:
+                out[alias.removeprefix("model/")] = out[target.removeprefix("model/")]
+        return out

@@ -13,7 +13,11 @@ import pytest  # noqa: E402
 from mesh import Mesh  # noqa: E402
 
 # Scripts the tests run in subprocesses; importing them would configure other devices.
-collect_ignore = ["fsdp_xla/checkpoint_worker.py", "compat/torch_xla_style_script.py"]
+collect_ignore = [
+    "fsdp_xla/checkpoint_worker.py",
+    "fsdp_xla/checkpoint_race_worker.py",
+    "compat/torch_xla_style_script.py",
+]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,179 @@
+"""What a sharded checkpoint may contain: the names the writer uses and a check of the index.
+
+A checkpoint may come from someone else or from damaged storage, so nothing read from it names
+a path: ``LATEST`` must hold a version name the writer makes (``v-<UTC time>-<8 hex>``) and
+every block's file a device file name (``device-00003.safetensors``), both plain names inside
+the checkpoint. `check_index` checks every entry of ``index.json`` before any tensor is read:
+dtypes from an allow-list, non-negative shapes, blocks inside their tensor that tile it exactly
+(no overlap, nothing missing). Pure Python; a failure is a `CheckpointError` naming the file and
+the entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from numbers import Integral
+from pathlib import Path
+
+import numpy as np
+
+from fsdp_xla.errors import CheckpointError
+
+__all__ = [
+    "FORMAT",
+    "DTYPE_NAMES",
+    "version_name",
+    "device_file_name",
+    "check_version_name",
+    "check_index",
+]
+
+FORMAT = "fsdp_xla.sharded/1"
+DTYPE_NAMES = frozenset(
+    {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+)
+_VERSION = re.compile(r"v-\d{8}T\d{6}-[0-9a-f]{8}")
+_DEVICE_FILE = re.compile(r"device-\d{5}\.safetensors")
+# A GSPMD layout is a grid of blocks; an index whose cut points make far more grid cells than
+# blocks is not one, and checking it cell by cell could take unbounded time and memory.
+_MAX_CELLS_PER_BLOCK = 64
+
+
+def version_name(stamp: str, token: str) -> str:
+    """The writer's name for a version directory (``stamp``: ``%Y%m%dT%H%M%S``; 8 hex digits)."""
+    name = f"v-{stamp}-{token}"
+    if not _VERSION.fullmatch(name):
+        raise ValueError(f"not a version name: {name!r}")
+    return name
+
+
+def device_file_name(device: int) -> str:
+    """The writer's name for device ``device``'s shard file."""
+    return f"device-{device:05d}.safetensors"
+
+
+def check_version_name(text: str, latest: Path) -> str:
+    """``text`` (read from ``latest``) if it is a version name the writer makes.
+
+    Raises:
+        CheckpointError: anything else (a path, ``..``, an absolute name, junk).
+    """
+    name = text.strip()
+    if not _VERSION.fullmatch(name):
+        raise CheckpointError(
+            f"{latest} names {name[:200]!r}, which is not a checkpoint version (v-YYYYMMDDTHHMMSS-xxxxxxxx inside "
+            "the checkpoint directory). The file is damaged or was edited; restore it or point it at a version."
+        )
+    return name
+
+
+def _fail(where: str, key: str, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{where}: entry {key[:200]!r} {what}. The checkpoint is damaged or was not written by fsdp_xla."
+    )
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def check_index(meta: object, where: Path) -> None:
+    """Check a parsed ``index.json`` (``where``: its path, for messages) before reading tensors.
+
+    Raises:
+        CheckpointError: the first entry that is malformed, names a file other than a device
+            file of this checkpoint, or whose blocks leave the tensor, overlap, or miss part of it.
+    """
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where} holds a {type(meta).__name__}, not an object: the checkpoint is damaged.")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{where} has format {meta.get('format')!r}; this reader knows {FORMAT!r}.")
+    tensors = meta.get("tensors")
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
+        raise CheckpointError(f"{where}: 'tensors' must be an object; the checkpoint is damaged.")
+    for key, entry in tensors.items():
+        if not (key.startswith("model/") or (key.startswith("optim/") and key.count("/") >= 2)):
+            raise _fail(str(where), str(key), "is neither model/<name> nor optim/<parameter>/<field>")
+        _check_entry(str(key), entry, where)
+    if isinstance(meta.get("optimizer", {}), dict):
+        _check_optimizer(meta.get("optimizer", {}), where)
+    aliases = meta.get("aliases", {})
+    if not isinstance(aliases, dict):
+        raise CheckpointError(f"{where}: 'aliases' must be an object; the checkpoint is damaged.")
+    for alias, target in aliases.items():
+        if target not in tensors:
+            raise _fail(str(where), str(alias), f"is an alias of {str(target)[:200]!r}, which the index does not hold")
+    for section in ("optimizer", "extra"):
+        if not isinstance(meta.get(section, {}), dict):
+            raise CheckpointError(f"{where}: {section!r} must be an object; the checkpoint is damaged.")
+
+
+def _check_optimizer(optim: object, where: Path) -> None:
+    if not isinstance(optim, dict) or not optim:
+        return  # no optimizer state saved; 'optimizer' must be an object (checked by the caller)
+    groups, scalars = optim.get("param_groups"), optim.get("scalars", {})
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) and all(isinstance(p, str) for p in g["params"])
+        for g in groups
+    ):
+        raise CheckpointError(f"{where}: optimizer 'param_groups' must be a list of groups with parameter names.")
+    if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
+        raise CheckpointError(f"{where}: optimizer 'scalars' must map parameter names to objects.")
+
+
+def _check_entry(key: str, entry: object, where: Path) -> None:
+    w = str(where)
+    if not isinstance(entry, dict):
+        raise _fail(w, key, "is not an object")
+    shape, dtype, blocks = entry.get("shape"), entry.get("dtype"), entry.get("blocks")
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
+        raise _fail(w, key, f"has shape {str(shape)[:100]}, not a list of at most 64 integers >= 0")
+    if dtype not in DTYPE_NAMES:
+        raise _fail(w, key, f"has dtype {str(dtype)[:50]!r}; allowed: {sorted(DTYPE_NAMES)}")
+    if not isinstance(blocks, list) or not blocks:
+        raise _fail(w, key, "has no list of blocks")
+    boxes = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            raise _fail(w, key, f"block {i} is not an object")
+        file = block.get("file")
+        if not isinstance(file, str) or not _DEVICE_FILE.fullmatch(file):
+            raise _fail(
+                w,
+                key,
+                f"block {i} names file {str(file)[:200]!r}; only device-NNNNN.safetensors inside the version "
+                "directory may be read",
+            )
+        index = block.get("index")
+        if (
+            not isinstance(index, list)
+            or len(index) != len(shape)
+            or not all(isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and _is_int(b[1]) for b in index)
+        ):
+            raise _fail(w, key, f"block {i} has index {str(index)[:100]}, not one [start, stop] per dim of {shape}")
+        for d, ((lo, hi), n) in enumerate(zip(index, shape)):
+            if not 0 <= lo <= hi <= n:
+                raise _fail(w, key, f"block {i} spans [{lo}, {hi}) on dim {d}, outside 0..{n}")
+        boxes.append([(int(lo), int(hi)) for lo, hi in index])
+    if math.prod(shape) > 0:
+        _check_tiling(key, shape, boxes, w)
+
+
+def _check_tiling(key: str, shape: list[int], boxes: list[list[tuple[int, int]]], where: str) -> None:
+    cuts = [sorted({0, n} | {b[d][0] for b in boxes} | {b[d][1] for b in boxes}) for d, n in enumerate(shape)]
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if cells > _MAX_CELLS_PER_BLOCK * len(boxes) + 1024:
+        raise _fail(where, key, f"has {len(boxes)} blocks that do not form a grid over shape {shape}")
+    covered = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for i, box in enumerate(boxes):
+        region = tuple(slice(cuts[d].index(lo), cuts[d].index(hi)) for d, (lo, hi) in enumerate(box))
+        if covered[region].any():
+            raise _fail(where, key, f"block {i} overlaps another block")
+        covered[region] = True
+    if not covered.all():
+        lows = [c[:-1] for c in cuts]
+        first = next(idx for idx in itertools.product(*(range(len(lo)) for lo in lows)) if not covered[idx])
+        at = [lows[d][first[d]] for d in range(len(shape))]
+        raise _fail(where, key, f"has blocks that miss part of shape {shape} (from element {at})")

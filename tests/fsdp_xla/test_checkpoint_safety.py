@@ -1,0 +1,227 @@
+"""Checkpoints stay inside their directory, survive a full disk and concurrent saves, and a bad
+index fails before any tensor is read, naming the entry. Host tensors: no XLA runtime needed."""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import fsdp_xla.checkpoint as ck
+from fsdp_xla import CheckpointError
+from fsdp_xla._checkpoint_format import DTYPE_NAMES, check_index
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("checkpoint_race_worker.py")
+
+
+def model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+
+
+def same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def worker(*args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
+    )
+
+
+def test_dtype_names_are_the_readers():
+    assert set(ck._DTYPES) == DTYPE_NAMES
+
+
+def test_latest_pointing_outside_is_refused(tmp_path):
+    root, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    ck.save_sharded(root, model(0))
+    shutil.copytree(ck.save_sharded(elsewhere, model(1)), tmp_path / "outside")  # a real checkpoint out there
+    (root / "LATEST").write_text("../outside\n")
+    target = model(2)
+    before = copy.deepcopy(target)
+    with pytest.raises(CheckpointError, match=r"LATEST names '\.\./outside', which is not a checkpoint version"):
+        ck.load_sharded(root, target)
+    assert same_weights(target, before)  # nothing was read from ../outside
+    for bad in ("/etc", "v-20260101T000000-abcdef12/../../outside", "", "v-2026"):
+        (root / "LATEST").write_text(bad)
+        with pytest.raises(CheckpointError, match="not a checkpoint version"):
+            ck.consolidate(root)
+
+
+def test_index_naming_a_file_outside_is_refused(tmp_path):
+    root = tmp_path / "a" / "b" / "ck"
+    version = ck.save_sharded(root, model(0))
+    evil = model(1)
+    save_file({f"model/{k}": v for k, v in evil.state_dict().items()}, str(version / "../../evil.safetensors"))
+    meta = json.loads((version / "index.json").read_text())
+    for entry in meta["tensors"].values():
+        for block in entry["blocks"]:
+            block["file"] = "../../evil.safetensors"
+    (version / "index.json").write_text(json.dumps(meta))
+    target = model(2)
+    before = copy.deepcopy(target)
+    with pytest.raises(
+        CheckpointError, match=r"index\.json: entry 'model/0\.weight' block 0 names file '\.\./\.\./evil"
+    ):
+        ck.load_sharded(root, target)
+    assert same_weights(target, before) and not same_weights(target, evil)
+
+
+def good_meta():
+    return {
+        "format": ck.FORMAT,
+        "tensors": {
+            "model/w": {
+                "shape": [4, 6],
+                "dtype": "float32",
+                "blocks": [
+                    {"file": "device-00000.safetensors", "index": [[0, 2], [0, 6]]},
+                    {"file": "device-00001.safetensors", "index": [[2, 4], [0, 6]]},
+                ],
+            }
+        },
+        "aliases": {},
+        "optimizer": {},
+        "extra": {},
+    }
+
+
+def broken(change):
+    meta = good_meta()
+    change(meta)
+    return meta
+
+
+def set_path(*path_and_value):
+    *path, value = path_and_value
+
+    def change(meta):
+        node = meta
+        for p in path[:-1]:
+            node = node[p]
+        node[path[-1]] = value
+
+    return change
+
+
+W = ("tensors", "model/w")
+B0 = (*W, "blocks", 0)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (set_path(*W, "dtype", "object"), r"'model/w' has dtype 'object'; allowed"),
+        (set_path(*W, "shape", [4, -6]), r"'model/w' has shape \[4, -6\]"),
+        (set_path(*W, "shape", [4, True]), r"'model/w' has shape \[4, True\]"),
+        (set_path(*B0, "index", [[0, 2], [0, 7]]), r"block 0 spans \[0, 7\) on dim 1, outside 0\.\.6"),
+        (set_path(*B0, "index", [[0, 3], [0, 6]]), "block 1 overlaps another block"),
+        (set_path(*B0, "index", [[0, 1], [0, 6]]), r"miss part of shape \[4, 6\] \(from element \[1, 0\]\)"),
+        (set_path(*B0, "index", [[0, 2]]), r"block 0 has index \[\[0, 2\]\], not one \[start, stop\] per dim"),
+        (set_path(*B0, "file", "/etc/passwd"), "block 0 names file '/etc/passwd'"),
+        (set_path(*B0, "file", "device-0.safetensors"), "only device-NNNNN.safetensors"),
+        (set_path(*W, "blocks", []), "has no list of blocks"),
+        (set_path("tensors", "weights/w", {}), "neither model/<name> nor optim"),
+        (set_path("aliases", {"model/v": "model/nope"}), "alias of 'model/nope'"),
+        (set_path("format", "pickle/1"), "has format 'pickle/1'"),
+        (set_path("optimizer", {"param_groups": "all"}), "param_groups"),
+        (
+            set_path(
+                *W,
+                "blocks",
+                [
+                    {"file": "device-00000.safetensors", "index": [[i, i + 1], [j, j + 1]]}
+                    for i in range(4)
+                    for j in range(6)
+                ][:-1]
+                + [{"file": "device-00001.safetensors", "index": [[0, 4], [0, 6]]}],
+            ),
+            "overlaps another block",
+        ),
+    ],
+)
+def test_bad_index_entries_fail_fast_naming_the_entry(change, message, tmp_path):
+    check_index(good_meta(), tmp_path / "index.json")  # the unbroken one passes
+    with pytest.raises(CheckpointError, match=message):
+        check_index(broken(change), tmp_path / "index.json")
+
+
+def test_index_of_many_tiny_blocks_is_not_a_grid(tmp_path):
+    n = 300  # 300 x 300 distinct cut points would make 90,000 cells for 300 blocks
+    blocks = [{"file": "device-00000.safetensors", "index": [[i, i + 1], [i, i + 1]]} for i in range(n)]
+    meta = broken(set_path(*W, "shape", [n, n]))
+    meta["tensors"]["model/w"]["blocks"] = blocks
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match="do not form a grid"):
+        check_index(meta, tmp_path / "index.json")
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_damaged_index_on_disk_fails_before_reading_tensors(tmp_path, monkeypatch):
+    root = tmp_path / "ck"
+    version = ck.save_sharded(root, model(0))
+    meta = json.loads((version / "index.json").read_text())
+    meta["tensors"]["model/1.bias"]["dtype"] = "complex128"
+    (version / "index.json").write_text(json.dumps(meta))
+    monkeypatch.setattr(ck._Reader, "block", lambda *a: pytest.fail("a tensor was read"))
+    with pytest.raises(CheckpointError, match="'model/1.bias' has dtype 'complex128'"):
+        ck.load_sharded(root, model(1))
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path):
+    run = worker("full_disk", tmp_path / "ck")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["outcome"].startswith("CheckpointError: Saving to") and "previous checkpoint" in report["outcome"]
+    assert report["latest_unchanged"] and report["weights_of_first"] and report["extra"] == {"which": "first"}
+    assert len([e for e in report["entries"] if e.startswith("v-")]) == 1
+    assert not [e for e in report["entries"] if e.endswith(".partial") or e.startswith(".LATEST")]
+
+
+def test_concurrent_saves_serialize_and_latest_is_always_complete(tmp_path):
+    root = tmp_path / "ck"
+    ck.save_sharded(root, model(0))
+    savers = [worker("save_loop", root, seed, 6) for seed in (1, 2)]
+    loads = 0
+    while any(p.poll() is None for p in savers):
+        m = model(9)
+        extra = ck.load_sharded(root, m)  # never a half-written or removed version
+        assert set(extra) in ({"seed", "i"}, set())
+        assert m[0].bias[0].item() in (0.0, *(s * 1000.0 + i for s in (1, 2) for i in range(6))) or not extra
+        loads += 1
+    for p in savers:
+        out, err = p.communicate()
+        assert p.returncode == 0 and b"DONE" in out, err.decode()[-2000:]
+    assert loads > 0
+    versions = [p.name for p in root.iterdir() if p.name.startswith("v-")]
+    assert len(versions) == 1 and (root / "LATEST").read_text().strip() == versions[0]
+    assert not list(root.glob(".v-*.partial"))
+    final = model(9)
+    extra = ck.load_sharded(root, final)
+    assert extra["i"] == 5 and final[0].bias[0].item() == extra["seed"] * 1000 + 5
+
+
+def test_no_version_is_removed_while_being_loaded(tmp_path):
+    root = tmp_path / "ck"
+    ck.save_sharded(root, model(0), extra={"which": "old"})
+    loader = worker("slow_load", root)
+    assert loader.stdout.readline().strip() == b"READING"  # it holds the old version now
+    started = time.perf_counter()
+    ck.save_sharded(root, model(1), extra={"which": "new"})  # keep=1 would remove the old version
+    waited = time.perf_counter() - started
+    out, err = loader.communicate(timeout=120)
+    assert loader.returncode == 0, err.decode()[-2000:]
+    assert b'LOADED {"which": "old"}' in out
+    assert waited > 1.0  # the save waited for the load to finish before removing it
+    assert ck.load_sharded(root, model(2)) == {"which": "new"}
