@@ -4,7 +4,14 @@ gradient checkpointing and sharded checkpoints."""
 
 from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_shard
 from fsdp_xla.deferred import deferred_init
-from fsdp_xla.errors import CheckpointError, DeferredInitError, FSDPError, MeshAxisError, WrapPolicyError
+from fsdp_xla.errors import (
+    CheckpointError,
+    DeferredInitError,
+    FSDPError,
+    FSDPTypeError,
+    MeshAxisError,
+    WrapPolicyError,
+)
 from fsdp_xla.policies import (
     MixedPrecision,
     SizeWrapPolicy,
@@ -19,6 +26,7 @@ __all__ = [
     "DeferredInitError",
     "FSDP",
     "FSDPError",
+    "FSDPTypeError",
     "FullyShardedDataParallel",
     "MeshAxisError",
     "MixedPrecision",

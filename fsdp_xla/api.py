@@ -22,7 +22,7 @@ from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import SpecFn, axis_size, default_fsdp_spec, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import materialize_unit, needs_materialization
-from fsdp_xla.errors import FSDPError, MeshAxisError, WrapPolicyError
+from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm, with_sharding_constraint
@@ -133,7 +133,7 @@ def _resolve_precision(mixed_precision: MixedPrecision | torch.dtype | None) -> 
         return mixed_precision
     if isinstance(mixed_precision, torch.dtype):
         return MixedPrecision(compute_dtype=mixed_precision)
-    raise TypeError(
+    raise FSDPTypeError(
         f"mixed_precision must be a MixedPrecision, a torch.dtype or None, got {type(mixed_precision).__name__}."
     )
 
@@ -263,7 +263,7 @@ def fully_shard(
         FSDPError: the module is already wrapped, or a parameter carries another sharding.
     """
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}.")
+        raise FSDPTypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}.")
     if isinstance(module, FullyShardedDataParallel):
         raise FSDPError(f"{type(module).__name__} is already wrapped by FSDP; wrap a model once, at its root.")
     for path, sub in module.named_modules():
@@ -274,7 +274,7 @@ def fully_shard(
             )
     mesh = _resolve_mesh(mesh, fsdp_axis)
     if shard_output is not None and not isinstance(shard_output, PartitionSpec) and not callable(shard_output):
-        raise TypeError(
+        raise FSDPTypeError(
             f"shard_output must be a PartitionSpec, a function (output, mesh) -> output, or None; got "
             f"{shard_output!r}. Write P('fsdp') for a tuple spec."
         )

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from fsdp_xla._units import UnitPlan, innermost_unit
-from fsdp_xla.errors import DeferredInitError
+from fsdp_xla.errors import DeferredInitError, FSDPTypeError
 
 __all__ = ["deferred_init", "params_on_meta", "needs_materialization", "materialize_unit", "module_seed"]
 
@@ -65,7 +65,7 @@ def deferred_init(build_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     with params_on_meta():
         module = build_fn(*args, **kwargs)
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"deferred_init: build_fn returned {type(module).__name__}, not an nn.Module.")
+        raise FSDPTypeError(f"deferred_init: build_fn returned {type(module).__name__}, not an nn.Module.")
     return module
 
 

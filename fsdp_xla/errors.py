@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["FSDPError", "WrapPolicyError", "MeshAxisError", "DeferredInitError", "CheckpointError"]
+__all__ = ["FSDPError", "FSDPTypeError", "WrapPolicyError", "MeshAxisError", "DeferredInitError", "CheckpointError"]
 
 
 class FSDPError(ValueError):
     """A module, mesh or option that FSDP cannot work with."""
+
+
+class FSDPTypeError(TypeError):
+    """An FSDP argument of the wrong type (the message names the types it takes)."""
 
 
 class WrapPolicyError(FSDPError):

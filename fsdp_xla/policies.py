@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fsdp_xla.errors import WrapPolicyError
+from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
 
 __all__ = [
     "WrapPolicy",
@@ -121,7 +121,7 @@ class MixedPrecision:
             if value is None and name != "compute_dtype":
                 continue
             if not isinstance(value, torch.dtype) or not value.is_floating_point:
-                raise TypeError(
+                raise FSDPTypeError(
                     f"MixedPrecision.{name} must be a floating torch.dtype (torch.bfloat16, torch.float16, "
                     f"torch.float32), got {value!r}."
                 )

@@ -10,7 +10,7 @@ import numpy as np
 
 from mesh._mesh import Mesh
 from mesh._runtime import mirror_global_mesh, runtime_device_count, runtime_global_mesh
-from mesh.errors import NoMeshError
+from mesh.errors import MeshTypeError, NoMeshError
 
 __all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh", "mesh_or_global"]
 
@@ -33,7 +33,7 @@ def set_global_mesh(mesh: Mesh | None) -> None:
     """
     global _process_default
     if mesh is not None and not isinstance(mesh, Mesh):
-        raise TypeError(f"set_global_mesh expects a Mesh or None, got {type(mesh).__name__}.")
+        raise MeshTypeError(f"set_global_mesh expects a Mesh or None, got {type(mesh).__name__}.")
     _process_default = mesh
     mirror_global_mesh(mesh)
 
@@ -63,7 +63,7 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
         ...     assert get_global_mesh() is m
     """
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"use_mesh expects a Mesh, got {type(mesh).__name__}.")
+        raise MeshTypeError(f"use_mesh expects a Mesh, got {type(mesh).__name__}.")
     stack = _stack()
     stack.append(mesh)
     try:
@@ -87,7 +87,7 @@ def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
 
     Raises:
         NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
-        TypeError: ``mesh`` is not a `Mesh`.
+        MeshTypeError: ``mesh`` is not a `Mesh`.
     """
     if mesh is None:
         mesh = get_global_mesh()
@@ -97,5 +97,7 @@ def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
                 "('data',))), or call mesh.set_global_mesh(...) / use `with use_mesh(...)`."
             )
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"{what} expects a mesh.Mesh, got {type(mesh).__name__}.")
+        raise MeshTypeError(
+            f"{what} expects a mesh.Mesh, got {type(mesh).__name__}. Build one: Mesh(np.arange(n), (n,), ('data',))."
+        )
     return mesh

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mesh._mesh import Mesh
+from mesh._mesh import Mesh, shape_arg
 from mesh._runtime import runtime_device_attributes
-from mesh.errors import MeshError
+from mesh.errors import MeshError, MeshTypeError
 
 __all__ = ["DeviceInfo", "HybridMesh", "hybrid_device_order"]
 
@@ -198,10 +198,15 @@ class HybridMesh(Mesh):
         axis_names: Sequence[str] | None = None,
         devices: Sequence[DeviceInfo] | None = None,
     ) -> None:
-        ici = tuple(int(s) for s in ici_mesh_shape)
-        dcn = tuple(int(s) for s in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
+        ici = shape_arg(ici_mesh_shape, "ici_mesh_shape")
+        dcn = shape_arg(dcn_mesh_shape, "dcn_mesh_shape") if dcn_mesh_shape is not None else (1,) * len(ici)
         if devices is None:
             devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(runtime_device_attributes())]
+        devices = list(devices) if isinstance(devices, (list, tuple)) else devices
+        if not isinstance(devices, list) or not all(isinstance(d, DeviceInfo) for d in devices):
+            raise MeshTypeError(f"devices must be a list of mesh.DeviceInfo, got {devices!r:.200}.")
+        if not devices:
+            raise MeshError("HybridMesh needs at least one device; devices=[] was given.")
         order = hybrid_device_order(devices, ici, dcn)
         super().__init__(order.reshape(-1), tuple(a * b for a, b in zip(ici, dcn)), axis_names)
         object.__setattr__(self, "_ici_mesh_shape", ici)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from numbers import Integral
@@ -23,6 +24,35 @@ def _as_int_tuple(values: Iterable[object], what: str) -> tuple[int, ...]:
             raise MeshTypeError(f"{what} must hold integers, got {v!r} ({type(v).__name__}).")
         out.append(int(v))
     return tuple(out)
+
+
+def shape_arg(value: object, what: str) -> tuple[int, ...]:
+    """A mesh shape argument as a tuple of sizes >= 1 (an int is a 1-axis shape).
+
+    Raises:
+        MeshTypeError: not an int or a sequence of ints.
+        MeshError: empty, or a size below 1.
+    """
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        value = (int(value),)
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        raise MeshTypeError(f"{what} must be a tuple of ints such as (4, 2), got {value!r} ({type(value).__name__}).")
+    shape = _as_int_tuple(value, what)
+    if not shape:
+        raise MeshError(f"{what} must have at least one axis, got (); a 1-D mesh of n devices is (n,).")
+    if any(s < 1 for s in shape):
+        raise MeshError(f"Every size in {what} must be >= 1, got {shape}.")
+    return shape
+
+
+def _device_ids_arg(value: object) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes, dict)) or value is None:
+        raise MeshTypeError(f"device_ids must be a sequence or array of ints, got {value!r} ({type(value).__name__}).")
+    try:
+        flat = np.asarray(value, dtype=object).reshape(-1).tolist()
+    except (ValueError, TypeError) as e:  # ragged nesting, or not array-like at all
+        raise MeshTypeError(f"device_ids must be a flat sequence or array of ints, got {value!r}: {e}.") from None
+    return _as_int_tuple(flat, "device_ids")
 
 
 class Mesh:
@@ -66,20 +96,11 @@ class Mesh:
         mesh_shape: Sequence[int],
         axis_names: Sequence[str] | None = None,
     ) -> None:
-        if isinstance(mesh_shape, Integral) and not isinstance(mesh_shape, bool):
-            mesh_shape = (int(mesh_shape),)
-        if isinstance(mesh_shape, (str, bytes)) or not isinstance(mesh_shape, Iterable):
-            raise MeshTypeError(f"mesh_shape must be a tuple of ints, got {mesh_shape!r}.")
-        shape = _as_int_tuple(mesh_shape, "mesh_shape")
-        if not shape:
-            raise MeshError("mesh_shape must have at least one axis, got ().")
-        if any(s < 1 for s in shape):
-            raise MeshError(f"Every mesh axis size must be >= 1, got mesh_shape={shape}.")
-
-        ids = _as_int_tuple(np.asarray(device_ids).reshape(-1).tolist(), "device_ids")
-        if int(np.prod(shape)) != len(ids):
+        shape = shape_arg(mesh_shape, "mesh_shape")
+        ids = _device_ids_arg(device_ids)
+        if math.prod(shape) != len(ids):
             raise MeshError(
-                f"mesh_shape {shape} holds {int(np.prod(shape))} devices but {len(ids)} device ids "
+                f"mesh_shape {shape} holds {math.prod(shape)} devices but {len(ids)} device ids "
                 f"were given ({list(ids)}). Pass a mesh_shape whose product is {len(ids)}, "
                 f"e.g. ({len(ids)},)."
             )
@@ -97,6 +118,10 @@ class Mesh:
         if axis_names is not None:
             if isinstance(axis_names, str):
                 axis_names = (axis_names,)
+            if isinstance(axis_names, (bytes, dict)) or not isinstance(axis_names, Iterable):
+                raise MeshTypeError(
+                    f"axis_names must be a tuple of strings such as ('data', 'model'), or None; got {axis_names!r}."
+                )
             names = tuple(axis_names)
             for n in names:
                 if not isinstance(n, str):
@@ -107,7 +132,7 @@ class Mesh:
                     f"{len(shape)} axes; give one name per axis."
                 )
             if len(set(names)) != len(names):
-                raise MeshError(f"axis_names must be distinct, got {names}.")
+                raise MeshError(f"axis_names must be distinct, got {names}; rename the repeated axis.")
 
         object.__setattr__(self, "_device_ids", ids)
         object.__setattr__(self, "_mesh_shape", shape)

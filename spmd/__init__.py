@@ -15,6 +15,7 @@ from spmd.errors import (
     AxisIndexError,
     DeviceCountError,
     DuplicateAxisError,
+    HloShardingError,
     NoMeshError,
     NotAnXlaTensorError,
     PartitionSpecTypeError,
@@ -23,6 +24,7 @@ from spmd.errors import (
     ShardLoadError,
     SpecRankError,
     SpmdModeError,
+    SpmdTypeError,
     UnknownAxisError,
 )
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
@@ -49,6 +51,7 @@ __all__ = [
     "AxisIndexError",
     "DeviceCountError",
     "DuplicateAxisError",
+    "HloShardingError",
     "HloSharding",
     "HybridMesh",
     "Mesh",
@@ -89,6 +92,7 @@ __all__ = [
     "MarkShardingFunction",
     "NoMeshError",
     "ShardLoadError",
+    "SpmdTypeError",
     "ShardingSpec",
     "ShardingType",
     "XLAShard",

@@ -16,6 +16,8 @@ __all__ = [
     "SpmdModeError",
     "DeviceCountError",
     "ShardLoadError",
+    "SpmdTypeError",
+    "HloShardingError",
     "NoMeshError",
 ]
 
@@ -40,11 +42,15 @@ class AxisIndexError(ShardingError):
     """An integer mesh axis in the spec is out of range."""
 
 
-class PartitionSpecTypeError(TypeError):
+class SpmdTypeError(TypeError):
+    """An argument of the wrong type (the message names the types it takes)."""
+
+
+class PartitionSpecTypeError(SpmdTypeError):
     """A spec entry is not a mesh axis name, index, tuple of those, or ``None``."""
 
 
-class NotAnXlaTensorError(TypeError):
+class NotAnXlaTensorError(SpmdTypeError):
     """The tensor is not on an XLA device, so it cannot carry an XLA sharding."""
 
 
@@ -66,3 +72,7 @@ class ShardLoadError(ShardingError, RuntimeError):
     Also a ``RuntimeError``, which torch_xla raises here, so ``except RuntimeError`` in scripts
     written for torch_xla still catches it.
     """
+
+
+class HloShardingError(ShardingError):
+    """An HLO sharding text that does not parse, or a sharding that does not fit an array."""

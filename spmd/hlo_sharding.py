@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spmd.errors import HloShardingError
+
 __all__ = ["ShardingKind", "HloSharding", "ShardBounds"]
 
 
@@ -58,6 +60,16 @@ class ShardBounds:
         return tuple(p - s for p, s in zip(self.padded_shape, self.shape))
 
 
+_MAX_DEVICES = 1 << 20  # more devices than any pod; bounds the work a malformed text can ask for
+
+
+def _int_list(text: str, where: str) -> list[int]:
+    parts = text.split(",")
+    if not all(p.isdigit() and len(p) <= 9 for p in parts):
+        raise HloShardingError(f"{where}: {text[:80]!r} is not a list of integers such as 4,2.")
+    return [int(p) for p in parts]
+
+
 @dataclass(frozen=True)
 class HloSharding:
     """One array's XLA sharding.
@@ -79,12 +91,12 @@ class HloSharding:
         if self.kind is ShardingKind.TILED:
             need = math.prod(self.tile_shape) * self.replication
             if need != len(self.devices):
-                raise ValueError(
+                raise HloShardingError(
                     f"Tile shape {self.tile_shape} x replication {self.replication} needs {need} "
                     f"devices, got {len(self.devices)}."
                 )
         if self.kind is ShardingKind.MAXIMAL and len(self.devices) != 1:
-            raise ValueError(f"A maximal sharding names one device, got {self.devices}.")
+            raise HloShardingError(f"A maximal sharding names one device, got {self.devices}.")
 
     # Constructors --------------------------------------------------------------------------
     @classmethod
@@ -139,8 +151,11 @@ class HloSharding:
         """Parse XLA's HLO sharding text, explicit or iota device lists.
 
         Raises:
-            ValueError: the text is not a replicated, maximal or (partially) tiled sharding.
+            HloShardingError: the text is not a replicated, manual, maximal or (partially)
+                tiled sharding (a ``ValueError``).
         """
+        if not isinstance(text, str):
+            raise HloShardingError(f"HloSharding.parse reads text such as '{{replicated}}', got {type(text).__name__}.")
         t = text.strip()
         if t == "{replicated}":
             return cls.replicated()
@@ -151,20 +166,39 @@ class HloSharding:
             return cls.maximal(int(m.group(1)))
         m = cls._TILED_RE.match(t)
         if not m:
-            raise ValueError(f"Not an HLO sharding this parser knows: {text!r}")
-        dims = [int(d) for d in m.group("dims").split(",")]
+            raise HloShardingError(
+                f"Not an HLO sharding this parser knows: {text[:200]!r}. It reads '{{replicated}}', '{{manual}}', "
+                "'{maximal device=N}' and '{devices=[a,b,...]ids...[ last_tile_dim_replicate]}' (ids listed or "
+                "as an iota '<=[n]T(...)'), as torch_xla and JAX print them."
+            )
+        where = f"HLO sharding {text[:200]!r}"
+        dims = _int_list(m.group("dims"), where)
+        count = math.prod(dims)
+        if not 0 < count <= _MAX_DEVICES or 0 in dims:
+            raise HloShardingError(f"{where} tiles over {count} devices; a sharding names 1..{_MAX_DEVICES}.")
         devs = m.group("devs")
         if devs.startswith("<="):
             im = re.fullmatch(r"<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", devs)
             if im is None:
-                raise ValueError(f"Malformed iota device list in {text!r}")
-            reshape = [int(d) for d in im.group(1).split(",")]
-            ids = np.arange(math.prod(reshape)).reshape(reshape)
+                raise HloShardingError(f"Malformed iota device list in {where}; write it as <=[a,b]T(1,0).")
+            reshape = _int_list(im.group(1), where)
+            if math.prod(reshape) != count:
+                raise HloShardingError(
+                    f"{where}: the iota <=[{im.group(1)}] has {math.prod(reshape)} ids, the tiles {count}."
+                )
+            ids = np.arange(count).reshape(reshape)
             if im.group(2):
-                ids = ids.transpose([int(p) for p in im.group(2).split(",")])
+                perm = _int_list(im.group(2), where)
+                if sorted(perm) != list(range(len(reshape))):
+                    raise HloShardingError(
+                        f"{where}: T({im.group(2)}) is not a permutation of the iota's {len(reshape)} axes."
+                    )
+                ids = ids.transpose(perm)
             flat = ids.reshape(-1)
         else:
-            flat = np.asarray([int(d) for d in devs.split(",")])
+            flat = np.asarray(_int_list(devs, where))
+            if flat.size != count:
+                raise HloShardingError(f"{where} lists {flat.size} device ids for tiles {dims} of {count} devices.")
         return cls.tiled(flat.reshape(dims), replicate_last_dim=bool(m.group("rep")))
 
     def map_devices(self, ids: Sequence[int]) -> HloSharding:
@@ -183,7 +217,7 @@ class HloSharding:
     def tile_assignment(self) -> np.ndarray:
         """Device ids of shape ``tile_shape + (replication,)`` (tiled shardings only)."""
         if self.kind is not ShardingKind.TILED:
-            raise ValueError(f"{self} has no tile assignment.")
+            raise HloShardingError(f"{self} has no tile assignment.")
         return np.asarray(self.devices, dtype=np.int64).reshape(self.tile_shape + (self.replication,))
 
     @property
@@ -199,19 +233,19 @@ class HloSharding:
         """
         shape = tuple(int(s) for s in global_shape)
         if self.kind is ShardingKind.MANUAL:
-            raise ValueError("A {manual} value has no global layout: each device holds its own block.")
+            raise HloShardingError("A {manual} value has no global layout: each device holds its own block.")
         if self.kind is not ShardingKind.TILED:
             full = tuple(slice(0, s) for s in shape)
             return [ShardBounds(d, (0,) * len(shape), full, shape, i) for i, d in enumerate(devices)]
         if len(self.tile_shape) != len(shape):
-            raise ValueError(f"{self} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}.")
+            raise HloShardingError(f"{self} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}.")
         assignment = self.tile_assignment()
         where = {int(d): idx for idx, d in np.ndenumerate(assignment)}
         per_tile = [math.ceil(n / k) for n, k in zip(shape, self.tile_shape)]
         out = []
         for d in devices:
             if int(d) not in where:
-                raise ValueError(f"Device {d} is not in the tile assignment of {self}.")
+                raise HloShardingError(f"Device {d} is not in the tile assignment of {self}.")
             *tile, replica = where[int(d)]
             index = tuple(slice(min(t * p, n), min((t + 1) * p, n)) for t, p, n in zip(tile, per_tile, shape))
             out.append(ShardBounds(int(d), tuple(tile), index, tuple(per_tile), int(replica)))

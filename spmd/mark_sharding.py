@@ -11,7 +11,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import backend
-from spmd.errors import NotAnXlaTensorError, PartitionSpecTypeError, ShardingConflictError, ShardingError
+from spmd.errors import (
+    NotAnXlaTensorError,
+    PartitionSpecTypeError,
+    ShardingConflictError,
+    ShardingError,
+    SpmdTypeError,
+)
 from spmd.hlo_sharding import HloSharding, ShardingKind
 from spmd.named_sharding import NamedSharding, hlo_sharding_for
 from spmd.partition_spec import PartitionSpec, SpecEntry
@@ -35,7 +41,7 @@ def _unwrap(t: object) -> torch.Tensor:
     if isinstance(t, XLAShardedTensor):
         return t.global_tensor
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"Expected a torch.Tensor, got {type(t).__name__}.")
+        raise SpmdTypeError(f"Expected a torch.Tensor, got {type(t).__name__}.")
     return t
 
 
@@ -172,7 +178,7 @@ def _sharding_constraint_op(t: torch.Tensor, mesh: str, partition_spec: str) -> 
     spec = PartitionSpec(*ast.literal_eval(partition_spec))
     the_mesh = Mesh.from_str(mesh)
     if the_mesh is None:
-        raise ValueError(f"spmd::sharding_constraint: {mesh!r} is not the text of a Mesh (str(mesh)).")
+        raise ShardingError(f"spmd::sharding_constraint: {mesh[:200]!r} is not the text of a Mesh (str(mesh)).")
     return with_sharding_constraint(t, the_mesh, spec)
 
 
@@ -240,12 +246,12 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
     a_leaves, a_tree = tree_flatten(a)
     b_leaves, b_tree = tree_flatten(b)
     if a_tree != b_tree:
-        raise TypeError(f"shard_as needs two pytrees of one structure, got {a_tree} and {b_tree}.")
+        raise SpmdTypeError(f"shard_as needs two pytrees of one structure, got {a_tree} and {b_tree}.")
     out_a, out_b = [], []
     for i, (x, y) in enumerate(zip(a_leaves, b_leaves)):
         if x is None or y is None:
             if (x is None) != (y is None):
-                raise TypeError(f"shard_as: leaf {i} is None in one tree only; put None in both or neither.")
+                raise SpmdTypeError(f"shard_as: leaf {i} is None in one tree only; put None in both or neither.")
         else:
             x, y = backend.shard_alike(_unwrap(x), _unwrap(y))
         out_a.append(x)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mesh import Mesh
+from mesh import Mesh, MeshTypeError
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
 from spmd.hlo_sharding import HloSharding, ShardBounds
@@ -113,7 +113,7 @@ class NamedSharding:
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, Mesh):
-            raise TypeError(f"NamedSharding needs a Mesh, got {type(self.mesh).__name__}.")
+            raise MeshTypeError(f"NamedSharding needs a Mesh, got {type(self.mesh).__name__}.")
         object.__setattr__(self, "spec", PartitionSpec.from_value(self.spec))
 
     def hlo_sharding(self, rank: int, shape: Sequence[int] | None = None) -> HloSharding:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from spmd._backend import backend
-from spmd.errors import ShardLoadError
+from spmd.errors import ShardLoadError, SpmdTypeError
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
 from spmd.named_sharding import NamedSharding
 from spmd.sharding_type import ShardingType
@@ -308,7 +308,7 @@ def wrap_as_sharded_tensor(t: torch.Tensor, mesh_shape: Any = None, partition_sp
     if isinstance(t, XLAShardedTensor):
         return t
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"wrap_as_sharded_tensor expects a torch.Tensor, got {type(t).__name__}.")
+        raise SpmdTypeError(f"wrap_as_sharded_tensor expects a torch.Tensor, got {type(t).__name__}.")
     return XLAShardedTensor._view(t, None)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mesh import Mesh
+from mesh import Mesh, MeshTypeError
 from spmd._backend import backend
 from spmd.named_sharding import hlo_sharding_for
 from spmd.partition_spec import PartitionSpec
@@ -45,7 +45,7 @@ class ShardingSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, Mesh):
-            raise TypeError(f"ShardingSpec needs a mesh.Mesh, got {type(self.mesh).__name__}.")
+            raise MeshTypeError(f"ShardingSpec needs a mesh.Mesh, got {type(self.mesh).__name__}.")
         spec = PartitionSpec.from_value(self.partition_spec)
         hlo_sharding_for(self.mesh, spec, len(spec))  # a spec that cannot fit this mesh fails here, not per batch
         object.__setattr__(self, "partition_spec", spec)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spmd.hlo_sharding import HloSharding, ShardBounds
+from spmd.errors import SpmdTypeError
+from spmd.hlo_sharding import ShardBounds
 from spmd.named_sharding import NamedSharding
 from spmd.sharded_tensor import ShardedTensor
 
@@ -83,25 +84,30 @@ def visualize_sharding(
     from rich.markup import escape
     from rich.table import Table
 
-    if isinstance(tensor, ShardedTensor):
-        sharding = tensor.sharding
+    if isinstance(tensor, ShardedTensor) and sharding is None:
         shape = tensor.global_shape
+        sharding = tensor.sharding
+        if sharding is None:  # computed from a sharded tensor: the runtime's sharding, no mesh
+            hlo = tensor.hlo_sharding
+            bounds, title = tensor.shard_bounds, f"{tuple(shape)} sharded as computed"
     else:
         if sharding is None:
-            raise TypeError(
-                "visualize_sharding needs a ShardedTensor (what mark_sharding returns) or a "
+            raise SpmdTypeError(
+                "visualize_sharding needs an XLAShardedTensor (what mark_sharding returns) or a "
                 "tensor plus sharding=NamedSharding(mesh, spec)."
             )
         shape = tuple(tensor.shape)
-    hlo: HloSharding = sharding.hlo_sharding(len(shape), shape)
-    layout = sharding_layout(shape, sharding.shard_bounds(shape))
+    if sharding is not None:
+        hlo = sharding.hlo_sharding(len(shape), shape)
+        bounds, title = sharding.shard_bounds(shape), f"{tuple(shape)} {sharding.spec!r} on {sharding.mesh.describe()}"
+    layout = sharding_layout(shape, bounds)
     table = Table(show_header=False, show_lines=True)
     for _ in layout.cells[0]:
         table.add_column(justify="center")
     for row in layout.cells:
         table.add_row(*[escape(f"[{r}{', ' + c if c else ''}]") + f"\ndev {', '.join(map(str, d))}" for r, c, d in row])
     console = console or Console()
-    console.print(f"{tuple(shape)} {sharding.spec!r} on {sharding.mesh.describe()}", soft_wrap=True)
+    console.print(title, soft_wrap=True)
     console.print(table)
     console.print(str(hlo), soft_wrap=True, markup=False, highlight=False)
     return table

@@ -118,3 +118,18 @@ def test_wrap_if_sharded(xla):
     mark_sharding(plain, MESH_1D, ("x",))
     wrapped = wrap_if_sharded(plain)
     assert isinstance(wrapped, XLAShardedTensor) and wrapped.global_tensor is plain
+
+
+def test_visualize_a_computed_sharded_tensor(xla):
+    import io
+
+    from rich.console import Console
+
+    from spmd import visualize_sharding
+
+    x = mark_sharding(torch.ones(8, 4).to(xla), MESH, ("data", None))
+    out = x * 2  # no mesh of its own: drawn from the runtime's sharding
+    buffer = io.StringIO()
+    visualize_sharding(out, console=Console(file=buffer, width=120))
+    text = buffer.getvalue()
+    assert "(8, 4) sharded as computed" in text and "dev 0, 1" in text
