@@ -9,6 +9,7 @@ from typing import Any
 
 from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh, use_mesh
 from spmd import xla_sharding
+from spmd._backend import BACKENDS, ShardingBackend, backend_for, use_backend
 from spmd.barrier import apply_backward_optimization_barrier, optimization_barrier
 from spmd.devices import configure_default_devices, enable_spmd
 from spmd.errors import (
@@ -88,6 +89,10 @@ __all__ = [
     "use_shardable_layer_norm",
     "visualize_sharding",
     "with_sharding_constraint",
+    "use_backend",
+    "backend_for",
+    "BACKENDS",
+    "ShardingBackend",
     # torch_xla's names (see docs/migration.md)
     "MarkShardingFunction",
     "NoMeshError",

@@ -10,15 +10,14 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
-from spmd._backend import backend
+from spmd._backend import ShardingBackend, backend, backend_for
 from spmd.errors import (
     NotAnXlaTensorError,
     PartitionSpecTypeError,
-    ShardingConflictError,
     ShardingError,
     SpmdTypeError,
 )
-from spmd.hlo_sharding import HloSharding, ShardingKind
+from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import NamedSharding, hlo_sharding_for
 from spmd.partition_spec import PartitionSpec, SpecEntry
 from spmd.sharded_tensor import XLAShardedTensor
@@ -45,7 +44,11 @@ def _unwrap(t: object) -> torch.Tensor:
     return t
 
 
-def _resolve(t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str) -> tuple[NamedSharding, HloSharding]:
+def _resolve(
+    t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str, runtime: ShardingBackend | None = None
+) -> tuple[NamedSharding, HloSharding]:
+    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the runtime's devices."""
+    runtime = runtime or backend_for(t)
     try:
         spec = PartitionSpec.from_value(spec)
     except (ShardingError, PartitionSpecTypeError) as e:  # say which call, tensor and mesh
@@ -53,22 +56,23 @@ def _resolve(t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str) -> t
         raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
     mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
     hlo = hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))  # spec errors first: pure checks
-    if not backend.is_xla_tensor(t):
+    if not runtime.accepts(t):
         raise NotAnXlaTensorError(
             f"{what}: the tensor of shape {tuple(t.shape)} is on device '{t.device}', not an XLA "
             f"device, so it cannot carry spec {spec!r} over {mesh.describe()}. Move it first: "
-            "t = t.to(torch_xla.device()) (modules: model.to(torch_xla.device()))."
+            "t = t.to(torch_xla.device()) (modules: model.to(torch_xla.device())); or, in a torchrun job, "
+            "shard it with the dtensor backend (torch.distributed.init_process_group() first)."
         )
-    available = backend.device_count()
+    available = runtime.device_count()
     mesh.check_device_count(available)
     if mesh.size() != available:
         raise DeviceCountError(
             f"{what}: {mesh.describe()} has {mesh.size()} devices but the runtime has {available}; "
-            f"GSPMD partitions every program over all {available} devices, so a mesh must use each "
+            f"every program is partitioned over all {available} devices, so a mesh must use each "
             f"of them once. Build it over range({available})"
             + (
                 ", or start the runtime with more devices (spmd.configure_default_devices(n) before "
-                "torch_xla is imported; on CPU it sets CPU_NUM_DEVICES)."
+                "torch_xla is imported; on CPU it sets CPU_NUM_DEVICES; under torchrun, --nproc_per_node)."
                 if available < mesh.size()
                 else "."
             )
@@ -99,10 +103,11 @@ def mark_sharding(
             resharded without it, as torch_xla does.
 
     Returns:
-        ``t`` as an `XLAShardedTensor`: a ``torch.Tensor`` view of the same data (use it in
-        the model, add to it, ``.cpu()`` it; gradients flow to ``t``) with ``sharding``,
-        ``shard_bounds``, ``local_shards`` and torch_xla's attributes. ``t`` itself is
-        sharded too, so the return value may be ignored.
+        The tensor to keep. On torch_xla: ``t`` as an `XLAShardedTensor`, a ``torch.Tensor``
+        view of the same data (use it in the model, add to it, ``.cpu()`` it; gradients flow to
+        ``t``) with ``sharding``, ``shard_bounds``, ``local_shards`` and torch_xla's attributes;
+        ``t`` itself is sharded too, so the return value may be ignored there. On the dtensor
+        backend (see `spmd.use_backend`): a ``DTensor``, and ``t`` is unchanged.
 
     Raises:
         NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
@@ -120,27 +125,9 @@ def mark_sharding(
         (4, 32)
     """
     tensor = _unwrap(t)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding")
-    backend.ensure_spmd()
-    existing = backend.sharding_of(tensor)
-    if existing is not None and existing != hlo:
-        if existing.kind is ShardingKind.MANUAL:
-            raise ShardingConflictError(
-                f"mark_sharding: the tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}: "
-                f"inside an enable_manual_sharding region), so GSPMD cannot lay it out as {sharding.spec!r}. "
-                "Call disable_manual_sharding(t, spec, full_shape) first, then mark the result."
-            )
-        if existing.kind is not ShardingKind.REPLICATED and not replace:
-            raise ShardingConflictError(
-                f"mark_sharding: the tensor of shape {tuple(tensor.shape)} is already sharded as "
-                f"{existing}; spec {sharding.spec!r} over {sharding.mesh.describe()} asks for {hlo}. "
-                "Pass replace=True to reshard it, or call clear_sharding(t) first."
-            )
-        backend.clear_sharding(tensor)
-        existing = None
-    if existing is None:
-        backend.attach_sharding(tensor, hlo, sharding.mesh.memo)
-    return XLAShardedTensor._view(tensor, sharding)
+    runtime = backend_for(tensor)
+    sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding", runtime)
+    return runtime.shard(tensor, sharding, hlo, replace=replace)
 
 
 def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> XLAShardedTensor:
@@ -164,11 +151,9 @@ def with_sharding_constraint(x: torch.Tensor, mesh: Mesh | None, partition_spec:
     constraint; gradients flow through it unconstrained (see `mark_sharding_with_gradients`).
     """
     tensor = _unwrap(x)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "with_sharding_constraint")
-    backend.ensure_spmd()
-    out = tensor.clone()
-    backend.attach_sharding_constraint(out, hlo, sharding.mesh.memo)
-    return out
+    runtime = backend_for(tensor)
+    sharding, hlo = _resolve(tensor, mesh, partition_spec, "with_sharding_constraint", runtime)
+    return runtime.constrain(tensor, sharding, hlo)
 
 
 @torch.library.custom_op("spmd::sharding_constraint", mutates_args=())
@@ -211,7 +196,10 @@ def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_s
     GSPMD would otherwise lay out badly. ``x`` is unchanged (not sharded in place).
     """
     tensor = _unwrap(x)
-    sharding, _ = _resolve(tensor, mesh, partition_spec, "mark_sharding_with_gradients")
+    runtime = backend_for(tensor)
+    sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding_with_gradients", runtime)
+    if runtime.name != "torch_xla":  # DTensor's redistribute already lays the gradient out alike
+        return runtime.constrain(tensor, sharding, hlo)
     backend.ensure_spmd()
     return MarkShardingFunction.apply(tensor, sharding.mesh, sharding.spec)
 
@@ -231,9 +219,7 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
 def get_sharding(t: torch.Tensor) -> HloSharding | None:
     """The XLA sharding ``t`` carries now, or ``None`` if it has none."""
     tensor = _unwrap(t)
-    if not backend.is_xla_tensor(tensor):
-        return None
-    return backend.sharding_of(tensor)
+    return backend_for(tensor).sharding_of(tensor)
 
 
 def shard_as(a: Any, b: Any) -> tuple[Any, Any]:

@@ -1,5 +1,62 @@
-"""Runtime backends. Only `torch_xla_backend` exists today; it is the one `_XLAC` user."""
+"""Runtime backends and the rule that picks one.
+
+`torch_xla_backend` (GSPMD on lazy XLA tensors) and `dtensor_backend` (``torch.distributed``
+DTensor, one process per device) implement `ShardingBackend`. `backend_for(t)` picks:
+
+1. the backend named by `use_backend` (process-wide), if any;
+2. else ``torch_xla`` for a tensor on an XLA device;
+3. else ``dtensor`` for a DTensor, or for any other tensor once ``torch.distributed`` is
+   initialized (launched with torchrun);
+4. else ``torch_xla`` (whose errors then say how to move the tensor to the XLA device).
+
+``backend`` is the torch_xla module itself, for the torch_xla-only operations (inspector,
+FSDP on GSPMD); it is the one user of ``torch_xla._XLAC``.
+"""
+
+from __future__ import annotations
+
+import torch
 
 from spmd._backend import torch_xla_backend as backend
+from spmd._backend.protocol import ShardingBackend
 
-__all__ = ["backend"]
+__all__ = ["backend", "ShardingBackend", "use_backend", "backend_for", "BACKENDS"]
+
+BACKENDS = ("torch_xla", "dtensor")
+_chosen: str | None = None  # set by use_backend; the product's one other piece of process state
+
+
+def _make(name: str) -> ShardingBackend:
+    if name == "torch_xla":
+        return backend.TorchXlaBackend()
+    from spmd._backend.dtensor_backend import DTensorBackend
+
+    return DTensorBackend()
+
+
+def use_backend(name: str | None) -> None:
+    """Use backend ``name`` (``"torch_xla"`` or ``"dtensor"``) for every tensor from now on;
+    ``None`` goes back to inferring it from each tensor.
+
+    Raises:
+        ValueError: an unknown name (a `spmd.errors.ShardingError`).
+    """
+    global _chosen
+    if name is not None and name not in BACKENDS:
+        from spmd.errors import ShardingError
+
+        raise ShardingError(f"Unknown backend {name!r}; use one of {list(BACKENDS)}, or None to infer it.")
+    _chosen = name
+
+
+def backend_for(t: torch.Tensor | None = None) -> ShardingBackend:
+    """The backend for tensor ``t`` (see the module docstring for the rule)."""
+    if _chosen is not None:
+        return _make(_chosen)
+    if isinstance(t, torch.Tensor) and t.device.type == "xla":
+        return _make("torch_xla")
+    if isinstance(t, torch.Tensor):
+        dtensor = _make("dtensor")
+        if dtensor.accepts(t):
+            return dtensor
+    return _make("torch_xla")

@@ -1,8 +1,10 @@
 """The torch_xla backend: every call of a private ``torch_xla._XLAC`` binding lives here.
 
-Everything else in the product speaks `HloSharding` values; this module turns them into
-torch_xla ``OpSharding`` objects and back, attaches them to lazy tensors, and reads shards.
-A second backend (torchax / JAX) implements the same functions.
+`TorchXlaBackend` implements the `ShardingBackend` protocol (GSPMD annotations on lazy
+tensors). The module's functions are the torch_xla-only operations the rest of the product
+needs beyond it (the inspector's dumps and scopes, FSDP's barriers and named graphs, shards,
+manual sharding); everything else speaks `HloSharding` values, which this module turns into
+torch_xla ``OpSharding`` objects and back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from spmd.hlo_sharding import HloSharding, ShardingKind
 
 __all__ = [
+    "TorchXlaBackend",
     "ensure_spmd",
     "device_count",
     "is_xla_tensor",
@@ -326,3 +329,49 @@ def shard_alike(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.T
     from jax.experimental.shard_alike import shard_alike as jax_shard_alike
 
     return xb.call_jax(jax_shard_alike, (x, y))
+
+
+class TorchXlaBackend:
+    """`ShardingBackend` on torch_xla's GSPMD: a sharding is an annotation on a lazy tensor."""
+
+    name = "torch_xla"
+
+    def accepts(self, t: torch.Tensor) -> bool:
+        return is_xla_tensor(t)
+
+    def device_count(self) -> int:
+        return device_count()
+
+    def shard(self, t: torch.Tensor, sharding: Any, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
+        from spmd.errors import ShardingConflictError
+        from spmd.sharded_tensor import XLAShardedTensor
+
+        ensure_spmd()
+        existing = sharding_of(t)
+        if existing is not None and existing != hlo:
+            if existing.kind is ShardingKind.MANUAL:
+                raise ShardingConflictError(
+                    f"mark_sharding: the tensor of shape {tuple(t.shape)} is manually sharded ({{manual}}: inside an "
+                    f"enable_manual_sharding region), so GSPMD cannot lay it out as {sharding.spec!r}. Call "
+                    "disable_manual_sharding(t, spec, full_shape) first, then mark the result."
+                )
+            if existing.kind is not ShardingKind.REPLICATED and not replace:
+                raise ShardingConflictError(
+                    f"mark_sharding: the tensor of shape {tuple(t.shape)} is already sharded as {existing}; spec "
+                    f"{sharding.spec!r} over {sharding.mesh.describe()} asks for {hlo}. Pass replace=True to reshard "
+                    "it, or call clear_sharding(t) first."
+                )
+            clear_sharding(t)
+            existing = None
+        if existing is None:
+            attach_sharding(t, hlo, sharding.mesh.memo)
+        return XLAShardedTensor._view(t, sharding)
+
+    def constrain(self, t: torch.Tensor, sharding: Any, hlo: HloSharding) -> torch.Tensor:
+        ensure_spmd()
+        out = t.clone()
+        attach_sharding_constraint(out, hlo, sharding.mesh.memo)
+        return out
+
+    def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
+        return sharding_of(t) if is_xla_tensor(t) else None

@@ -1,0 +1,48 @@
+"""`ShardingBackend`: what a runtime must do for `mark_sharding` and its relatives.
+
+Two implement it: `torch_xla_backend` (GSPMD on lazy XLA tensors: a sharding is an annotation on
+the tensor, the compiler inserts collectives) and `dtensor_backend` (``torch.distributed``'s
+DTensor, one process per device: a sharding is a DTensor's placements, the data moves when it
+is laid out). Operations are functional, value in and value out: `shard` and `constrain` return
+the tensor to keep. Everything else in the product speaks `NamedSharding` and `HloSharding`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from spmd.hlo_sharding import HloSharding
+from spmd.named_sharding import NamedSharding
+
+__all__ = ["ShardingBackend"]
+
+
+class ShardingBackend(Protocol):
+    """A runtime that lays tensors out over a mesh of devices."""
+
+    name: str
+
+    def accepts(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is a tensor this backend can shard (an XLA tensor; a DTensor or a
+        tensor on this process's device)."""
+        ...
+
+    def device_count(self) -> int:
+        """The devices a mesh must cover (all hosts)."""
+        ...
+
+    def shard(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
+        """``t`` laid out as ``sharding`` (``hlo`` is its XLA form); the tensor to keep.
+        A different non-replicated sharding already on ``t`` is a conflict unless ``replace``."""
+        ...
+
+    def constrain(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
+        """A tensor equal to ``t`` that must be laid out as ``sharding`` at this point; ``t``
+        is left as it is."""
+        ...
+
+    def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
+        """The sharding ``t`` has, as XLA would write it, or ``None`` when it has none."""
+        ...

@@ -1,0 +1,96 @@
+"""Run under torchrun by test_dtensor_backend.py: our Mesh/PartitionSpec/mark_sharding on DTensor.
+
+    torchrun --nproc_per_node N tests/spmd/dtensor_worker.py OUT.json
+
+For every spec of the meshes below (1 to 3 axes over N ranks, tensors of rank 1 to 3, even and
+uneven shapes, ids in order and permuted): each rank's block equals what our pure
+`NamedSharding.shard_bounds` says, `get_sharding` of the DTensor equals `hlo_sharding_for`, and a
+layout DTensor cannot give as GSPMD does raises `ShardingError`. Then sharded matmuls and
+reductions equal the single-process result. Rank 0 writes the counts and any mismatch to OUT.
+"""
+
+import json
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import spmd
+from mesh import Mesh, MeshError
+from spmd import PartitionSpec, ShardingError, get_sharding, hlo_sharding_for, mark_sharding, with_sharding_constraint
+from tests.spmd.specs import all_specs
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+MESH_SHAPES = {4: [(4,), (2, 2)], 8: [(8,), (2, 4), (4, 2), (2, 2, 2)]}[world]
+SHAPES = {1: [(8,), (10,), (3,)], 2: [(8, 12), (10, 6)], 3: [(4, 6, 8), (5, 3, 9)]}
+counts = {"cases": 0, "refused": 0, "mismatches": []}
+
+for mesh_shape in MESH_SHAPES:
+    for permuted in (False, True):  # permuted: the axes' ranks interleaved (a transposed mesh)
+        ids = np.arange(world).reshape(mesh_shape[::-1]).T.reshape(-1) if permuted else np.arange(world)
+        mesh = Mesh(ids, mesh_shape, tuple("xyz"[: len(mesh_shape)]))
+        for tensor_rank, shapes in SHAPES.items():
+            for spec in all_specs(len(mesh_shape), tensor_rank):
+                for shape in shapes:
+                    full = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+                    try:
+                        dt = mark_sharding(full, mesh, spec)
+                    except ShardingError:
+                        counts["refused"] += 1
+                        continue
+                    counts["cases"] += 1
+                    ours = {b.device: b for b in spmd.NamedSharding(mesh, PartitionSpec(*spec)).shard_bounds(shape)}
+                    expected = full[ours[rank].index]
+                    local = dt.to_local()
+                    if tuple(local.shape) != tuple(expected.shape) or not torch.equal(local, expected):
+                        counts["mismatches"].append(f"{mesh_shape} ids={ids.tolist()} {spec} {shape}: block")
+                    if get_sharding(dt) != hlo_sharding_for(mesh, PartitionSpec(*spec), len(shape), shape):
+                        counts["mismatches"].append(f"{mesh_shape} {spec} {shape}: get_sharding {get_sharding(dt)}")
+
+# A mesh whose ids decrease along an axis is refused (DTensor would hand blocks out by rank).
+try:
+    mark_sharding(torch.zeros(8), Mesh(np.arange(world)[::-1].copy(), (world,), ("x",)), ("x",))
+    counts["mismatches"].append("a reversed mesh was accepted")
+except MeshError as e:
+    counts["reversed_mesh_error"] = str(e)[:80]
+
+# Numerics: sharded operands, the DTensor result equals the single-process one.
+torch.manual_seed(0)
+a, b = torch.randn(16, 24), torch.randn(24, 8)
+mesh = Mesh(np.arange(world), (2, world // 2), ("data", "model"))
+for a_spec, b_spec in [
+    (("data", None), (None, "model")),
+    (("data", "model"), ("model", None)),
+    ((None, ("data", "model")), (("data", "model"), None)),
+]:
+    out = mark_sharding(a, mesh, a_spec) @ mark_sharding(b, mesh, b_spec)
+    if not torch.allclose(out.full_tensor(), a @ b, rtol=1e-5, atol=1e-5):
+        counts["mismatches"].append(f"matmul {a_spec} @ {b_spec}")
+x = mark_sharding(a, mesh, ("model", "data"))
+for name, got, want in [
+    ("sum0", x.sum(dim=0), a.sum(dim=0)),
+    ("amax1", x.amax(dim=1), a.amax(dim=1)),
+    ("mean", x.mean(), a.mean()),
+]:
+    if not torch.allclose(got.full_tensor(), want, rtol=1e-5, atol=1e-5):
+        counts["mismatches"].append(f"reduction {name}")
+y = with_sharding_constraint(x, mesh, ("data", None))  # a redistribute, value unchanged
+if not (
+    torch.equal(y.full_tensor(), a)
+    and str(get_sharding(y)) == str(hlo_sharding_for(mesh, PartitionSpec("data", None), 2))
+):
+    counts["mismatches"].append("with_sharding_constraint")
+w = mark_sharding(torch.randn(24, 8, requires_grad=True), mesh, (None, "model"))  # the value to keep
+loss = (mark_sharding(a, mesh, ("data", None)) @ w).sum()
+loss.backward()
+if w.grad is None or not torch.allclose(
+    w.grad.full_tensor(), a.sum(dim=0)[:, None].expand(24, 8), rtol=1e-5, atol=1e-5
+):
+    counts["mismatches"].append("gradient of the DTensor mark_sharding returned")
+
+if rank == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump({"world": world, **counts}, f)
+dist.destroy_process_group()
