@@ -59,6 +59,8 @@ SETUP: dict[tuple[str, int], str | None] = {
     # Three alternative ways to use one plan, one after the other in the text: compiled only.
     ("huggingface.md", 2): None,
 }
+# Snippets that run as torchrun jobs: (name, index) -> processes.
+TORCHRUN = {("backends.md", 0): 4}
 
 _PRINT_CHECK = re.compile(r"^(\s*)print\((.*)\)\s*#\s*(.+)$")
 CHECKER = """
@@ -102,7 +104,10 @@ def test_snippet_runs(name, index, code, tmp_path):
     script.write_text(setup + with_checks(code))
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
     env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    command = [sys.executable, str(script)]
+    if (name, index) in TORCHRUN:
+        env = {k: v for k, v in env.items() if not k.startswith(("PJRT_", "XLA_"))}
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(TORCHRUN[(name, index)])]
+        command.append(str(script))
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{name} snippet {index} failed:\n{run.stderr[-3000:]}"
