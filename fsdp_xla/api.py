@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from fsdp_xla._dtensor_fsdp import fully_shard_on_dtensor
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import SpecFn, axis_size, default_fsdp_spec, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
@@ -26,7 +27,7 @@ from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyE
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm, with_sharding_constraint
-from spmd._backend import backend
+from spmd._backend import backend, backend_for
 from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import hlo_sharding_for
 
@@ -282,6 +283,23 @@ def fully_shard(
     precision = _resolve_precision(mixed_precision)
     if policy is not None:
         policy.check(module)
+    first = next(iter(module.parameters()), None)
+    if first is not None and backend_for(first).name == "dtensor":
+        unsupported = {
+            "gradient_checkpointing": gradient_checkpointing,
+            "shard_output": shard_output is not None,
+            "param_spec_fn": param_spec_fn is not None,
+        }
+        if any(unsupported.values()):
+            raise FSDPError(
+                f"FSDP on the dtensor backend does not take {[k for k, v in unsupported.items() if v]} yet; "
+                "leave them at their defaults there (they are GSPMD options)."
+            )
+        mesh.check_device_count(backend_for(first).device_count())
+        device_type = "cpu" if first.is_meta else first.device.type
+        return fully_shard_on_dtensor(
+            module, mesh, fsdp_axis, policy, precision, reshard_after_forward, param_init_fn, init_seed, device_type
+        )
     backend.ensure_spmd()
     mesh.check_device_count(backend.device_count())
 

@@ -18,6 +18,7 @@ collect_ignore = [
     "fsdp_xla/checkpoint_race_worker.py",
     "compat/torch_xla_style_script.py",
     "spmd/dtensor_worker.py",
+    "fsdp_xla/dtensor_fsdp_worker.py",
 ]
 
 

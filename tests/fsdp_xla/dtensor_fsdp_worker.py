@@ -1,0 +1,94 @@
+"""Run under torchrun by test_dtensor_fsdp.py: fsdp_xla.FSDP on the dtensor backend.
+
+    torchrun --nproc_per_node 4 tests/fsdp_xla/dtensor_fsdp_worker.py OUT_DIR
+
+Five AdamW steps of the example GPT (per-block units, tied embeddings) against the same model
+trained eagerly in one process on the whole batch; a bf16 mixed-precision step; deferred init.
+Rank 0 writes results.json (losses, largest parameter difference) and deferred.pt (the deferred
+model's full weights) into OUT_DIR.
+"""
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch
+from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy
+from mesh import Mesh
+
+SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+out = Path(sys.argv[1])
+mesh = Mesh(np.arange(world), (world,), ("fsdp",))
+policy = transformer_auto_wrap_policy({Block})
+gen = torch.Generator().manual_seed(1)
+data = [synthetic_batch(gen, 16, SMALL["seq"], SMALL["vocab"]) for _ in range(5)]
+per_rank = 16 // world
+
+torch.manual_seed(0)
+eager = GPT(**SMALL)
+# The rounding floor: the same training in one process with the batch summed in 4 parts, as the
+# ranks do; Adam turns rounding-level gradient differences into visible parameter differences.
+split = copy.deepcopy(eager)
+model = FSDP(copy.deepcopy(eager), mesh=mesh, auto_wrap_policy=policy)
+assert model.lm_head.weight is model.wte.weight  # tied weights stay one parameter
+opt, eager_opt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(eager.parameters(), lr=1e-2)
+losses, eager_losses = [], []
+for tokens in data:
+    local = tokens[rank * per_rank : (rank + 1) * per_rank]  # each rank its part of the global batch
+    loss = lm_loss(model(local[:, :-1]), local)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    losses.append(total.item() / world)
+    eager_loss = lm_loss(eager(tokens[:, :-1]), tokens)
+    eager_loss.backward()
+    eager_opt.step()
+    eager_opt.zero_grad()
+    eager_losses.append(eager_loss.item())
+split_opt = torch.optim.AdamW(split.parameters(), lr=1e-2)
+for tokens in data:
+    for part in tokens.split(per_rank):
+        (lm_loss(split(part[:, :-1]), part) / world).backward()
+    split_opt.step()
+    split_opt.zero_grad()
+floor = max((p - q).abs().max().item() for p, q in zip(split.state_dict().values(), eager.state_dict().values()))
+full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+param_diff = max((full[k] - v).abs().max().item() for k, v in eager.state_dict().items())
+sharded = all(
+    type(p).__name__ == "DTensor" and p.to_local().shape[0] <= -(-p.shape[0] // world) for p in model.parameters()
+)
+
+torch.manual_seed(0)
+bf16 = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=policy, mixed_precision=MixedPrecision(torch.bfloat16))
+local = data[0][rank * per_rank : (rank + 1) * per_rank]
+bf16_loss = lm_loss(bf16(local[:, :-1]), local)
+bf16_loss.backward()
+bf16_dtypes = sorted({str(p.dtype) for p in bf16.parameters()})
+
+deferred = FSDP(deferred_init(GPT, **SMALL), mesh=mesh, auto_wrap_policy=policy, init_seed=0)
+deferred_full = {k: v.full_tensor() for k, v in deferred.state_dict().items()}
+
+if rank == 0:
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(deferred_full, out / "deferred.pt")
+    result = {
+        "losses": losses,
+        "eager_losses": eager_losses,
+        "param_diff": param_diff,
+        "rounding_floor": floor,
+        "sharded": sharded,
+        "bf16_loss": bf16_loss.item(),
+        "bf16_param_dtypes": bf16_dtypes,
+    }
+    (out / "results.json").write_text(json.dumps(result))
+dist.destroy_process_group()
