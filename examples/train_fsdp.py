@@ -1,9 +1,12 @@
 """Train a GPT-2-style model with nested FSDP (ZeRO-3) and AdamW on 8 devices.
 
-Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM:
+Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM; with
+``--backend dtensor`` the same script runs on torch.distributed (one process per device:
+TorchTPU, GPUs, or CPU processes with gloo):
 
     python examples/train_fsdp.py
     python examples/train_fsdp.py --layers 8 --d-model 512 --bf16 --checkpointing --deferred-init
+    torchrun --nproc_per_node 4 examples/train_fsdp.py --backend dtensor
 
 Every block is an FSDP unit: its weights are stored sharded over the ``fsdp`` mesh axis,
 gathered for its forward, dropped, gathered again for its backward, and its gradients are
@@ -117,12 +120,26 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--bf16", action="store_true", help="compute in bfloat16 (fp32 sharded master weights)")
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
+    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
     args = parser.parse_args(argv)
 
-    spmd.enable_spmd()
-    n = xr.global_runtime_device_count()
+    rank = 0
+    if args.backend == "dtensor":  # under torchrun: one process per device
+        import torch.distributed as dist
+
+        if args.checkpointing:
+            parser.error("--checkpointing is a GSPMD option; leave it off with --backend dtensor")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        spmd.use_backend("dtensor")
+        n, rank = dist.get_world_size(), dist.get_rank()
+        where = f"{n} processes ({dist.get_backend()})"
+    else:
+        spmd.enable_spmd()
+        n = xr.global_runtime_device_count()
+        where = f"{n} ({xr.device_type()})"
     mesh = Mesh(np.arange(n), (n,), ("fsdp",))
-    print(f"devices: {n} ({xr.device_type()}), mesh: {dict(mesh.shape())}")
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"devices: {where}, mesh: {dict(mesh.shape())}")
 
     torch.manual_seed(0)
     config = dict(vocab=args.vocab, d_model=args.d_model, n_head=args.heads, n_layer=args.layers, seq=args.seq)
@@ -135,23 +152,33 @@ def main(argv: list[str] | None = None) -> list[float]:
         gradient_checkpointing=args.checkpointing,
     )
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"parameters: {n_params:,} in {len(model.fsdp_units)} units, sharded {n} ways")
+    units = len(model.fsdp_units) if args.backend == "torch_xla" else sum(1 for _ in model.h) + 1
+    say(f"parameters: {n_params:,} in {units} units, sharded {n} ways")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(0)
 
     losses = []
     for step in range(args.steps):
         started = time.perf_counter()
-        tokens = synthetic_batch(gen, args.batch, args.seq, args.vocab).to(torch_xla.device())
-        mark_sharding(tokens, mesh, P("fsdp", None))
+        tokens = synthetic_batch(gen, args.batch, args.seq, args.vocab)
+        if args.backend == "dtensor":  # each process trains on its part of the global batch
+            tokens = tokens.chunk(n)[rank]
+        else:
+            tokens = tokens.to(torch_xla.device())
+            mark_sharding(tokens, mesh, P("fsdp", None))
         loss = lm_loss(model(tokens[:, :-1]), tokens)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        torch_xla.sync()
+        if args.backend == "dtensor":
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss)  # the global batch's mean loss
+            loss /= n
+        else:
+            torch_xla.sync()
         losses.append(loss.item())
         if step % 5 == 0 or step == args.steps - 1:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - started:.2f} s")
+            say(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - started:.2f} s")
     return losses
 
 
