@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from mesh import Mesh
 from spmd import P, PartitionSpec
 from spmd.partition_spec import SpecEntry
 
@@ -61,8 +60,3 @@ def with_axis_on_dim(spec: PartitionSpec, rank: int, dim: int, axis: str) -> Par
     else:
         entries[dim] = (entry, axis)
     return P(*entries)
-
-
-def axis_size(mesh: Mesh, axis: str) -> int:
-    """The size of mesh axis ``axis``."""
-    return int(dict(mesh.shape())[axis])

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._dtensor_fsdp import fully_shard_on_dtensor
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
-from fsdp_xla._sharding import SpecFn, axis_size, default_fsdp_spec, without_axis
+from fsdp_xla._sharding import SpecFn, default_fsdp_spec, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyError
@@ -162,7 +162,7 @@ def _place_parameters(
     specs_out: dict[str, PartitionSpec],
 ) -> list[tuple[HloSharding, HloSharding]]:
     """Store each of the unit's parameters sharded; return (stored, gathered) shardings."""
-    size = axis_size(mesh, fsdp_axis)
+    size = mesh.axis_size(fsdp_axis)
     shardings = []
     for slot in plan.slots:
         p = slot.param

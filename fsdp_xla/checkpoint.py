@@ -48,6 +48,7 @@ from fsdp_xla._checkpoint_format import (
 )
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
+from spmd.atomic_file import atomic_write
 from spmd.hlo_sharding import HloSharding
 
 __all__ = ["save_sharded", "load_sharded", "consolidate", "checkpoint_version", "FORMAT"]
@@ -194,14 +195,10 @@ def save_sharded(
             _write_version(work, tensors, aliases, optim_json, extra)
             os.rename(work, root / version)
             _fsync_dir(root)
-            latest_tmp = root / f".{_LATEST}.{uuid.uuid4().hex[:8]}"
             try:
-                latest_tmp.write_text(version + "\n")
-                with open(latest_tmp, "rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(latest_tmp, root / _LATEST)  # the commit point
+                with atomic_write(root / _LATEST) as tmp:  # its rename is the commit point
+                    tmp.write_text(version + "\n")
             except BaseException:
-                latest_tmp.unlink(missing_ok=True)
                 shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
                 raise
             _fsync_dir(root)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from fsdp_xla.checkpoint import consolidate
 from fsdp_xla.errors import CheckpointError
+from spmd.atomic_file import atomic_write
 
 __all__ = ["main", "write_state_dict"]
 
@@ -21,10 +21,7 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str | os.PathLike[s
     """Write ``state`` to ``output`` (``.safetensors`` or ``.pt``/``.bin``) via a temp file and a
     rename, so a crash never leaves a half-written file under that name."""
     target = Path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_write(target) as tmp:
         if target.suffix == ".safetensors":
             from safetensors.torch import save_file
 
@@ -34,15 +31,9 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str | os.PathLike[s
             for k, v in state.items():
                 unique[k] = v.clone() if id(v) in seen else v.contiguous()
                 seen[id(v)] = k
-            save_file(unique, tmp, metadata={"format": "pt"})
+            save_file(unique, str(tmp), metadata={"format": "pt"})
         else:
             torch.save(state, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 
 

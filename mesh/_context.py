@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from mesh._mesh import Mesh
-from mesh._runtime import mirror_global_mesh, runtime_device_count, runtime_global_mesh
+from mesh._runtime import mirror_global_mesh, runtime_global_mesh
 from mesh.errors import MeshTypeError, NoMeshError
 
 __all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh", "mesh_or_global"]
@@ -74,7 +74,11 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
 
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
     """A one-axis mesh over all devices (``num_devices``, default: the runtime's count)."""
-    n = runtime_device_count() if num_devices is None else int(num_devices)
+    if num_devices is None:
+        from spmd._backend import backend_for  # the one home of the device count
+
+        num_devices = backend_for().device_count()
+    n = int(num_devices)
     return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
 
 

@@ -1,19 +1,12 @@
-"""The only runtime calls of the mesh package: device count, device attributes, and torch_xla's
-global mesh (public torch_xla API only; `_XLAC` stays in the spmd backend)."""
+"""The only runtime calls of the mesh package: device attributes and torch_xla's global mesh
+(public torch_xla API only; `_XLAC` and the device count live in the spmd backends)."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 
-__all__ = ["runtime_device_count", "runtime_device_attributes", "mirror_global_mesh", "runtime_global_mesh"]
-
-
-def runtime_device_count() -> int:
-    """The number of devices the torch_xla runtime sees (all hosts)."""
-    import torch_xla.runtime as xr  # imported here: building a Mesh must not start a runtime
-
-    return int(xr.global_runtime_device_count())
+__all__ = ["runtime_device_attributes", "mirror_global_mesh", "runtime_global_mesh"]
 
 
 def runtime_device_attributes() -> list[dict]:

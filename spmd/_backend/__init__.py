@@ -50,9 +50,14 @@ def use_backend(name: str | None) -> None:
 
 
 def backend_for(t: torch.Tensor | None = None) -> ShardingBackend:
-    """The backend for tensor ``t`` (see the module docstring for the rule)."""
+    """The backend for tensor ``t`` (see the module docstring for the rule); with no tensor,
+    ``dtensor`` once ``torch.distributed`` is initialized, else ``torch_xla``."""
     if _chosen is not None:
         return _make(_chosen)
+    if t is None:
+        import torch.distributed as dist
+
+        return _make("dtensor" if dist.is_available() and dist.is_initialized() else "torch_xla")
     if isinstance(t, torch.Tensor) and t.device.type == "xla":
         return _make("torch_xla")
     if isinstance(t, torch.Tensor):

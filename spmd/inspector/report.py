@@ -10,12 +10,12 @@ import enum
 import json
 import os
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spmd.atomic_file import atomic_write
 from spmd.inspector.collectives import Collective, CollectiveKind
 from spmd.inspector.hlo_text import ArrayShape
 from spmd.inspector.memory import MemoryUsage
@@ -313,15 +313,8 @@ class Report:
                     dest = hlo_dir / Path(g.hlo_path).name
                     shutil.copyfile(g.hlo_path, dest)
                     entry["hlo_file"] = str(dest)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=2)
-                f.write("\n")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(target) as tmp:
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
         return target
 
     # Table --------------------------------------------------------------------------------

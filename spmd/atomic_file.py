@@ -1,0 +1,44 @@
+"""`atomic_write`: write a file so that its name never shows a half-written file.
+
+The one home of the pattern the checkpoint, the consolidation CLI and the inspector's JSON use:
+write to a temp file in the same directory, flush it to disk, then rename it over the target
+(a rename within a directory is atomic). A crash or an error leaves the old file, or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_write"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; when the block ends without an error, it is synced
+    and renamed to ``path``. On an error it is removed and ``path`` is untouched.
+
+    Example:
+        >>> import json, tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "report.json"
+        >>> with atomic_write(target) as tmp:
+        ...     _ = tmp.write_text(json.dumps({"ok": True}))
+        >>> json.loads(target.read_text())
+        {'ok': True}
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
