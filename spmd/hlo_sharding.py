@@ -18,7 +18,7 @@ import numpy as np
 
 from spmd.errors import HloShardingError
 
-__all__ = ["ShardingKind", "HloSharding", "ShardBounds"]
+__all__ = ["ShardingKind", "HloSharding", "ShardBounds", "iota_device_ids"]
 
 
 class ShardingKind(enum.Enum):
@@ -68,6 +68,33 @@ def _int_list(text: str, where: str) -> list[int]:
     if not all(p.isdigit() and len(p) <= 9 for p in parts):
         raise HloShardingError(f"{where}: {text[:80]!r} is not a list of integers such as 4,2.")
     return [int(p) for p in parts]
+
+
+def iota_device_ids(text: str, count: int | None = None, where: str = "") -> np.ndarray:
+    """The device ids XLA's iota form ``<=[a,b,...]`` or ``<=[a,b]T(1,0)`` stands for, flat.
+
+    The one reader of that form (shardings and the collectives' replica groups use it).
+
+    Raises:
+        HloShardingError: malformed, not ``count`` ids, or the T(...) is not a permutation.
+    """
+    where = where or f"iota {text[:80]!r}"
+    m = re.fullmatch(r"<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", text.strip())
+    if m is None:
+        raise HloShardingError(f"Malformed iota device list in {where}; write it as <=[a,b]T(1,0).")
+    reshape = _int_list(m.group(1), where)
+    total = math.prod(reshape)
+    if not 0 < total <= _MAX_DEVICES or (count is not None and total != count):
+        raise HloShardingError(
+            f"{where}: the iota <=[{m.group(1)}] has {total} ids, {count or 'at most ' + str(_MAX_DEVICES)} expected."
+        )
+    ids = np.arange(total).reshape(reshape)
+    if m.group(2):
+        perm = _int_list(m.group(2), where)
+        if sorted(perm) != list(range(len(reshape))):
+            raise HloShardingError(f"{where}: T({m.group(2)}) is not a permutation of the iota's {len(reshape)} axes.")
+        ids = ids.transpose(perm)
+    return ids.reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -178,23 +205,7 @@ class HloSharding:
             raise HloShardingError(f"{where} tiles over {count} devices; a sharding names 1..{_MAX_DEVICES}.")
         devs = m.group("devs")
         if devs.startswith("<="):
-            im = re.fullmatch(r"<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", devs)
-            if im is None:
-                raise HloShardingError(f"Malformed iota device list in {where}; write it as <=[a,b]T(1,0).")
-            reshape = _int_list(im.group(1), where)
-            if math.prod(reshape) != count:
-                raise HloShardingError(
-                    f"{where}: the iota <=[{im.group(1)}] has {math.prod(reshape)} ids, the tiles {count}."
-                )
-            ids = np.arange(count).reshape(reshape)
-            if im.group(2):
-                perm = _int_list(im.group(2), where)
-                if sorted(perm) != list(range(len(reshape))):
-                    raise HloShardingError(
-                        f"{where}: T({im.group(2)}) is not a permutation of the iota's {len(reshape)} axes."
-                    )
-                ids = ids.transpose(perm)
-            flat = ids.reshape(-1)
+            flat = iota_device_ids(devs, count, where)
         else:
             flat = np.asarray(_int_list(devs, where))
             if flat.size != count:

@@ -17,8 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
+from spmd.hlo_sharding import iota_device_ids
 from spmd.inspector.hlo_text import ArrayShape, HloModuleText, Instruction, module_scope, parse_shape
 
 __all__ = [
@@ -69,14 +68,10 @@ def parse_replica_groups(text: str | None, num_devices: int) -> tuple[tuple[int,
     if text is None or text.strip() in ("", "{}"):
         return (tuple(range(num_devices)),)
     t = text.strip()
-    m = re.fullmatch(r"\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", t)
+    m = re.fullmatch(r"\[([0-9,]+)\](<=.*)", t)
     if m:
         out_shape = [int(d) for d in m.group(1).split(",")]
-        reshape = [int(d) for d in m.group(2).split(",")]
-        ids = np.arange(math.prod(reshape)).reshape(reshape)
-        if m.group(3):
-            ids = ids.transpose([int(p) for p in m.group(3).split(",")])
-        ids = ids.reshape(out_shape)
+        ids = iota_device_ids(m.group(2), math.prod(out_shape)).reshape(out_shape)
         return tuple(tuple(int(x) for x in row) for row in ids.reshape(out_shape[0], -1))
     groups = re.findall(r"\{([0-9,\s]*)\}", t)
     parsed = tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups)
