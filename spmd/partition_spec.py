@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from numbers import Integral
 
+from mesh import AxisRef
 from spmd.errors import DuplicateAxisError, PartitionSpecTypeError
 
 __all__ = ["PartitionSpec", "P", "SpecEntry"]
 
-AxisName = str | int
+AxisName = AxisRef  # one name for a mesh axis, by name or index (mesh.AxisRef)
 SpecEntry = AxisName | tuple[AxisName, ...] | None
 """One dim's entry: a mesh axis (name or index), a tuple of them (major to minor), or None."""
 
