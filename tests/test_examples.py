@@ -58,17 +58,12 @@ def test_hf_trainer_example_with_the_blog_config(xla, tmp_path):
 
 
 def test_train_fsdp_runs_on_the_dtensor_backend_under_torchrun(tmp_path):
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
-    env["PYTHONPATH"] = str(root)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4"]
-    command += [str(root / "examples" / "train_fsdp.py"), "--backend", "dtensor", "--steps", "8", "--deferred-init"]
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    from tests.torchrun import torchrun
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_fsdp.py"
+    run = torchrun(script, 4, "--backend", "dtensor", "--steps", "8", "--deferred-init", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "devices: 4 processes (gloo), mesh: {'fsdp': 4}" in run.stdout
     losses = [float(line.split("loss")[1].split()[0]) for line in run.stdout.splitlines() if line.startswith("step")]

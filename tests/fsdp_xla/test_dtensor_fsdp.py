@@ -3,9 +3,6 @@ numerics against eager single-process training, mixed precision, and deferred in
 GSPMD backend's weights for the same seed."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,24 +10,15 @@ import torch
 
 from fsdp_xla import FSDP, deferred_init, transformer_auto_wrap_policy
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
+from tests.torchrun import torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dtensor_fsdp_worker.py")
 
 
 @pytest.fixture(scope="module")
 def dtensor_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dtensor_fsdp")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
-    env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", str(WORKER), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = torchrun(WORKER, 4, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text()), torch.load(out / "deferred.pt")
 

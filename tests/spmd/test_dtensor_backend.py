@@ -5,9 +5,6 @@ translation is checked here without processes.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +17,8 @@ from spmd import PartitionSpec, ShardingError
 from spmd._backend import backend_for, use_backend
 from spmd._backend.dtensor_backend import placements_for, spec_of
 from tests.spmd.specs import all_specs
+from tests.torchrun import torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dtensor_worker.py")
 
 
@@ -66,16 +63,7 @@ def test_backend_rule():
 @pytest.mark.parametrize("ranks, least_cases", [(4, 140), (8, 500)])
 def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     out = tmp_path / "result.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
-    env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), str(WORKER), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = torchrun(WORKER, ranks, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["world"] == ranks
