@@ -278,6 +278,8 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
     if not latest.is_file():
         raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")
     version = root / check_version_name(latest.read_text(errors="replace"), latest)
+    if version.resolve().parent != root.resolve():  # a version directory that is a link elsewhere
+        raise CheckpointError(f"{latest} names {version.name}, which links outside {root}; it is not read.")
     if not (version / _INDEX).is_file():
         raise CheckpointError(f"{latest} names {version.name}, which has no {_INDEX}: the checkpoint is damaged.")
     return version
@@ -292,6 +294,13 @@ def _read_index(version: Path) -> dict[str, Any]:
     except RecursionError as e:
         raise CheckpointError(f"{version / _INDEX} nests too deeply to be an index: the checkpoint is damaged.") from e
     check_index(meta, version / _INDEX)
+    inside = version.resolve()
+    for file in sorted({b["file"] for entry in meta["tensors"].values() for b in entry["blocks"]}):
+        path = version / file
+        if path.resolve().parent != inside:  # a link out of the checkpoint: refused before any read
+            raise CheckpointError(f"{file!r} is not a file of {version} (it links elsewhere); it is not read.")
+        if not path.is_file():
+            raise CheckpointError(f"{version / _INDEX} names {file!r}, which is missing: the checkpoint is damaged.")
     return meta
 
 
@@ -433,6 +442,11 @@ def _load_optimizer(
         pname, field = key.removeprefix("optim/").rsplit("/", 1)
         if pname not in params:
             raise CheckpointError(f"Optimizer state {field!r} for {pname!r}, which the model does not have.")
+        if pname not in position:
+            raise CheckpointError(
+                f"Optimizer state {field!r} for {pname!r}, a parameter this optimizer does not hold; build the "
+                "optimizer over the same parameters as the one that was saved."
+            )
         value = _assemble(reader, key, entry)
         param = params[pname]
         if tuple(value.shape) == tuple(param.shape) and value.dim() > 0:

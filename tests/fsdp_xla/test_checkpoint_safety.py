@@ -58,6 +58,27 @@ def test_latest_pointing_outside_is_refused(tmp_path):
             ck.consolidate(root)
 
 
+def test_links_out_of_the_checkpoint_are_refused(tmp_path):
+    root = tmp_path / "ck"
+    version = ck.save_sharded(root, model(0))
+    outside = ck.save_sharded(tmp_path / "elsewhere", model(1))
+    shutil.rmtree(version)
+    version.symlink_to(outside, target_is_directory=True)  # the version directory links elsewhere
+    target = model(2)
+    before = copy.deepcopy(target)
+    with pytest.raises(CheckpointError, match="links outside"):
+        ck.load_sharded(root, target)
+    assert same_weights(target, before)
+    version.unlink()
+    shutil.copytree(outside, version)
+    shard = version / "device-00000.safetensors"
+    shard.unlink()
+    shard.symlink_to(outside / "device-00000.safetensors")  # one shard file links elsewhere
+    with pytest.raises(CheckpointError, match="is not a file of"):
+        ck.load_sharded(root, target)
+    assert same_weights(target, before)
+
+
 def test_index_naming_a_file_outside_is_refused(tmp_path):
     root = tmp_path / "a" / "b" / "ck"
     version = ck.save_sharded(root, model(0))
