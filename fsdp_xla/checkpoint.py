@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla._checkpoint_dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor, place_dtensor
 from fsdp_xla._checkpoint_format import (
     FORMAT,
     check_index,
@@ -184,6 +185,8 @@ def save_sharded(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
+    if distributed(tensors):
+        return _save_distributed(root, tensors, aliases, optim_json, extra, keep)
     pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
     if pending:
         backend.sync_tensors(pending)
@@ -216,6 +219,78 @@ def save_sharded(
             shutil.rmtree(old, ignore_errors=True)
         for partial in root.glob(".v-*.partial"):  # left by a save that was killed
             shutil.rmtree(partial, ignore_errors=True)
+    return root / version
+
+
+def _save_distributed(
+    root: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None, keep: int
+) -> Path:
+    """`save_sharded` of a DTensor model: each rank writes its blocks, rank 0 commits."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    lock = _locked(root, shared=False) if rank == 0 else contextlib.nullcontext()
+    with lock:
+        version = broadcast(
+            version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8]) if rank == 0 else None
+        )
+        work = root / f".{version}.partial"
+        if rank == 0:
+            work.mkdir()
+        dist.barrier()
+        mine: dict[str, torch.Tensor] = {}
+        entries: dict[str, list] = {}
+        error = ""
+        try:
+            for name, t in tensors.items():
+                if is_dtensor(t):
+                    block = dtensor_block(t)
+                elif rank == 0:  # the same plain tensor on every rank: rank 0 writes it
+                    block = (0, tuple((0, n) for n in t.shape), t.detach().cpu().contiguous())
+                else:
+                    block = None
+                if block is not None:
+                    mine[name] = block[2]
+                    entries[name] = [{"file": device_file_name(block[0]), "index": [list(b) for b in block[1]]}]
+            if mine:
+                _write_device_file(work / device_file_name(rank), mine)
+        except Exception as e:  # every rank must reach the agreement below, or the others wait forever
+            error = f"rank {rank}: {type(e).__name__}: {e}"
+        reports = agree((error, entries))
+        errors = [e for e, _ in reports if e]
+        if errors:
+            if rank == 0:
+                shutil.rmtree(work, ignore_errors=True)
+            full = any(_is_disk_full(OSError(e)) for e in errors)
+            kind = "the disk is full or a file size limit was hit" if full else "a rank failed to write"
+            raise CheckpointError(
+                f"Saving to {root} failed, {kind} ({errors[0]}); LATEST still names the previous checkpoint."
+            )
+        if rank == 0:
+            index: dict[str, Any] = {}
+            for name, t in tensors.items():
+                blocks = [b for _, rank_entries in reports for b in rank_entries.get(name, [])]
+                index[name] = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "blocks": blocks}
+            meta = {
+                "format": FORMAT,
+                "tensors": index,
+                "aliases": aliases,
+                "optimizer": optim_json,
+                "extra": extra or {},
+            }
+            with open(work / _INDEX, "w") as f:
+                json.dump(meta, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(work)
+            os.rename(work, root / version)
+            _fsync_dir(root)
+            with atomic_write(root / _LATEST) as tmp:  # its rename is the commit point
+                tmp.write_text(version + "\n")
+            versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
+            for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
     return root / version
 
 
@@ -353,6 +428,8 @@ def _place(target: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor
             f"{name!r} has shape {tuple(value.shape)} in the checkpoint but {tuple(target.shape)} in the model."
         )
     value = value.to(target.dtype)
+    if is_dtensor(target):
+        return place_dtensor(target, value)
     if backend.is_xla_tensor(target):
         sharding = backend.sharding_of(target) or HloSharding.replicated()
         return backend.to_device_sharded(value, sharding)
@@ -361,7 +438,10 @@ def _place(target: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor
 
 def _set(target: torch.Tensor, value: torch.Tensor) -> None:
     with torch.no_grad():
-        target.data = value
+        if is_dtensor(target):  # FSDP2 keeps its parameters' storage: copy into the local block
+            target.to_local().copy_(value.to_local())
+        else:
+            target.data = value
 
 
 def load_sharded(

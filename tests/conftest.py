@@ -19,6 +19,7 @@ collect_ignore = [
     "compat/torch_xla_style_script.py",
     "spmd/dtensor_worker.py",
     "fsdp_xla/dtensor_fsdp_worker.py",
+    "fsdp_xla/dtensor_checkpoint_worker.py",
 ]
 
 
