@@ -72,6 +72,11 @@ def _physical_grid(devices: Sequence[DeviceInfo]) -> np.ndarray:
     if any(d.coords is None for d in devices):
         return np.asarray(sorted(d.id for d in devices), dtype=np.int64)
     ndim = len(devices[0].coords)  # type: ignore[arg-type]
+    if any(len(d.coords) != ndim for d in devices):  # type: ignore[arg-type]
+        raise MeshError(
+            f"Devices of one slice give coords of different lengths ({sorted({len(d.coords) for d in devices})}); "  # type: ignore[arg-type]
+            "every device needs (x, y, z)."
+        )
     with_core = any(d.core_on_chip != 0 for d in devices)
     positions = [tuple(d.coords) + ((d.core_on_chip,) if with_core else ()) for d in devices]  # type: ignore[operator]
     rank = ndim + int(with_core)

@@ -104,8 +104,8 @@ class Mesh:
                 f"were given ({list(ids)}). Pass a mesh_shape whose product is {len(ids)}, "
                 f"e.g. ({len(ids)},)."
             )
-        if any(i < 0 for i in ids):
-            raise MeshError(f"Device ids must be >= 0, got {list(ids)}.")
+        if any(i < 0 or i >= 2**31 for i in ids):
+            raise MeshError(f"Device ids must be >= 0 and below 2**31 (runtime device ordinals), got {list(ids)[:32]}.")
         if len(set(ids)) != len(ids):
             seen: set[int] = set()
             dup = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]

@@ -116,6 +116,10 @@ class HloSharding:
 
     def __post_init__(self) -> None:
         if self.kind is ShardingKind.TILED:
+            if len(set(self.devices)) != len(self.devices):
+                raise HloShardingError(
+                    f"A tiled sharding names each device once; {self.devices[:64]} repeats some. Check the device list."
+                )
             need = math.prod(self.tile_shape) * self.replication
             if need != len(self.devices):
                 raise HloShardingError(

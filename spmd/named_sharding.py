@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 from mesh import Mesh, MeshTypeError
 from mesh.errors import MeshError
@@ -19,6 +20,17 @@ from spmd.hlo_sharding import HloSharding, ShardBounds
 from spmd.partition_spec import PartitionSpec
 
 __all__ = ["NamedSharding", "resolve_spec", "hlo_sharding_for"]
+
+# numpy arrays have at most 64 dims; a tile assignment has one per tensor dim plus one to replicate.
+_MAX_RANK = 63
+
+
+def torch_size_type() -> type:
+    """``torch.Size`` when torch is loaded (shapes come as one), else ``tuple`` (no torch import here)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.Size if torch is not None else tuple
 
 
 def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank: int) -> str:
@@ -37,6 +49,18 @@ def resolve_spec(
         AxisIndexError: an integer axis is out of range.
         DuplicateAxisError: a mesh axis is used twice (e.g. by name and by index).
     """
+    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank <= _MAX_RANK:
+        raise SpecRankError(f"rank must be an int from 0 to {_MAX_RANK} (a tensor's number of dims), got {rank!r}.")
+    if shape is not None:
+        dims = tuple(shape) if isinstance(shape, (tuple, list, torch_size_type())) else None
+        if (
+            dims is None
+            or len(dims) != rank
+            or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in dims)
+        ):
+            raise SpecRankError(
+                f"shape must be {rank} non-negative ints (one per dim of the rank-{rank} tensor), got {shape!r}."
+            )
     where = _context(mesh, spec, shape, rank)
     if len(spec) > rank:
         fix = "For a scalar the spec is P()." if rank == 0 else f"Give at most {rank} entries, one per dim."

@@ -321,3 +321,46 @@ def test_uneven_matmul_and_reductions_equal_cpu(xla, m, k, n, specs):
     torch.testing.assert_close(xa.mean().cpu(), a.mean(), rtol=1e-5, atol=1e-5)
     COUNTS["uneven numerics"]["tried"] += 1
     COUNTS["uneven numerics"]["correct"] += 1
+
+
+REGRESSIONS = [  # inputs the fuzz campaigns found untyped errors for; each is one of ours now
+    ("ragged device ids", lambda: Mesh([[0, 1], [2]], (3,))),
+    ("device id beyond int64", lambda: Mesh([2**70], (1,))),
+    ("float ICI size", lambda: HybridMesh(ici_mesh_shape=(2.5, 4), devices=[DeviceInfo(i) for i in range(8)])),
+    (
+        "mixed coord lengths",
+        lambda: HybridMesh(ici_mesh_shape=(2,), devices=[DeviceInfo(0, (0, 0, 0)), DeviceInfo(1, (1, 0))]),
+    ),
+    ("repeated devices in a sharding", lambda: HloSharding.parse("{devices=[2]0,0}")),
+    ("negative dim", lambda: hlo_sharding_for(MESHES[0], PartitionSpec("data"), 2, (8, -1))),
+    ("rank beyond numpy's", lambda: hlo_sharding_for(MESHES[0], PartitionSpec("data"), 70)),
+    ("non-string config key", lambda: read_fsdp_config({1: True}, warn=False)),
+    ("empty layer class list", lambda: read_fsdp_config({"transformer_layer_cls_to_wrap": []}, warn=False)),
+    ("NUL in the config path", lambda: read_fsdp_config("fsdp\x00config.json", warn=False)),
+]
+
+
+@pytest.mark.parametrize("name, call", REGRESSIONS, ids=[n for n, _ in REGRESSIONS])
+def test_found_by_fuzz(name, call):
+    assert outcome(name, call) is None  # a typed error of ours, with a message
+
+
+def test_found_by_fuzz_in_files(tmp_path):
+    cases = {"a directory": tmp_path, "not UTF-8": tmp_path / "latin1.json", "deep nesting": tmp_path / "deep.json"}
+    cases["not UTF-8"].write_bytes(b'{"xla": "\xe9"}')
+    cases["deep nesting"].write_text("[" * 100_000 + "]" * 100_000)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"min_num_params": ' + "1" * 5000 + "}")
+    cases["a 5000-digit number"] = huge
+    for path in cases.values():
+        with pytest.raises(HFConfigError):
+            read_fsdp_config(path, warn=False)
+
+
+def test_tensors_of_more_than_five_split_dims_are_refused_before_torch_xla(xla):
+    from spmd import ShardingError
+
+    mesh = Mesh(np.arange(8), (1, 1, 1, 1, 2, 4), tuple("abcdef"))
+    t = torch.zeros(2, 2, 2, 2, 2, 4).to(xla)
+    with pytest.raises(ShardingError, match="at most 5 dims"):
+        mark_sharding(t, mesh, tuple("abcdef"))

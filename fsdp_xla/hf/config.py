@@ -183,14 +183,28 @@ def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError as e:
-            raise HFConfigError(f"fsdp_config file {path} does not exist.") from e
+            raise HFConfigError(
+                f"fsdp_config file {path} does not exist; pass the path of a JSON file or a dict."
+            ) from e
+        except (OSError, ValueError) as e:  # a directory, no permission, a NUL in the path, not UTF-8
+            raise HFConfigError(
+                f"fsdp_config {str(config)!r:.200} cannot be read as a UTF-8 text file ({type(e).__name__}: {e}); "
+                "pass the path of a JSON file or a dict."
+            ) from e
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             line = e.doc.splitlines()[e.lineno - 1] if e.lineno <= len(e.doc.splitlines()) else ""
             raise HFConfigError(
                 f"fsdp_config file {path}, line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}).\n"
                 f"    {line}\n    {' ' * (e.colno - 1)}^"
+            ) from e
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting deeper than the stack
+            raise HFConfigError(
+                f"fsdp_config file {path} cannot be read: {type(e).__name__}: {str(e)[:200]}. An fsdp_config holds "
+                "flat keys with short values; fix the file."
             ) from e
         if not isinstance(data, dict):
             raise HFConfigError(f"fsdp_config file {path} holds a {type(data).__name__}; it must be a JSON object.")
@@ -229,6 +243,11 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
     raw = _load(config)
     cfg: dict[str, Any] = {}
     for key, value in raw.items():
+        if not isinstance(key, str):
+            raise HFConfigError(
+                f"fsdp_config keys must be strings, got {key!r} ({type(key).__name__}); the keys are the Trainer's "
+                "option names, e.g. 'transformer_layer_cls_to_wrap'."
+            )
         name = key[5:] if key.startswith("fsdp_") else key
         if name in cfg:
             raise HFConfigError(f"fsdp_config gives {name!r} twice (with and without the 'fsdp_' prefix); keep one.")
@@ -255,6 +274,11 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
         if not isinstance(layer_classes, list) or not all(isinstance(c, str) and c for c in layer_classes):
             raise HFConfigError(
                 f"fsdp_config 'transformer_layer_cls_to_wrap' must be a list of class names, got {layer_classes!r}."
+            )
+        if not layer_classes:
+            raise HFConfigError(
+                "fsdp_config 'transformer_layer_cls_to_wrap' names no class; give the model's block class "
+                "(e.g. ['GPT2Block']), or leave the key out to use the model's _no_split_modules."
             )
         layer_classes = tuple(layer_classes)
     min_num_params = cfg.get("min_num_params", 0)

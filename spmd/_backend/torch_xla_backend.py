@@ -54,6 +54,11 @@ __all__ = [
 # torch_xla's ShardingType enum values (they are OpSharding.Type's).
 _REPLICATED, _MAXIMAL, _TILED, _MANUAL, _PARTIAL = 0, 1, 3, 4, 5
 
+# torch_xla 2.9 reads a tile assignment from nested Python lists of at most 5 levels
+# (xla_sharding_util.cpp); a deeper one only logs an error and fails later with an unrelated
+# RuntimeError (found by the fuzz campaign), so it is refused first.
+MAX_TILED_RANK = 5
+
 
 def _xlac() -> Any:
     import torch_xla
@@ -112,6 +117,14 @@ def _sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
         return [list(hlo.devices)], [], [], _MAXIMAL
     if hlo.kind is ShardingKind.MANUAL:
         return [], [], [], _MANUAL
+    if len(hlo.tile_shape) > MAX_TILED_RANK:
+        from spmd.errors import ShardingError
+
+        raise ShardingError(
+            f"torch_xla 2.9 can only split tensors of at most {MAX_TILED_RANK} dims, but {hlo} splits one of "
+            f"{len(hlo.tile_shape)} dims. Reshape it to {MAX_TILED_RANK} dims or fewer (merge the dims that are "
+            "not split) before sharding it, or replicate it with P()."
+        )
     if hlo.replication == 1:
         return hlo.tile_assignment().reshape(hlo.tile_shape).tolist(), [], [], _TILED
     assignment = hlo.tile_assignment()
