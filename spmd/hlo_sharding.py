@@ -256,7 +256,7 @@ class HloSharding:
             raise HloShardingError(f"{self} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}.")
         assignment = self.tile_assignment()
         where = {int(d): idx for idx, d in np.ndenumerate(assignment)}
-        per_tile = [math.ceil(n / k) for n, k in zip(shape, self.tile_shape)]
+        per_tile = [-(-n // k) for n, k in zip(shape, self.tile_shape)]  # exact: no float rounding past 2**53
         out = []
         for d in devices:
             if int(d) not in where:

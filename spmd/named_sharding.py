@@ -153,7 +153,7 @@ class NamedSharding:
         """The per-device block shape, including XLA's padding of uneven dims."""
         dims = resolve_spec(self.mesh, self.spec, len(global_shape), global_shape)
         sizes = self.mesh.mesh_shape
-        return tuple(math.ceil(n / math.prod(sizes[a] for a in axes)) for n, axes in zip(global_shape, dims))
+        return tuple(-(-n // math.prod(sizes[a] for a in axes)) for n, axes in zip(global_shape, dims))
 
     def is_fully_replicated(self, rank: int) -> bool:
         """Whether every device holds the whole tensor."""

@@ -82,7 +82,7 @@ def placements_for(mesh: Any, spec: PartitionSpec, shape: tuple[int, ...]) -> tu
             continue
         where = f"tensor of shape {tuple(shape)}, spec {spec!r}, {mesh.describe()}"
         ways = math.prod(mesh.mesh_shape[a] for a in axes)
-        if ways > 1 and math.ceil(shape[dim] / ways) * (ways - 1) >= shape[dim]:
+        if ways > 1 and -(-shape[dim] // ways) * (ways - 1) >= shape[dim]:
             raise ShardingError(
                 f"{where}: dim {dim} ({shape[dim]}) split {ways} ways leaves some devices an empty block, which "
                 "DTensor (torch 2.9) fails to lay out (a padding error inside distribute_tensor). Split it fewer "

@@ -73,3 +73,9 @@ def test_shard_bounds_cover_array_exactly_once(n, m, tiles, seed):
         seen[b.index] += 1
         assert all(p >= 0 for p in b.padding)
     assert (seen == 1).all()
+
+
+def test_shard_bounds_are_exact_past_float_precision():
+    n = 2**60 + 3  # float division would round this
+    (first, last) = HloSharding.parse("{devices=[2]0,1}").shard_bounds((n,), [0, 1])
+    assert first.index[0] == slice(0, 2**59 + 2) and last.index[0] == slice(2**59 + 2, n)
