@@ -191,20 +191,12 @@ def save_sharded(
     if pending:
         backend.sync_tensors(pending)
     with _locked(root, shared=False):
-        version = version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
+        version = _new_version_name()
         work = root / f".{version}.partial"
         work.mkdir()
         try:
             _write_version(work, tensors, aliases, optim_json, extra)
-            os.rename(work, root / version)
-            _fsync_dir(root)
-            try:
-                with atomic_write(root / _LATEST) as tmp:  # its rename is the commit point
-                    tmp.write_text(version + "\n")
-            except BaseException:
-                shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
-                raise
-            _fsync_dir(root)
+            _commit(root, work, version)
         except BaseException as e:
             shutil.rmtree(work, ignore_errors=True)
             if _is_disk_full(e):
@@ -214,12 +206,43 @@ def save_sharded(
                     "save again."
                 ) from e
             raise
-        versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
-        for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
-            shutil.rmtree(old, ignore_errors=True)
-        for partial in root.glob(".v-*.partial"):  # left by a save that was killed
-            shutil.rmtree(partial, ignore_errors=True)
+        _prune(root, version, keep)
     return root / version
+
+
+def _new_version_name() -> str:
+    return version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
+
+
+def _write_index(work: Path, meta: dict[str, Any]) -> None:
+    """The version's index.json, synced, then the directory synced: all before the commit."""
+    with open(work / _INDEX, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(work)
+
+
+def _commit(root: Path, work: Path, version: str) -> None:
+    """Make the written version ``work`` the checkpoint: rename it, then replace ``LATEST``."""
+    os.rename(work, root / version)
+    _fsync_dir(root)
+    try:
+        with atomic_write(root / _LATEST) as tmp:  # its rename is the commit point
+            tmp.write_text(version + "\n")
+    except BaseException:
+        shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
+        raise
+    _fsync_dir(root)
+
+
+def _prune(root: Path, version: str, keep: int) -> None:
+    """Remove all but the newest ``keep`` versions, and what killed saves left (under the lock)."""
+    versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
+    for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for partial in root.glob(".v-*.partial"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _save_distributed(
@@ -231,9 +254,7 @@ def _save_distributed(
     rank = dist.get_rank()
     lock = _locked(root, shared=False) if rank == 0 else contextlib.nullcontext()
     with lock:
-        version = broadcast(
-            version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8]) if rank == 0 else None
-        )
+        version = broadcast(_new_version_name() if rank == 0 else None)
         work = root / f".{version}.partial"
         if rank == 0:
             work.mkdir()
@@ -278,18 +299,9 @@ def _save_distributed(
                 "optimizer": optim_json,
                 "extra": extra or {},
             }
-            with open(work / _INDEX, "w") as f:
-                json.dump(meta, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(work)
-            os.rename(work, root / version)
-            _fsync_dir(root)
-            with atomic_write(root / _LATEST) as tmp:  # its rename is the commit point
-                tmp.write_text(version + "\n")
-            versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
-            for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
-                shutil.rmtree(old, ignore_errors=True)
+            _write_index(work, meta)
+            _commit(root, work, version)
+            _prune(root, version, keep)
         dist.barrier()
     return root / version
 
@@ -307,12 +319,9 @@ def _write_version(
         index[name] = entry
     for device, content in sorted(per_device.items()):
         _write_device_file(work / device_file_name(device), content)
-    meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
-    with open(work / _INDEX, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(work)
+    _write_index(
+        work, {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
+    )
 
 
 def _is_disk_full(e: BaseException) -> bool:
