@@ -107,6 +107,22 @@ def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
 
 
+def rank_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+    """One training step of this process on the DTensor backend: it trains on its part of the
+    global batch ``tokens`` (FSDP averages the gradients); returns the global batch's mean loss."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    local = tokens.chunk(world)[dist.get_rank()]
+    loss = lm_loss(model(local[:, :-1]), local)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / world
+
+
 def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
@@ -161,22 +177,17 @@ def main(argv: list[str] | None = None) -> list[float]:
     for step in range(args.steps):
         started = time.perf_counter()
         tokens = synthetic_batch(gen, args.batch, args.seq, args.vocab)
-        if args.backend == "dtensor":  # each process trains on its part of the global batch
-            tokens = tokens.chunk(n)[rank]
+        if args.backend == "dtensor":
+            losses.append(rank_step(model, optimizer, tokens))
         else:
             tokens = tokens.to(torch_xla.device())
             mark_sharding(tokens, mesh, P("fsdp", None))
-        loss = lm_loss(model(tokens[:, :-1]), tokens)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if args.backend == "dtensor":
-            loss = loss.detach().clone()
-            torch.distributed.all_reduce(loss)  # the global batch's mean loss
-            loss /= n
-        else:
+            loss = lm_loss(model(tokens[:, :-1]), tokens)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
             torch_xla.sync()
-        losses.append(loss.item())
+            losses.append(loss.item())
         if step % 5 == 0 or step == args.steps - 1:
             say(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - started:.2f} s")
     return losses

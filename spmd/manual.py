@@ -15,7 +15,7 @@ import torch
 
 from mesh import Mesh, mesh_or_global
 from spmd._backend import backend
-from spmd.errors import NotAnXlaTensorError, ShardingConflictError
+from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError
 from spmd.hlo_sharding import ShardingKind
 from spmd.mark_sharding import SpecLike, _unwrap, mark_sharding
 from spmd.named_sharding import NamedSharding
@@ -39,7 +39,7 @@ def enable_manual_sharding(t: torch.Tensor, partition_spec: SpecLike, *, mesh: M
     mesh = mesh_or_global(mesh, f"enable_manual_sharding(tensor of shape {tuple(tensor.shape)})")
     sharded = mark_sharding(tensor, mesh, partition_spec)
     block = backend.full_to_shard_shape(sharded.global_tensor)
-    return XLAShardedTensor._view(block, NamedSharding(mesh, PartitionSpec.from_value(partition_spec)))
+    return XLAShardedTensor._view(block, sharded.sharding)
 
 
 def disable_manual_sharding(
@@ -54,12 +54,15 @@ def disable_manual_sharding(
     tensor = _unwrap(t)
     shape = tuple(int(n) for n in full_shape)
     mesh = mesh_or_global(mesh, f"disable_manual_sharding(tensor of shape {tuple(tensor.shape)})")
-    ghost = torch.empty(shape, dtype=tensor.dtype, device="meta")
-    sharding, hlo = _resolve_full(ghost, tensor, mesh, partition_spec)
+    if not backend.is_xla_tensor(tensor):
+        raise NotAnXlaTensorError(
+            f"disable_manual_sharding: the block of shape {tuple(tensor.shape)} is on '{tensor.device}', not an "
+            "XLA device."
+        )
+    sharding = NamedSharding(mesh, PartitionSpec.from_value(partition_spec))
+    hlo = sharding.hlo_sharding(len(shape), shape)
     expected = sharding.shard_shape(shape)
     if tuple(tensor.shape) != expected:
-        from spmd.errors import ShardingError
-
         raise ShardingError(
             f"disable_manual_sharding: a block of shape {tuple(tensor.shape)} does not come from full_shape "
             f"{shape} split as {sharding.spec!r} over {mesh.describe()}, whose blocks are {expected}. "
@@ -68,19 +71,6 @@ def disable_manual_sharding(
     mark_manual_sharding(tensor)
     full = backend.shard_to_full_shape(tensor, hlo, shape, tensor.dtype, mesh.memo)
     return XLAShardedTensor._view(full, sharding)
-
-
-def _resolve_full(ghost: torch.Tensor, block: torch.Tensor, mesh: Mesh, spec: SpecLike):
-    if not backend.is_xla_tensor(block):
-        raise NotAnXlaTensorError(
-            f"disable_manual_sharding: the block of shape {tuple(block.shape)} is on '{block.device}', not an "
-            "XLA device."
-        )
-    from spmd.named_sharding import hlo_sharding_for
-
-    spec = PartitionSpec.from_value(spec)
-    hlo = hlo_sharding_for(mesh, spec, ghost.dim(), tuple(ghost.shape))
-    return NamedSharding(mesh, spec), hlo
 
 
 def mark_manual_sharding(t: torch.Tensor) -> XLAShardedTensor:

@@ -62,7 +62,7 @@ class Shard:
     @property
     def device(self) -> int:
         """The device id (the number in `shard_device`)."""
-        return int(self.shard_device.rsplit(":", 1)[-1])
+        return backend.device_id(self.shard_device)
 
     @property
     def index(self) -> tuple[slice, ...]:
@@ -168,19 +168,19 @@ class XLAShardedTensor(torch.Tensor):
         Runs the pending computation of this tensor if it has not run yet.
         """
         tensor = self.global_tensor
-        backend.sync_tensors([tensor])
         hlo = self.hlo_sharding
-        shards = backend.local_shard_devices(tensor)
         if hlo.kind is ShardingKind.MANUAL:
             raise ShardLoadError(
                 f"The tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}); it has no global "
                 "layout to cut into shards. Call disable_manual_sharding(...) first."
             )
+        backend.sync_tensors([tensor])
+        shards = backend.local_shard_devices(tensor)
         replicated = hlo.kind is not ShardingKind.TILED
-        bounds = {b.device: b for b in hlo.shard_bounds(tuple(tensor.shape), [_device_id(d) for _, d in shards])}
+        bounds = {b.device: b for b in hlo.shard_bounds(tuple(tensor.shape), [backend.device_id(d) for _, d in shards])}
         out = []
         for data, device in shards:
-            b = bounds[_device_id(device)]
+            b = bounds[backend.device_id(device)]
             indices = Ellipsis if replicated else [slice(s.start, s.stop, 1) for s in b.index]
             out.append(Shard(data, indices, device, b.replica_id))
         return out
@@ -201,7 +201,7 @@ class XLAShardedTensor(torch.Tensor):
                 "or mark it sharded first."
             )
         expected = {d: shape for d, shape in _padded_block_shapes(tensor, hlo)}
-        given = [_device_id(s.shard_device) for s in shards]
+        given = [backend.device_id(s.shard_device) for s in shards]
         if sorted(given) != sorted(expected):
             raise ShardLoadError(
                 f"{where}: got blocks for devices {sorted(given)}, need exactly one for each of "
@@ -209,10 +209,10 @@ class XLAShardedTensor(torch.Tensor):
             )
         for s in shards:
             shape = tuple(s.data.shape)
-            if shape != expected[_device_id(s.shard_device)]:
+            if shape != expected[backend.device_id(s.shard_device)]:
                 raise ShardLoadError(
                     f"{where}: the block for {s.shard_device} has shape {shape}; the device holds "
-                    f"{expected[_device_id(s.shard_device)]} (padding included)."
+                    f"{expected[backend.device_id(s.shard_device)]} (padding included)."
                 )
         datas, devices = [s.data for s in shards], [s.shard_device for s in shards]
         backend.load_local_shards(tensor, datas, devices)
@@ -283,10 +283,6 @@ def _rewrap(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)([_rewrap(v) for v in value])
     return value
-
-
-def _device_id(device: str) -> int:
-    return int(device.rsplit(":", 1)[-1])
 
 
 def _padded_block_shapes(tensor: torch.Tensor, hlo: HloSharding) -> list[tuple[int, tuple[int, ...]]]:

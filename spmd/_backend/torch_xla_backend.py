@@ -28,6 +28,7 @@ __all__ = [
     "sharding_of",
     "local_shards",
     "local_shard_devices",
+    "device_id",
     "optimization_barrier_",
     "tensors_hlo_text",
     "sync",
@@ -108,9 +109,10 @@ def is_xla_tensor(t: torch.Tensor) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "xla"
 
 
-def _sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
+def sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
     """``(tile assignment, group assignment, replication groups, type)``: the arguments torch_xla's
-    ``OpSharding`` and ``XlaShardingSpec`` both take after the tensor."""
+    ``OpSharding`` and ``XlaShardingSpec`` both take after the tensor (and what its
+    ``Mesh._get_op_sharding_args`` returns)."""
     if hlo.kind is ShardingKind.REPLICATED:
         return [], [], [], _REPLICATED
     if hlo.kind is ShardingKind.MAXIMAL:
@@ -133,12 +135,6 @@ def _sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
     return assignment.tolist(), group_ids, groups, _PARTIAL
 
 
-def sharding_args(hlo: HloSharding) -> tuple[list, list, list, int]:
-    """torch_xla's ``Mesh._get_op_sharding_args`` for ``hlo``: (tile assignment, group
-    assignment, replication groups, ``ShardingType`` value)."""
-    return _sharding_args(hlo)
-
-
 def op_sharding(hlo: HloSharding, cache: dict | None = None) -> Any:
     """torch_xla's ``OpSharding`` for ``hlo``.
 
@@ -147,10 +143,10 @@ def op_sharding(hlo: HloSharding, cache: dict | None = None) -> Any:
     ``CreateOpSharding`` metric, and is costly on a large mesh).
     """
     if cache is None:
-        return _xlac().OpSharding(*_sharding_args(hlo))
+        return _xlac().OpSharding(*sharding_args(hlo))
     key = ("op_sharding", hlo)
     if key not in cache:
-        cache[key] = _xlac().OpSharding(*_sharding_args(hlo))
+        cache[key] = _xlac().OpSharding(*sharding_args(hlo))
     return cache[key]
 
 
@@ -158,7 +154,7 @@ def xla_sharding_spec(t: torch.Tensor, hlo: HloSharding, minibatch: bool = False
     """torch_xla's ``XlaShardingSpec`` of ``hlo`` for ``t``: what its data loaders and
     ``send_cpu_data_to_device(input_sharding=...)`` take. With ``minibatch`` the batch dim of
     ``t`` is this host's part of the global batch."""
-    return _xlac().XlaShardingSpec(t, *_sharding_args(hlo), bool(minibatch))
+    return _xlac().XlaShardingSpec(t, *sharding_args(hlo), bool(minibatch))
 
 
 def to_device_sharded(cpu_tensor: torch.Tensor, hlo: HloSharding) -> torch.Tensor:
@@ -224,7 +220,12 @@ def sharding_text(t: torch.Tensor) -> str:
 
 def local_shards(t: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     """``(device id, padded CPU copy of the shard)`` for each addressable device."""
-    return [(int(dev.rsplit(":", 1)[-1]), data) for data, dev in local_shard_devices(t)]
+    return [(device_id(dev), data) for data, dev in local_shard_devices(t)]
+
+
+def device_id(name: str) -> int:
+    """The device id in a torch_xla device string (``"CPU:3"``, ``"xla:3"`` -> 3)."""
+    return int(name.rsplit(":", 1)[-1])
 
 
 def local_shard_devices(t: torch.Tensor) -> list[tuple[torch.Tensor, str]]:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import fsdp_xla.checkpoint as ck
-from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch
+from examples.train_fsdp import GPT, Block, rank_step, synthetic_batch
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
 from mesh import Mesh
 
@@ -33,14 +33,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
 def step(tokens):
-    local = tokens.chunk(world)[rank]
-    loss = lm_loss(model(local[:, :-1]), local)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    return total.item() / world
+    return rank_step(model, opt, tokens)
 
 
 result = {}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch
+from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 
@@ -42,14 +42,7 @@ assert model.lm_head.weight is model.wte.weight  # tied weights stay one paramet
 opt, eager_opt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(eager.parameters(), lr=1e-2)
 losses, eager_losses = [], []
 for tokens in data:
-    local = tokens[rank * per_rank : (rank + 1) * per_rank]  # each rank its part of the global batch
-    loss = lm_loss(model(local[:, :-1]), local)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    losses.append(total.item() / world)
+    losses.append(rank_step(model, opt, tokens))  # each rank trains on its part of the batch
     eager_loss = lm_loss(eager(tokens[:, :-1]), tokens)
     eager_loss.backward()
     eager_opt.step()
