@@ -48,7 +48,7 @@ import torch_xla.runtime as xr  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import spmd  # noqa: E402
-from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch  # noqa: E402
+from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch, xla_step  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from fsdp_xla._runtime import BACKWARD_GRAPH_NAME  # noqa: E402
 from mesh import Mesh  # noqa: E402
@@ -102,17 +102,9 @@ def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int
     model = build(kind, config, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    device = torch_xla.device()
 
-    def step() -> float:
-        tokens = synthetic_batch(gen, batch, config["seq"], config["vocab"]).to(device)
-        mark_sharding(tokens, mesh, P("fsdp", None))
-        loss = lm_loss(model(tokens[:, :-1]), tokens)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        torch_xla.sync()
-        return loss
+    def step() -> torch.Tensor:
+        return xla_step(model, optimizer, synthetic_batch(gen, batch, config["seq"], config["vocab"]), mesh)
 
     with inspector.capture(ignore=["parameter-all-gather", "replicated-argument", "replicated-activation"]) as report:
         losses = [step().detach() for _ in tqdm(range(warmup), desc=f"{kind}: compile + warm-up", leave=False)]

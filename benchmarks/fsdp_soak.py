@@ -26,15 +26,13 @@ configure_default_devices(8)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import spmd  # noqa: E402
-from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch  # noqa: E402
+from examples.train_fsdp import GPT, Block, synthetic_batch, xla_step  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from mesh import Mesh  # noqa: E402
-from spmd import P, mark_sharding  # noqa: E402
 from spmd._backend import backend  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -60,17 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     model = FSDP(GPT(**config), mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    device = torch_xla.device()
     rss, compiles, times, losses = [], [], [], []
     for _ in tqdm(range(args.steps), desc="steps"):
         started = time.perf_counter()
-        tokens = synthetic_batch(gen, 16, config["seq"], config["vocab"]).to(device)
-        mark_sharding(tokens, mesh, P("fsdp", None))
-        loss = lm_loss(model(tokens[:, :-1]), tokens)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        torch_xla.sync()
+        loss = xla_step(model, optimizer, synthetic_batch(gen, 16, config["seq"], config["vocab"]), mesh)
         xm.wait_device_ops()
         times.append(time.perf_counter() - started)
         losses.append(loss.item())

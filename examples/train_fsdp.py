@@ -107,6 +107,21 @@ def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
 
 
+def xla_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, mesh: Mesh
+) -> torch.Tensor:
+    """One training step on torch_xla: the global batch ``tokens`` goes to the devices split over
+    the ``fsdp`` axis; returns the (computed) loss."""
+    tokens = tokens.to(torch_xla.device())
+    mark_sharding(tokens, mesh, P("fsdp", None))
+    loss = lm_loss(model(tokens[:, :-1]), tokens)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    torch_xla.sync()
+    return loss
+
+
 def rank_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
     """One training step of this process on the DTensor backend: it trains on its part of the
     global batch ``tokens`` (FSDP averages the gradients); returns the global batch's mean loss."""
@@ -180,14 +195,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         if args.backend == "dtensor":
             losses.append(rank_step(model, optimizer, tokens))
         else:
-            tokens = tokens.to(torch_xla.device())
-            mark_sharding(tokens, mesh, P("fsdp", None))
-            loss = lm_loss(model(tokens[:, :-1]), tokens)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            torch_xla.sync()
-            losses.append(loss.item())
+            losses.append(xla_step(model, optimizer, tokens, mesh).item())
         if step % 5 == 0 or step == args.steps - 1:
             say(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - started:.2f} s")
     return losses
