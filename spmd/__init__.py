@@ -42,6 +42,7 @@ from spmd.mark_sharding import (
     with_sharding_constraint,
 )
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
+from spmd.parameters import shard_parameters
 from spmd.partition_spec import P, PartitionSpec
 from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
 from spmd.sharding_spec import ShardingSpec
@@ -85,6 +86,7 @@ __all__ = [
     "optimization_barrier",
     "resolve_spec",
     "set_global_mesh",
+    "shard_parameters",
     "use_mesh",
     "use_shardable_layer_norm",
     "visualize_sharding",

@@ -189,7 +189,16 @@ class DTensorBackend:
         return distribute_tensor(t.detach() if not t.requires_grad else t, mesh, placements)
 
     def constrain(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
-        return self.shard(t, sharding, hlo, replace=True)
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(t, DTensor):
+            return self.shard(t, sharding, hlo, replace=True)
+        # Always a redistribute, even to the layout ``t`` has: its backward lays the gradient out
+        # as ``t`` was, which is what keeps DTensor's propagation on a layout it can follow (a
+        # row-parallel projection otherwise sends a head-sharded gradient into attention, whose
+        # batched matmul DTensor cannot flatten; examples/train_spmd.py).
+        placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
+        return t.redistribute(device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         from torch.distributed.tensor import DTensor

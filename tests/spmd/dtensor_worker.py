@@ -89,6 +89,48 @@ if w.grad is None or not torch.allclose(
     w.grad.full_tensor(), a.sum(dim=0)[:, None].expand(24, 8), rtol=1e-5, atol=1e-5
 ):
     counts["mismatches"].append("gradient of the DTensor mark_sharding returned")
+# with_sharding_constraint's backward lays the gradient out as its input was, even when the
+# forward moved nothing (a redistribute to the same layout).
+x = mark_sharding(a.clone().requires_grad_(), mesh, ("data", None))
+x.retain_grad()
+(with_sharding_constraint(x, mesh, ("data", None)) @ mark_sharding(b, mesh, (None, "model"))).sum().backward()
+if get_sharding(x.grad) != get_sharding(x) or not torch.allclose(x.grad.full_tensor(), b.sum(1).expand(16, 24)):
+    counts["mismatches"].append("gradient layout through with_sharding_constraint")
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(8, 24)
+        self.proj = torch.nn.Linear(24, 24)
+        self.head = torch.nn.Linear(24, 8, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.full((24,), 0.5))
+
+    def forward(self, idx):
+        return self.head(self.proj(self.emb(idx)) * self.scale)
+
+
+torch.manual_seed(0)
+plain, tied = Tied(), Tied()
+tied.load_state_dict(plain.state_dict())
+spmd.shard_parameters(tied, mesh, {"emb.weight": (None, "model"), "proj.weight": ("model", None)})
+idx = torch.randint(0, 8, (4, 6))
+got = tied(mark_sharding(idx, mesh, ("data", None)))
+if not (
+    tied.head.weight is tied.emb.weight
+    and all(type(p).__name__ == "DTensor" for p in tied.parameters())
+    and type(tied.scale).__name__ == "DTensor"
+    and get_sharding(tied.proj.bias).is_replicated
+    and str(get_sharding(tied.proj.weight)) == str(hlo_sharding_for(mesh, PartitionSpec("model", None), 2))
+    and torch.allclose(got.full_tensor(), plain(idx), rtol=1e-5, atol=1e-6)
+):
+    counts["mismatches"].append("shard_parameters")
+try:
+    spmd.shard_parameters(Tied(), mesh, {"emb.wieght": ("model",)})
+    counts["mismatches"].append("shard_parameters accepted an unknown name")
+except ShardingError as e:
+    counts["shard_parameters_error"] = str(e)
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:

@@ -70,3 +70,4 @@ def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     assert result["mismatches"] == []
     assert result["cases"] >= least_cases  # blocks checked on every rank, uneven shapes included
     assert "cannot be a DeviceMesh" in result["reversed_mesh_error"]
+    assert "has no parameters ['emb.wieght']" in result["shard_parameters_error"]

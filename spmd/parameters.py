@@ -1,0 +1,86 @@
+"""`shard_parameters`: lay a module's parameters out over a mesh, in place, on either backend.
+
+On torch_xla a parameter is sharded in place (`mark_sharding` annotates the very tensor). On
+DTensor, sharding makes a new tensor (a ``DTensor``), so the module's parameter must be replaced
+by it; and every tensor a forward combines with a DTensor must be a DTensor too, so parameters
+without a spec become replicated DTensors and so do buffers. This one call does what each
+backend needs, so the same training script runs on both (``examples/train_spmd.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from mesh import Mesh
+from spmd._backend import backend_for
+from spmd.errors import ShardingError, SpmdTypeError
+from spmd.mark_sharding import SpecLike, mark_sharding
+from spmd.partition_spec import PartitionSpec
+
+__all__ = ["shard_parameters"]
+
+SpecFor = Mapping[str, SpecLike] | Callable[[str, torch.nn.Parameter], SpecLike | None]
+
+
+def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor) -> torch.nn.Module:
+    """Shard ``module``'s parameters over ``mesh`` in place; returns ``module``.
+
+    Args:
+        module: the model; its parameters on the XLA device (torch_xla), or on this process's
+            device in a torchrun job (dtensor backend).
+        mesh: the mesh; ``None`` uses the global mesh.
+        specs: ``{qualified parameter name: spec}``, or a function ``(name, parameter) ->
+            spec or None``. A parameter with no spec is replicated. A tied parameter is
+            sharded once, under its first name.
+
+    On torch_xla each parameter stays the same ``nn.Parameter`` (sharded in place); on the
+    dtensor backend each parameter and buffer is replaced by a ``DTensor`` (replicated when it
+    has no spec), so build the optimizer after this call.
+
+    Raises:
+        SpmdTypeError: ``module`` is not an ``nn.Module``, or ``specs`` is neither a mapping nor
+            a function.
+        ShardingError: ``specs`` names parameters the module does not have, or a spec does not
+            fit its parameter (from `mark_sharding`).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise SpmdTypeError(f"shard_parameters takes an nn.Module, got {type(module).__name__}.")
+    if isinstance(specs, Mapping):
+        names = {name for name, _ in module.named_parameters()}
+        unknown = sorted(set(specs) - names)
+        if unknown:
+            raise ShardingError(
+                f"shard_parameters: {type(module).__name__} has no parameters {unknown}; its parameters are "
+                f"{sorted(names)}. Use qualified names as named_parameters() gives them."
+            )
+        spec_of: Callable[[str, torch.nn.Parameter], SpecLike | None] = lambda name, _: specs.get(name)  # noqa: E731
+    elif callable(specs):
+        spec_of = specs
+    else:
+        raise SpmdTypeError(
+            f"shard_parameters: specs must be a mapping {{name: spec}} or a function (name, parameter) -> spec, "
+            f"got {type(specs).__name__}."
+        )
+    params = list(module.named_parameters())
+    if not params:
+        return module
+    replaces = backend_for(params[0][1]).name == "dtensor"
+    new: dict[int, torch.nn.Parameter] = {}
+    for name, p in params:  # each parameter once, under its first name
+        spec = spec_of(name, p)
+        if spec is None and not replaces:
+            continue
+        sharded = mark_sharding(p, mesh, PartitionSpec() if spec is None else spec)
+        if replaces:
+            new[id(p)] = torch.nn.Parameter(sharded, requires_grad=p.requires_grad)
+    if replaces:
+        for sub in module.modules():
+            for attr, p in sub._parameters.items():
+                if p is not None:
+                    sub._parameters[attr] = new[id(p)]
+            for attr, b in sub._buffers.items():
+                if b is not None:
+                    sub._buffers[attr] = mark_sharding(b, mesh, PartitionSpec())
+    return module
