@@ -3,6 +3,7 @@
     python examples/mfu_benchmark.py                         # small GPT-2, 8 virtual CPU devices, ~2 min
     python examples/mfu_benchmark.py --model gpt2 --batch 64 --seq 1024 --strategies fsdp,2d,dp
     PJRT_DEVICE=TPU python examples/mfu_benchmark.py --model gpt2-xl --batch 256 --seq 1024
+    torchrun --nproc_per_node 4 examples/mfu_benchmark.py --backend dtensor   # CPU processes, gloo
 
 Strategies (all through fsdp_xla / spmd):
 - ``fsdp``: parameters sharded on an ``fsdp`` axis of all devices, one unit per block;
@@ -18,13 +19,22 @@ buffer assignment (spmd.inspector). MFU divides by chips x peak FLOP/s per chip:
 from the TPU's device kind, ``--peak-tflops`` to override, and on the CPU this machine's
 measured float32 matmul peak, so there MFU means "fraction of what this machine can do".
 Writes JSON and a plot beside it.
+
+With ``--backend dtensor`` (under torchrun, one process per device) ``fsdp`` runs through the
+dtensor backend (torch's ``fully_shard`` per unit); each process trains on its part of the
+batch, and rank 0 prints and writes. ``2d`` and ``dp`` are torch_xla only (tensor parallelism
+on DTensor needs torch's ``parallelize_module``, which our FSDP does not apply). There is no
+torch_xla baseline and no XLA buffer assignment there, so no ratio and no peak memory; on CPU
+the peak is the same measured matmul peak (all threads, measured by rank 0 alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -176,29 +186,41 @@ def run(strategy: str, config, args, n: int, progress) -> dict:
     model, mesh, batch_spec = build(strategy, config, n, args.tensor)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
-    device = torch_xla.device()
+    on_dtensor = spmd.backend_for().name == "dtensor"
 
     def step() -> torch.Tensor:
-        tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=gen).to(device)
-        mark_sharding(tokens, mesh, batch_spec)
+        tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=gen)
+        if on_dtensor:  # each process trains on its part of the batch (FSDP averages gradients)
+            tokens = tokens.chunk(n)[torch.distributed.get_rank()]
+        else:
+            tokens = tokens.to(torch_xla.device())
+            mark_sharding(tokens, mesh, batch_spec)
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        torch_xla.sync()
+        if not on_dtensor:
+            torch_xla.sync()
         return loss.detach()
 
-    with inspector.capture(ignore=["parameter-all-gather", "replicated-argument", "replicated-activation"]) as report:
+    def wait() -> None:
+        if on_dtensor:
+            torch.distributed.barrier()
+        else:
+            xm.wait_device_ops()
+
+    ignore = ["parameter-all-gather", "replicated-argument", "replicated-activation"]
+    with contextlib.nullcontext() if on_dtensor else inspector.capture(ignore=ignore) as report:
         for _ in progress(range(args.warmup), desc=f"{strategy:>9} compile + warm-up"):
             step()
-        xm.wait_device_ops()
+        wait()
     times = []
     for _ in progress(range(args.steps), desc=f"{strategy:>9}"):
         started = time.perf_counter()
         step()
-        xm.wait_device_ops()
+        wait()
         times.append(time.perf_counter() - started)
-    graphs = report.report.graphs
+    graphs = [] if report is None else report.report.graphs
     return {
         "strategy": strategy,
         "mesh": dict(mesh.shape()),
@@ -207,6 +229,31 @@ def run(strategy: str, config, args, n: int, progress) -> dict:
         "step_seconds_max": max(times),
         "peak_bytes_per_device": max((g.memory.peak_bytes for g in graphs if g.memory), default=None),
     }
+
+
+def start_dtensor() -> tuple[int, str, int]:
+    """(processes, platform, rank) of a torchrun job, with the dtensor backend chosen."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    spmd.use_backend("dtensor")
+    return dist.get_world_size(), "GPU" if torch.cuda.is_available() else "CPU", dist.get_rank()
+
+
+def cpu_peak_on_rank0() -> float:
+    """This machine's matmul peak with all its threads, measured by rank 0 while the others wait
+    (torchrun gives each process one thread, and four at once would share the cores)."""
+    import torch.distributed as dist
+
+    peak = torch.zeros(1, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or 1)
+        peak[0] = measure_cpu_peak_flops()
+        torch.set_num_threads(threads)
+    dist.broadcast(peak, 0)
+    return float(peak[0])
 
 
 def progress_bar():
@@ -255,8 +302,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2-tiny", choices=sorted(MODELS))
     parser.add_argument("--config", type=Path, default=None, help="a Hugging Face config.json (gpt2 or llama)")
-    parser.add_argument("--strategies", default="fsdp,2d", help="comma list of fsdp, 2d, dp")
-    parser.add_argument("--baseline", default="torch_xla", choices=["torch_xla", "none"])
+    parser.add_argument(
+        "--strategies", default=None, help="comma list of fsdp, 2d, dp (default fsdp,2d; on dtensor fsdp only)"
+    )
+    parser.add_argument("--baseline", default=None, choices=["torch_xla", "none"], help="default: torch_xla there")
     parser.add_argument("--tensor", type=int, default=2, help="size of the tensor axis for 2d")
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--seq", type=int, default=128)
@@ -265,11 +314,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per chip")
     parser.add_argument("--chips", type=float, default=None, help="chips (default: devices / devices per chip)")
     parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
+    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
     args = parser.parse_args(argv)
 
-    spmd.enable_spmd()
-    n = xr.global_runtime_device_count()
-    platform = xr.device_type()
+    if args.backend == "dtensor":  # under torchrun: one process per device
+        if args.baseline == "torch_xla":
+            parser.error("--baseline torch_xla runs on torch_xla only; leave it out with --backend dtensor")
+        args.baseline = "none"
+        args.strategies = args.strategies or "fsdp"
+        if set(args.strategies.split(",")) - {"fsdp", ""}:
+            parser.error(
+                f"--strategies {args.strategies}: only fsdp runs on dtensor here (2d and dp need torch's "
+                "parallelize_module and DDP, which this benchmark does not apply); use --strategies fsdp"
+            )
+        n, platform, rank = start_dtensor()
+    else:
+        args.baseline = args.baseline or "torch_xla"
+        args.strategies = args.strategies or "fsdp,2d"
+        spmd.enable_spmd()
+        n, platform, rank = xr.global_runtime_device_count(), xr.device_type(), 0
+    say = print if rank == 0 else (lambda *a, **k: None)
     config = make_config(args.model, args.config, args.seq)
     shape = TransformerShape.from_hf_config(config)
     tokens = args.batch * args.seq
@@ -280,8 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.peak_tflops is not None:
         peak, chips, peak_label = args.peak_tflops * 1e12, args.chips or n, f"{args.peak_tflops:g} TFLOP/s per chip"
+    elif platform == "GPU":
+        parser.error("no peak FLOP/s table for GPUs here; pass --peak-tflops")
     elif platform == "CPU":
-        peak, chips = measure_cpu_peak_flops(), args.chips or 1
+        peak, chips = cpu_peak_on_rank0() if args.backend == "dtensor" else measure_cpu_peak_flops(), args.chips or 1
         peak_label = f"this CPU's measured fp32 matmul peak, {peak / 1e9:.1f} GFLOP/s"
     else:
         chip = chip_for_device_kind(backend.device_kind())
@@ -291,11 +357,12 @@ def main(argv: list[str] | None = None) -> dict:
     strategies = [s for s in args.strategies.split(",") if s]
     if args.baseline == "torch_xla":
         strategies.append("torch_xla")
-    print(
+    say(
         f"{config.model_type} {args.model if args.config is None else args.config}: {shape.n_params:,} parameters; "
-        f"batch {args.batch} x seq {args.seq} = {tokens:,} tokens/step; {n} {platform} devices; peak: {peak_label}"
+        f"batch {args.batch} x seq {args.seq} = {tokens:,} tokens/step; {n} {platform} "
+        f"{'processes' if args.backend == 'dtensor' else 'devices'}; peak: {peak_label}"
     )
-    bar = progress_bar()
+    bar = progress_bar() if rank == 0 else (lambda it, desc="": it)
     rows = []
     for s in strategies:
         row = run(s, config, args, n, bar)
@@ -312,8 +379,8 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         r["step_time_over_torch_xla"] = r["step_seconds"] / baseline["step_seconds"] if baseline else None
 
-    print()
-    print(
+    say()
+    say(
         f"{'strategy':>10}{'mesh':>22}{'step (s)':>10}{'min-max':>14}{'tokens/s':>10}{'TFLOP/s/dev':>12}"
         f"{'MFU 6N':>8}{'PaLM':>7}{'matmul':>8}{'peak/dev':>11}{'x torch_xla':>12}"
     )
@@ -321,13 +388,14 @@ def main(argv: list[str] | None = None) -> dict:
         mesh_text = "x".join(f"{k}{v}" for k, v in r["mesh"].items())
         ratio = f"{r['step_time_over_torch_xla']:.3f}" if r["step_time_over_torch_xla"] else "-"
         mem = f"{r['peak_bytes_per_device'] / 2**20:.1f}MiB" if r["peak_bytes_per_device"] else "-"
-        print(
+        say(
             f"{r['strategy']:>10}{mesh_text:>22}{r['step_seconds']:>10.3f}"
             f"{r['step_seconds_min']:>7.3f}-{r['step_seconds_max']:<6.3f}{r['tokens_per_second']:>10.0f}"
             f"{r['tflops_per_device']:>12.4f}{100 * r['mfu_6n']:>7.1f}%{100 * r['mfu_palm']:>6.1f}%"
             f"{100 * r['mfu_matmul']:>7.1f}%{mem:>11}{ratio:>12}"
         )
     out = {
+        "backend": args.backend,
         "model": args.model if args.config is None else str(args.config),
         "parameters": shape.n_params,
         "batch": args.batch,
@@ -340,13 +408,15 @@ def main(argv: list[str] | None = None) -> dict:
         "flops_per_step": flops,
         "results": rows,
     }
+    if rank != 0:
+        return out
     args.json.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
     tmp.replace(args.json)
     png = args.json.with_suffix(".png")
     plot(rows, png, peak_label)
-    print(f"\nJSON: {args.json}\nplot: {png}")
+    say(f"\nJSON: {args.json}\nplot: {png}")
     return out
 
 

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> list[float]:
 
         if args.checkpointing:
             parser.error("--checkpointing is a GSPMD option; leave it off with --backend dtensor")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         spmd.use_backend("dtensor")
         n, rank = dist.get_world_size(), dist.get_rank()
         where = f"{n} processes ({dist.get_backend()})"

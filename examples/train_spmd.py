@@ -1,14 +1,24 @@
 """Train a small GPT-style model with 2-D (data x model) sharding on 8 devices.
 
-Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM:
+Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM; with
+``--backend dtensor`` the same script runs on torch.distributed (one process per device:
+TorchTPU, GPUs, or CPU processes with gloo; 4 processes make a (2, 2) mesh):
 
     python examples/train_spmd.py
+    torchrun --nproc_per_node 4 examples/train_spmd.py --backend dtensor
 
 Sharding (Megatron-style tensor parallelism on 'model', batch on 'data'):
   - token batch                 P('data', None)
   - attention qkv / MLP fc_in   P('model', None)   (output features split: column parallel)
   - attention out / MLP fc_out  P(None, 'model')   (input features split: row parallel)
   - embeddings                  P(None, 'model')
+  - attention output            P('data') before the out projection (attention itself is not
+                                split on 'model'; on DTensor this also keeps the gradient there
+                                batch-sharded only, a layout DTensor's batched matmul can follow)
+
+`spmd.shard_parameters` lays the parameters out on either backend. Tensors made inside the
+forward (positions, the causal mask) are made ``*_like`` an input, so on DTensor they are
+DTensors laid out like it (DTensor refuses to mix a plain tensor with a DTensor).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import torch_xla  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 
 import spmd  # noqa: E402
-from spmd import Mesh, P, mark_sharding  # noqa: E402
+from spmd import Mesh, P, mark_sharding, shard_parameters, with_sharding_constraint  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -46,7 +56,7 @@ class Block(torch.nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        mask = torch.ones_like(att, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.attn_out(y)
@@ -63,7 +73,7 @@ class TinyGPT(torch.nn.Module):
         self.lm_head = torch.nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = torch.ones_like(idx).cumsum(1) - 1  # 0, 1, ... per row, laid out like idx
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = block(x)
@@ -72,15 +82,15 @@ class TinyGPT(torch.nn.Module):
 
 def shard_model(model: TinyGPT, mesh: Mesh) -> None:
     """Megatron-style 2-D sharding: see the module docstring."""
-    mark_sharding(model.wte.weight, mesh, P(None, "model"))
-    mark_sharding(model.wpe.weight, mesh, P(None, "model"))
-    mark_sharding(model.lm_head.weight, mesh, P("model", None))
-    for block in model.blocks:
-        for column_parallel in (block.qkv, block.fc_in):
-            mark_sharding(column_parallel.weight, mesh, P("model", None))
-            mark_sharding(column_parallel.bias, mesh, P("model"))
-        for row_parallel in (block.attn_out, block.fc_out):
-            mark_sharding(row_parallel.weight, mesh, P(None, "model"))
+    specs = {"wte.weight": P(None, "model"), "wpe.weight": P(None, "model"), "lm_head.weight": P("model", None)}
+    for i, block in enumerate(model.blocks):
+        for column_parallel in ("qkv", "fc_in"):
+            specs[f"blocks.{i}.{column_parallel}.weight"] = P("model", None)
+            specs[f"blocks.{i}.{column_parallel}.bias"] = P("model")
+        for row_parallel in ("attn_out", "fc_out"):
+            specs[f"blocks.{i}.{row_parallel}.weight"] = P(None, "model")
+        block.attn_out.register_forward_pre_hook(lambda _, args: (with_sharding_constraint(args[0], mesh, P("data")),))
+    shard_parameters(model, mesh, specs)
 
 
 def synthetic_batch(generator: torch.Generator, batch: int, seq: int, vocab: int) -> torch.Tensor:
@@ -96,15 +106,30 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--batch", type=int, default=16, help="global batch")
     parser.add_argument("--model-axis", type=int, default=2, help="size of the 'model' mesh axis")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
     args = parser.parse_args(argv)
 
-    spmd.enable_spmd()
-    n = xr.global_runtime_device_count()
+    rank = 0
+    if args.backend == "dtensor":  # under torchrun: one process per device
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        spmd.use_backend("dtensor")
+        n, rank = dist.get_world_size(), dist.get_rank()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        where = f"{n} processes ({dist.get_backend()})"
+    else:
+        spmd.enable_spmd()
+        n, device = xr.global_runtime_device_count(), torch_xla.device()
+        where = f"{n} ({xr.device_type()})"
+    if n % args.model_axis:
+        parser.error(f"--model-axis {args.model_axis} does not divide the {n} devices")
     mesh = Mesh(np.arange(n), (n // args.model_axis, args.model_axis), ("data", "model"))
-    print(f"devices: {n} ({xr.device_type()}), mesh: {mesh.shape()}")
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"devices: {where}, mesh: {dict(mesh.shape())}")
 
     torch.manual_seed(0)
-    device = torch_xla.device()
     model = TinyGPT().to(device)
     shard_model(model, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -112,17 +137,21 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     losses = []
     for step in range(args.steps):
-        tokens = synthetic_batch(gen, args.batch, 32, 64).to(device)
-        mark_sharding(tokens, mesh, P("data", None))
+        # Every process holds the same global batch; mark_sharding keeps its part (DTensor) or
+        # lays it out over the devices (torch_xla). Use its return value: on DTensor it is new.
+        tokens = mark_sharding(synthetic_batch(gen, args.batch, 32, 64).to(device), mesh, P("data", None))
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        torch_xla.sync()
-        losses.append(loss.item())
+        if args.backend == "dtensor":
+            losses.append(loss.full_tensor().item())  # each process holds a partial mean
+        else:
+            torch_xla.sync()
+            losses.append(loss.item())
         if step % 5 == 0 or step == args.steps - 1:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}")
+            say(f"step {step:3d}  loss {losses[-1]:.4f}")
     return losses
 
 

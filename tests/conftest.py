@@ -20,6 +20,7 @@ collect_ignore = [
     "spmd/dtensor_worker.py",
     "fsdp_xla/dtensor_fsdp_worker.py",
     "fsdp_xla/dtensor_checkpoint_worker.py",
+    "examples_dtensor_worker.py",
 ]
 
 

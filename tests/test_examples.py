@@ -1,6 +1,10 @@
 """The blog's snippets and examples/train_spmd.py run and train; sharded equals unsharded."""
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -57,14 +61,39 @@ def test_hf_trainer_example_with_the_blog_config(xla, tmp_path):
     assert out["units"][0] == "" and len(out["units"]) == 5
 
 
-def test_train_fsdp_runs_on_the_dtensor_backend_under_torchrun(tmp_path):
-    from pathlib import Path
-
+@pytest.fixture(scope="module")
+def dtensor_examples(tmp_path_factory):
+    """The examples on the dtensor backend: one torchrun launch of 4 CPU processes (gloo)."""
     from tests.torchrun import torchrun
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "train_fsdp.py"
-    run = torchrun(script, 4, "--backend", "dtensor", "--steps", "8", "--deferred-init", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "devices: 4 processes (gloo), mesh: {'fsdp': 4}" in run.stdout
-    losses = [float(line.split("loss")[1].split()[0]) for line in run.stdout.splitlines() if line.startswith("step")]
-    assert len(losses) == 3 and losses[-1] < losses[0]
+    out = tmp_path_factory.mktemp("dtensor_examples")
+    run = torchrun(Path(__file__).with_name("examples_dtensor_worker.py"), 4, str(out), cwd=out)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout, json.loads((out / "results.json").read_text()), json.loads((out / "mfu.json").read_text())
+
+
+def test_train_fsdp_runs_on_the_dtensor_backend_under_torchrun(dtensor_examples):
+    stdout, result, _ = dtensor_examples
+    assert "devices: 4 processes (gloo), mesh: {'fsdp': 4}" in stdout
+    losses = result["fsdp_losses"]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+
+
+def test_train_spmd_on_a_2x2_dtensor_mesh_equals_one_process(dtensor_examples):
+    stdout, result, _ = dtensor_examples
+    assert "devices: 4 processes (gloo), mesh: {'data': 2, 'model': 2}" in stdout
+    # Same weights and batches; only the order of float sums differs (measured: at most 1.1e-7 relative over 6 steps).
+    assert result["spmd_losses"] == pytest.approx(result["spmd_eager_losses"], rel=1e-5)
+    assert result["spmd_losses"][-1] < 0.95 * result["spmd_losses"][0]
+
+
+def test_mfu_benchmark_runs_fsdp_on_the_dtensor_backend(dtensor_examples):
+    stdout, _, data = dtensor_examples
+    assert "MFU 6N" in stdout and "fsdp4" in stdout
+    assert data["backend"] == "dtensor" and data["devices"] == 4 and data["chips"] == 1
+    (row,) = data["results"]
+    assert row["strategy"] == "fsdp" and row["mesh"] == {"fsdp": 4}
+    assert row["step_time_over_torch_xla"] is None and row["peak_bytes_per_device"] is None
+    t = row["step_seconds"]
+    assert row["step_seconds_min"] <= t <= row["step_seconds_max"]
+    assert data["peak_flops_per_chip"] > 1e8  # measured: this machine's matmul peak

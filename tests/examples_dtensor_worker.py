@@ -1,0 +1,52 @@
+"""Run under torchrun by test_examples.py: the examples on the dtensor backend, one launch.
+
+    torchrun --nproc_per_node 4 tests/examples_dtensor_worker.py OUT_DIR
+
+examples/train_fsdp.py and examples/train_spmd.py with ``--backend dtensor`` (train_spmd on a
+(2, 2) data x model mesh), train_spmd's model trained eagerly in one process on the same data
+as the reference, and examples/mfu_benchmark.py on a tiny GPT-2. Rank 0 writes results.json
+(and the benchmark's mfu.json) into OUT_DIR.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+# This script's directory, tests/, holds test packages named spmd/ and mesh/ that would shadow the
+# project's (PYTHONPATH, set by tests/torchrun.py, comes after it).
+sys.path.remove(str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from examples import mfu_benchmark, train_fsdp, train_spmd  # noqa: E402
+
+dist.init_process_group("gloo")
+out = Path(sys.argv[1])
+steps = 6
+
+fsdp_losses = train_fsdp.main(["--backend", "dtensor", "--steps", "8", "--deferred-init"])
+spmd_losses = train_spmd.main(["--backend", "dtensor", "--steps", str(steps)])
+
+torch.manual_seed(0)  # as train_spmd.main: the same initial weights and batches, one process
+eager = train_spmd.TinyGPT()
+optimizer = torch.optim.AdamW(eager.parameters(), lr=3e-3)
+gen = torch.Generator().manual_seed(0)
+eager_losses = []
+for _ in range(steps):
+    tokens = train_spmd.synthetic_batch(gen, 16, 32, 64)
+    logits = eager(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    eager_losses.append(loss.item())
+
+bench_args = ["--backend", "dtensor", "--batch", "8", "--seq", "32"]  # strategies: the default there, fsdp
+bench = mfu_benchmark.main([*bench_args, "--steps", "2", "--warmup", "1", "--json", str(out / "mfu.json")])
+
+if dist.get_rank() == 0:
+    result = {"fsdp_losses": fsdp_losses, "spmd_losses": spmd_losses, "spmd_eager_losses": eager_losses}
+    (out / "results.json").write_text(json.dumps(result))
+dist.destroy_process_group()
