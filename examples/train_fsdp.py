@@ -158,8 +158,6 @@ def main(argv: list[str] | None = None) -> list[float]:
     if args.backend == "dtensor":  # under torchrun: one process per device
         import torch.distributed as dist
 
-        if args.checkpointing:
-            parser.error("--checkpointing is a GSPMD option; leave it off with --backend dtensor")
         if not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         spmd.use_backend("dtensor")

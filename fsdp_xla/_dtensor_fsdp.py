@@ -6,36 +6,137 @@ that holds every use). They are sharded inner first, as ``fully_shard`` requires
 init each unit is first allocated on the host and initialized exactly as on GSPMD (the same
 per-module seeds), so the weights equal the GSPMD backend's for the same ``init_seed``, and only
 one unit exists unsharded at a time.
+
+The GSPMD options map as far as FSDP2 can express them, and are checked before anything is
+sharded:
+
+- ``gradient_checkpointing``: torch's composable ``checkpoint`` on each non-root unit, applied
+  before ``fully_shard`` (the order torchtitan uses); the module tree and its state_dict keys
+  stay as they are.
+- ``param_spec_fn``: a spec with the FSDP axis on one dim becomes ``Shard(dim)`` through
+  ``fully_shard``'s ``shard_placement_fn``. FSDP2 shards every parameter over one mesh axis, so
+  a spec naming other mesh axes (tensor parallelism is torch's ``parallelize_module`` on
+  DTensor), a replicated spec, and an uneven split of a dim other than 0 (FSDP2 pads dim 0
+  only) raise `FSDPError`.
+- ``shard_output``: each rank's inputs are its part of the batch, so each rank's output is its
+  part too: already the layout ``P(fsdp_axis)`` names, and that spec is accepted as is. Other
+  layouts, and functions (written for GSPMD, they would treat a rank's part as the whole
+  output), raise `FSDPError`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from fsdp_xla._units import plan_units
+from fsdp_xla._sharding import SpecFn
+from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import materialize_unit, needs_materialization
-from fsdp_xla.policies import MixedPrecision, WrapPolicy
+from fsdp_xla.errors import FSDPError
+from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
 from spmd._backend.dtensor_backend import device_mesh
+from spmd.named_sharding import resolve_spec
+from spmd.partition_spec import PartitionSpec
 
-__all__ = ["fully_shard_on_dtensor"]
+__all__ = ["check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
+
+
+def check_output_sharding(shard_output: PartitionSpec | Callable[[Any, Mesh], Any] | None, fsdp_axis: str) -> None:
+    """Accept ``shard_output`` where the dtensor backend's outputs already have its layout.
+
+    Raises:
+        FSDPError: a function, or a spec other than the batch (dim 0) split over ``fsdp_axis``.
+    """
+    if shard_output is None:
+        return
+    batch_only = PartitionSpec(fsdp_axis)
+    if not isinstance(shard_output, PartitionSpec):
+        raise FSDPError(
+            f"shard_output={shard_output!r}: on the dtensor backend each rank's output is its own part of the batch "
+            "(a plain tensor), and a function written for GSPMD (mark_sharding on the output) would take it for "
+            f"the whole output. Leave shard_output out, or pass {batch_only!r}, the layout the outputs already have."
+        )
+    entries = list(shard_output)
+    while entries and entries[-1] is None:
+        entries.pop()
+    if entries not in ([fsdp_axis], [(fsdp_axis,)]):
+        raise FSDPError(
+            f"shard_output={shard_output!r}: on the dtensor backend each rank computes its own part of the batch, so "
+            f"the outputs are split on dim 0 over {fsdp_axis!r} ({batch_only!r}) and nothing else; another layout "
+            "would need the outputs as DTensors, which the loss and the labels are not. Pass "
+            f"{batch_only!r} or leave shard_output out."
+        )
+
+
+def fsdp_shard_dims(plans: list[UnitPlan], mesh: Mesh, fsdp_axis: str, spec_fn: SpecFn | None) -> dict[str, int]:
+    """``{parameter name: the dim FSDP2 shards it on}`` from ``spec_fn`` (empty without one:
+    FSDP2's default, dim 0). Every spec is checked here, before anything is sharded.
+
+    Raises:
+        FSDPError: a spec FSDP2 cannot store (see the module docstring).
+        ShardingError: a spec that does not fit its parameter or the mesh.
+    """
+    if spec_fn is None:
+        return {}
+    fsdp = (mesh.axis_names or ()).index(fsdp_axis)
+    size = mesh.mesh_shape[fsdp]
+    dims: dict[str, int] = {}
+    for plan in plans:
+        for slot in plan.slots:
+            p, name = slot.param, slot.name
+            spec = spec_fn(name, p)
+            if not isinstance(spec, PartitionSpec):
+                spec = PartitionSpec.from_value(spec)
+            per_dim = resolve_spec(mesh, spec, p.dim(), tuple(p.shape))
+            where = f"param_spec_fn gave parameter {name!r} of shape {tuple(p.shape)} the spec {spec!r}"
+            others = sorted({mesh.axis_label(a) for axes in per_dim for a in axes if a != fsdp})
+            if others:
+                raise FSDPError(
+                    f"{where}, which names mesh axes {others} besides {fsdp_axis!r}. On the dtensor backend FSDP is "
+                    f"torch's fully_shard, which shards each parameter over {fsdp_axis!r} alone; tensor parallelism "
+                    "there is torch's parallelize_module, which FSDP does not apply. Give specs with only "
+                    f"{fsdp_axis!r} (e.g. P(None, {fsdp_axis!r})) there."
+                )
+            sharded = [d for d, axes in enumerate(per_dim) if axes]
+            if not sharded:
+                if p.dim() == 0:
+                    continue  # a scalar: FSDP2 stores it as it stores every scalar
+                raise FSDPError(
+                    f"{where}, which replicates it; FSDP2 (fully_shard) shards every parameter of a unit. Put "
+                    f"{fsdp_axis!r} on one of its dims."
+                )
+            (dim,) = sharded
+            if dim > 0 and p.shape[dim] % size:
+                raise FSDPError(
+                    f"{where}: dim {dim} ({p.shape[dim]}) does not divide by the {size} devices of {fsdp_axis!r}, and "
+                    "FSDP2 splits a dim other than 0 only evenly (GSPMD pads). Shard a dim that divides, or dim 0."
+                )
+            dims[name] = dim
+    return dims
 
 
 def fully_shard_on_dtensor(
     module: torch.nn.Module,
+    plans: list[UnitPlan],
+    shard_dims: dict[str, int],
+    *,
     mesh: Mesh,
     fsdp_axis: str,
-    policy: WrapPolicy | None,
     precision: MixedPrecision | None,
     reshard_after_forward: bool,
+    gradient_checkpointing: bool,
     param_init_fn: Callable[[torch.nn.Module], None] | None,
     init_seed: int,
     device_type: str,
 ) -> torch.nn.Module:
-    """Shard ``module`` in place with ``fully_shard`` per unit; returns it (an ``FSDPModule``)."""
+    """Shard ``module`` in place with ``fully_shard`` per unit of ``plans`` (from `plan_units`);
+    returns it (an ``FSDPModule``). ``shard_dims`` from `fsdp_shard_dims`."""
+    from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
 
     full = device_mesh(mesh, device_type)
     fsdp_mesh = full[fsdp_axis] if mesh.ndim > 1 else full
@@ -46,14 +147,23 @@ def fully_shard_on_dtensor(
             reduce_dtype=precision.effective_reduce_dtype,
             cast_forward_inputs=precision.cast_inputs,
         )
-    plans = plan_units(module, policy)
     deferred = needs_materialization(module)
     unit_paths = [p.path for p in plans]
     for plan in reversed(plans):  # inner units first; the root last takes what is left
         if deferred:
             materialize_unit(module, plan, unit_paths, param_init_fn, init_seed)
+        # After materialize_unit: the unit's parameters are the ones fully_shard will see.
+        placements = {id(s.param): Shard(shard_dims[s.name]) for s in plan.slots if s.name in shard_dims}
+        if gradient_checkpointing and plan.path:
+            checkpoint(plan.module)
         # The root's parameters are gathered again at once for backward: FSDP2 keeps them
         # (its default for a root, None), one all-gather fewer per step (measured).
         reshard = reshard_after_forward if plan.path or not reshard_after_forward else None
-        fully_shard(plan.module, mesh=fsdp_mesh, mp_policy=policy_mp, reshard_after_forward=reshard)
+        fully_shard(
+            plan.module,
+            mesh=fsdp_mesh,
+            mp_policy=policy_mp,
+            reshard_after_forward=reshard,
+            shard_placement_fn=(lambda p, placements=placements: placements.get(id(p))) if placements else None,
+        )
     return module

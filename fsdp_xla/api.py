@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fsdp_xla._dtensor_fsdp import fully_shard_on_dtensor
+from fsdp_xla._dtensor_fsdp import check_output_sharding, fsdp_shard_dims, fully_shard_on_dtensor
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import SpecFn, default_fsdp_spec, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
@@ -236,13 +236,16 @@ def fully_shard(
         mixed_precision: a `MixedPrecision` (or a dtype, for ``MixedPrecision(dtype)``).
         reshard_after_forward: drop gathered parameters after each unit's forward and
             regather for backward (ZeRO-3). ``False`` keeps them until backward.
-        gradient_checkpointing: recompute each non-root unit's activations in backward.
+        gradient_checkpointing: recompute each non-root unit's activations in backward (on
+            the dtensor backend with torch's composable ``checkpoint``).
         optimization_barriers: the barriers that keep XLA from merging the backward regather
             with the forward gather (and from hoisting gathers); turn off only to see why
             they are needed.
-        shard_output: layout of the root's outputs (`OutputSharding`).
+        shard_output: layout of the root's outputs (`OutputSharding`). On the dtensor
+            backend only ``P(fsdp_axis)``, the layout each rank's part of the batch has.
         param_spec_fn: ``(name, parameter) -> PartitionSpec`` for the stored layout; default:
-            the FSDP axis on the largest dim it divides.
+            the FSDP axis on the largest dim it divides (on the dtensor backend: dim 0, and a
+            spec may name only ``fsdp_axis``, on one dim).
         param_init_fn: for deferred init, called on each module of a unit after its
             parameters are allocated on the host; default: the module's
             ``reset_parameters()`` and, for Hugging Face models, ``_init_weights``.
@@ -261,7 +264,9 @@ def fully_shard(
     Raises:
         MeshAxisError: no mesh, or the mesh has no ``fsdp_axis``.
         WrapPolicyError: a policy that is not a single `WrapPolicy`, or names absent classes.
-        FSDPError: the module is already wrapped, or a parameter carries another sharding.
+        FSDPError: the module is already wrapped, or a parameter carries another sharding; on
+            the dtensor backend, a ``shard_output`` or ``param_spec_fn`` spec that torch's
+            ``fully_shard`` cannot express (see `fsdp_xla._dtensor_fsdp`).
     """
     if not isinstance(module, torch.nn.Module):
         raise FSDPTypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}.")
@@ -285,20 +290,22 @@ def fully_shard(
         policy.check(module)
     first = next(iter(module.parameters()), None)
     if first is not None and backend_for(first).name == "dtensor":
-        unsupported = {
-            "gradient_checkpointing": gradient_checkpointing,
-            "shard_output": shard_output is not None,
-            "param_spec_fn": param_spec_fn is not None,
-        }
-        if any(unsupported.values()):
-            raise FSDPError(
-                f"FSDP on the dtensor backend does not take {[k for k, v in unsupported.items() if v]} yet; "
-                "leave them at their defaults there (they are GSPMD options)."
-            )
+        check_output_sharding(shard_output, fsdp_axis)
+        plans = plan_units(module, policy)
+        shard_dims = fsdp_shard_dims(plans, mesh, fsdp_axis, param_spec_fn)  # all checked before sharding
         mesh.check_device_count(backend_for(first).device_count())
-        device_type = "cpu" if first.is_meta else first.device.type
         return fully_shard_on_dtensor(
-            module, mesh, fsdp_axis, policy, precision, reshard_after_forward, param_init_fn, init_seed, device_type
+            module,
+            plans,
+            shard_dims,
+            mesh=mesh,
+            fsdp_axis=fsdp_axis,
+            precision=precision,
+            reshard_after_forward=reshard_after_forward,
+            gradient_checkpointing=gradient_checkpointing,
+            param_init_fn=param_init_fn,
+            init_seed=init_seed,
+            device_type="cpu" if first.is_meta else first.device.type,
         )
     backend.ensure_spmd()
     mesh.check_device_count(backend.device_count())

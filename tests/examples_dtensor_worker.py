@@ -26,7 +26,7 @@ dist.init_process_group("gloo")
 out = Path(sys.argv[1])
 steps = 6
 
-fsdp_losses = train_fsdp.main(["--backend", "dtensor", "--steps", "8", "--deferred-init"])
+fsdp_losses = train_fsdp.main(["--backend", "dtensor", "--steps", "8", "--deferred-init", "--checkpointing"])
 spmd_losses = train_spmd.main(["--backend", "dtensor", "--steps", str(steps)])
 
 torch.manual_seed(0)  # as train_spmd.main: the same initial weights and batches, one process

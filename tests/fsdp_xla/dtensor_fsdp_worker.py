@@ -3,7 +3,8 @@
     torchrun --nproc_per_node 4 tests/fsdp_xla/dtensor_fsdp_worker.py OUT_DIR
 
 Five AdamW steps of the example GPT (per-block units, tied embeddings) against the same model
-trained eagerly in one process on the whole batch; a bf16 mixed-precision step; deferred init.
+trained eagerly in one process on the whole batch, plain and with gradient checkpointing,
+param_spec_fn and shard_output; a bf16 mixed-precision step; deferred init.
 Rank 0 writes results.json (losses, largest parameter difference) and deferred.pt (the deferred
 model's full weights) into OUT_DIR.
 """
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
+from spmd import P
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 
@@ -34,6 +36,7 @@ per_rank = 16 // world
 
 torch.manual_seed(0)
 eager = GPT(**SMALL)
+initial = copy.deepcopy(eager)
 # The rounding floor: the same training in one process with the batch summed in 4 parts, as the
 # ranks do; Adam turns rounding-level gradient differences into visible parameter differences.
 split = copy.deepcopy(eager)
@@ -61,6 +64,32 @@ sharded = all(
     type(p).__name__ == "DTensor" and p.to_local().shape[0] <= -(-p.shape[0] // world) for p in model.parameters()
 )
 
+
+# The GSPMD options FSDP2 can express: checkpointing, a per-parameter shard dim, the output layout.
+def spec(name, p):  # 2-D weights on their second dim (64 and 256 divide by 4), the rest default
+    return P(None, "fsdp") if p.dim() == 2 and "wpe" not in name else P("fsdp")
+
+
+options = FSDP(
+    copy.deepcopy(initial),
+    mesh=mesh,
+    auto_wrap_policy=policy,
+    gradient_checkpointing=True,
+    param_spec_fn=spec,
+    shard_output=P("fsdp"),
+)
+ln_calls = []
+options.h[0].ln_1.register_forward_hook(lambda *_: ln_calls.append(1))
+options_opt = torch.optim.AdamW(options.parameters(), lr=1e-2)
+options_losses = []
+for i, tokens in enumerate(data):
+    options_losses.append(rank_step(options, options_opt, tokens))
+    if i == 0:
+        forwards_in_first_step = len(ln_calls)  # 2: the forward, and the recompute in backward
+options_full = {k: v.full_tensor() for k, v in options.state_dict().items()}
+options_diff = max((options_full[k] - v).abs().max().item() for k, v in eager.state_dict().items())
+placements = {name: [repr(x) for x in p.placements] for name, p in options.named_parameters()}
+
 torch.manual_seed(0)
 bf16 = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=policy, mixed_precision=MixedPrecision(torch.bfloat16))
 local = data[0][rank * per_rank : (rank + 1) * per_rank]
@@ -82,6 +111,10 @@ if rank == 0:
         "sharded": sharded,
         "bf16_loss": bf16_loss.item(),
         "bf16_param_dtypes": bf16_dtypes,
+        "options_losses": options_losses,
+        "options_param_diff": options_diff,
+        "options_forwards_in_first_step": forwards_in_first_step,
+        "options_placements": placements,
     }
     (out / "results.json").write_text(json.dumps(result))
 dist.destroy_process_group()

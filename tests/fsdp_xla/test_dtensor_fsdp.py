@@ -1,14 +1,19 @@
 """fsdp_xla.FSDP on the dtensor backend (torch's fully_shard per unit) under torchrun, gloo, 4 ranks:
-numerics against eager single-process training, mixed precision, and deferred init giving the
-GSPMD backend's weights for the same seed."""
+numerics against eager single-process training (also with gradient checkpointing, param_spec_fn
+and shard_output), mixed precision, and deferred init giving the GSPMD backend's weights for the
+same seed. The options FSDP2 cannot express are refused in this process, before any sharding."""
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from fsdp_xla import FSDP, deferred_init, transformer_auto_wrap_policy
+from fsdp_xla import FSDP, FSDPError, deferred_init, transformer_auto_wrap_policy
+from mesh import Mesh
+from spmd import P
+from spmd._backend import use_backend
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
 from tests.torchrun import torchrun
 
@@ -45,3 +50,60 @@ def test_deferred_init_equals_the_gspmd_backend(dtensor_run, xla):
     assert set(gspmd_weights) == set(dtensor_weights)
     for k, v in gspmd_weights.items():
         assert torch.equal(dtensor_weights[k], v), k
+
+
+def test_checkpointing_param_spec_fn_and_shard_output_train_as_eager(dtensor_run):
+    result, _ = dtensor_run
+    assert result["options_losses"] == pytest.approx(result["eager_losses"], rel=1e-5)
+    assert result["options_param_diff"] <= max(3e-5, 3 * result["rounding_floor"]), result
+    assert result["options_forwards_in_first_step"] == 2  # block 0 ran again in backward: checkpointed
+    placements = result["options_placements"]
+    assert placements["h.0.c_fc.weight"] == ["Shard(dim=1)"]  # param_spec_fn's P(None, 'fsdp')
+    assert placements["wte.weight"] == ["Shard(dim=1)"]  # tied with lm_head: one parameter
+    assert placements["wpe.weight"] == ["Shard(dim=0)"] and placements["h.0.c_fc.bias"] == ["Shard(dim=0)"]
+
+
+@pytest.fixture
+def on_dtensor():
+    use_backend("dtensor")  # no process group: every check below comes before one is needed
+    try:
+        yield
+    finally:
+        use_backend(None)
+
+
+def policy():
+    return transformer_auto_wrap_policy({Block})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(shard_output=lambda out, mesh: out), "a function written for GSPMD"),
+        (
+            dict(shard_output=P(None, "fsdp")),
+            r"shard_output=P\(None, 'fsdp'\): .* split on dim 0 over 'fsdp' \(P\('fsdp'\)\) and nothing else",
+        ),
+        (dict(param_spec_fn=lambda name, p: P("fsdp", "model") if p.dim() == 2 else P("fsdp")), r"\['model'\] besides"),
+        (dict(param_spec_fn=lambda name, p: P()), "'wte.weight' of shape \\(64, 64\\) the spec .* replicates it"),
+    ],
+)
+def test_options_fully_shard_cannot_express_are_refused_before_sharding(on_dtensor, options, message):
+    model = GPT(**SMALL)
+    mesh = Mesh(np.arange(4), (2, 2), ("fsdp", "model"))
+    with pytest.raises(FSDPError, match=message):
+        FSDP(model, mesh=mesh, auto_wrap_policy=policy(), **options)
+    assert type(model) is GPT and all(type(p) is torch.nn.Parameter for p in model.parameters())  # untouched
+
+
+def test_an_uneven_split_of_a_dim_other_than_0_is_refused(on_dtensor):
+    mesh = Mesh(np.arange(3), (3,), ("fsdp",))
+    with pytest.raises(
+        FSDPError, match=r"'wte.weight' of shape \(64, 64\).* dim 1 \(64\) does not divide by the 3 devices"
+    ):
+        FSDP(
+            GPT(**SMALL),
+            mesh=mesh,
+            auto_wrap_policy=policy(),
+            param_spec_fn=lambda name, p: P(*[None] * (p.dim() - 1), "fsdp"),
+        )
