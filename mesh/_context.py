@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from mesh._mesh import Mesh
-from mesh._runtime import mirror_global_mesh, runtime_global_mesh
 from mesh.errors import MeshTypeError, NoMeshError
 
 __all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh", "mesh_or_global"]
@@ -35,7 +34,9 @@ def set_global_mesh(mesh: Mesh | None) -> None:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise MeshTypeError(f"set_global_mesh expects a Mesh or None, got {type(mesh).__name__}.")
     _process_default = mesh
-    mirror_global_mesh(mesh)
+    from spmd._backend import backend  # torch_xla's global mesh: a torch_xla-only operation
+
+    backend.mirror_global_mesh(mesh)
 
 
 def get_global_mesh() -> Mesh | None:
@@ -46,7 +47,9 @@ def get_global_mesh() -> Mesh | None:
         return stack[-1]
     if _process_default is not None:
         return _process_default
-    theirs = runtime_global_mesh()
+    from spmd._backend import backend
+
+    theirs = backend.global_mesh()
     if theirs is None or isinstance(theirs, Mesh):
         return theirs
     names = None if theirs.axis_names is None else tuple(theirs.axis_names)  # type: ignore[attr-defined]

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from mesh._mesh import Mesh, shape_arg
-from mesh._runtime import runtime_device_attributes
 from mesh.errors import MeshError, MeshTypeError
 
 __all__ = ["DeviceInfo", "HybridMesh", "hybrid_device_order"]
@@ -206,7 +205,9 @@ class HybridMesh(Mesh):
         ici = shape_arg(ici_mesh_shape, "ici_mesh_shape")
         dcn = shape_arg(dcn_mesh_shape, "dcn_mesh_shape") if dcn_mesh_shape is not None else (1,) * len(ici)
         if devices is None:
-            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(runtime_device_attributes())]
+            from spmd._backend import backend  # the runtime's device attributes: torch_xla only
+
+            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(backend.device_attributes())]
         devices = list(devices) if isinstance(devices, (list, tuple)) else devices
         if not isinstance(devices, list) or not all(isinstance(d, DeviceInfo) for d in devices):
             raise MeshTypeError(f"devices must be a list of mesh.DeviceInfo, got {devices!r:.200}.")

@@ -1,15 +1,19 @@
-"""The torch_xla backend: every call of a private ``torch_xla._XLAC`` binding lives here.
+"""The torch_xla backend: every call of a private ``torch_xla._XLAC`` binding lives here, and
+every torch_xla call of the ``mesh`` package.
 
 `TorchXlaBackend` implements the `ShardingBackend` protocol (GSPMD annotations on lazy
 tensors). The module's functions are the torch_xla-only operations the rest of the product
 needs beyond it (the inspector's dumps and scopes, FSDP's barriers and named graphs, shards,
-manual sharding); everything else speaks `HloSharding` values, which this module turns into
-torch_xla ``OpSharding`` objects and back.
+manual sharding, the runtime's device attributes for `mesh.HybridMesh`, torch_xla's global
+mesh for `mesh.set_global_mesh`); everything else speaks `HloSharding` values, which this
+module turns into torch_xla ``OpSharding`` objects and back.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 from typing import Any
 
 import numpy as np
@@ -41,6 +45,9 @@ __all__ = [
     "checkpoint",
     "sync_named",
     "device_kind",
+    "device_attributes",
+    "mirror_global_mesh",
+    "global_mesh",
     "op_sharding",
     "sharding_type",
     "xla_sharding_spec",
@@ -296,6 +303,42 @@ def step_functions() -> list[tuple[Any, str]]:
     import torch_xla
 
     return [(torch_xla, "sync")]
+
+
+def device_attributes() -> list[dict]:
+    """Per-device attributes of the runtime (``coords``, ``core_on_chip``, ``slice_index`` on
+    TPU), in device id order: what `mesh.HybridMesh` orders devices by."""
+    import torch_xla.runtime as xr
+
+    return list(xr.global_runtime_device_attributes())
+
+
+def mirror_global_mesh(mesh: object | None) -> None:
+    """Make torch_xla's global mesh this very mesh object (``None`` clears it).
+
+    Our `Mesh` has every method torch_xla's code calls on a mesh (``get_op_sharding``,
+    ``get_axis_name_idx``, ``mesh_shape``, ``axis_names``, ``shape()``, ``size()``...), and
+    torch_xla checks no mesh's type, so torch_xla's FSDPv2 and the Hugging Face Trainer's XLA
+    path use it as it is; ``id(their_mesh) == id(ours)``, as torch_xla's own tests expect.
+    """
+    if mesh is None:
+        module = sys.modules.get("torch_xla.distributed.spmd.xla_sharding")
+        if module is not None:
+            module.set_global_mesh(None)
+        return
+    if importlib.util.find_spec("torch_xla") is None:  # the dtensor backend, without torch_xla installed
+        return
+    # Importing torch_xla does not start its runtime; it only makes the setter reachable.
+    import torch_xla.distributed.spmd.xla_sharding as xla_sharding
+
+    xla_sharding.set_global_mesh(mesh)
+
+
+def global_mesh() -> object | None:
+    """torch_xla's global mesh (ours, or a torch_xla ``Mesh`` set by torch_xla's own
+    ``set_global_mesh``), or ``None``; torch_xla is not imported to find out."""
+    module = sys.modules.get("torch_xla.distributed.spmd.xla_sharding")
+    return None if module is None else module.get_global_mesh()
 
 
 def device_kind() -> str:
