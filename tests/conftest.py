@@ -21,6 +21,7 @@ collect_ignore = [
     "fsdp_xla/dtensor_fsdp_worker.py",
     "fsdp_xla/dtensor_checkpoint_worker.py",
     "examples_dtensor_worker.py",
+    "spmd/plan/plan_worker.py",
 ]
 
 
@@ -56,3 +57,12 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    """Start the planner's TPU compiles (tests/spmd/plan) in the background as soon as the tests
+    are known: they run in their own process on the second core while other tests run."""
+    if any("spmd/plan/" in item.nodeid for item in session.items):
+        from tests.spmd.plan import plan_results
+
+        plan_results.start()

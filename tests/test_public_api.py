@@ -17,6 +17,8 @@ import pytest
         "fsdp_xla.hf",
         "spmd.mfu",
         "spmd.sharding_plan",
+        "spmd.plan",
+        "spmd.plan.advisor",
     ],
 )
 def test_all_names_exist(package):

@@ -1,0 +1,151 @@
+"""``python -m spmd.plan``: plan a model's training step on a TPU topology, or ``--advise``.
+
+    python -m spmd.plan llama2-7b --topology v5p-128 --batch 64 --seq 2048 --checkpointing
+    python -m spmd.plan llama2-7b --topology v5p-128 --mesh fsdp=16,tensor=4 --strategy 2d
+    python -m spmd.plan config.json --topology v5e-256 --slices 2 --advise --json advice.json
+
+Prints a table; ``--json`` and ``--plot`` write the report (or the advice) to files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from spmd.atomic_file import atomic_write
+from spmd.errors import ShardingError
+from spmd.plan.api import STRATEGIES
+from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.report import GIB
+
+
+def _mesh(text: str) -> dict[str, int] | None:
+    if text == "auto":
+        return None
+    shape: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        if not name or not size.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"--mesh takes 'auto' or name=size pairs like fsdp=32,tensor=4; got {text!r}"
+            )
+        shape[name.strip()] = int(size)
+    return shape
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4; got {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spmd.plan",
+        description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
+        "and report per-chip HBM, collectives and an estimated step time and MFU.",
+    )
+    p.add_argument("model", help=f"a built-in ({', '.join(BUILTIN_CONFIGS)}), a config.json, or module:function")
+    p.add_argument("--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, or v5p:4x4x8")
+    p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (a 'data' axis spans them)")
+    p.add_argument("--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4")
+    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
+    p.add_argument("--tensor", type=int, default=4, help="tensor axis size of the auto 2-D mesh")
+    p.add_argument("--batch", type=int, default=None, help="global batch in sequences (default: one per chip)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (recompute each layer)")
+    p.add_argument("--hbm-gib", type=float, default=None, help="per-chip memory budget (default: the chip's HBM)")
+    p.add_argument("--json", type=Path, default=None, help="write the report (or advice) as JSON")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of per-chip memory")
+    a = p.add_argument_group("advisor (--advise)")
+    a.add_argument("--advise", action="store_true", help="try candidate plans, rank those that fit, print the winner")
+    a.add_argument("--strategies", default=",".join(STRATEGIES), help="strategies to try")
+    a.add_argument("--per-device-batches", type=_ints, default=[1, 2, 4], help="sequences per batch shard to try")
+    a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
+    a.add_argument("--no-checkpointing", action="store_true", help="never try gradient checkpointing")
+    a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (about 2 GiB RAM each)")
+    a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default ~/.cache/xla-spmd/plan)")
+    a.add_argument("--no-cache", action="store_true", help="compile everything afresh")
+    a.add_argument("--fsdp-config", type=Path, default=None, help="write the winner's Trainer fsdp_config.json here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    hbm = None if args.hbm_gib is None else int(args.hbm_gib * GIB)
+    try:
+        if args.advise:
+            return _advise(args, hbm)
+        from spmd.plan.api import plan
+
+        report = plan(
+            args.model,
+            args.topology,
+            strategy=args.strategy,
+            mesh=args.mesh,
+            global_batch=args.batch,
+            seq_len=args.seq,
+            compute_dtype=args.dtype,
+            gradient_checkpointing=args.checkpointing,
+            slices=args.slices,
+            tensor=args.tensor,
+            hbm_bytes=hbm,
+        )
+    except ShardingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.table())
+    if args.json:
+        with atomic_write(args.json) as tmp:
+            tmp.write_text(json.dumps(report.to_dict(), indent=2))
+    if args.plot:
+        from spmd.plan.plot import plot_report
+
+        plot_report(report, args.plot)
+    return 0 if report.fits else 1
+
+
+def _advise(args: argparse.Namespace, hbm: int | None) -> int:
+    from spmd.plan.advisor import advise, default_cache_dir
+
+    advice = advise(
+        args.model,
+        args.topology,
+        slices=args.slices,
+        strategies=[s.strip() for s in args.strategies.split(",")],
+        per_device_batches=args.per_device_batches,
+        tensors=args.tensors,
+        checkpointing=(False,) if args.no_checkpointing else (False, True),
+        seq_len=args.seq,
+        compute_dtype=args.dtype,
+        hbm_bytes=hbm,
+        jobs=args.jobs,
+        cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+    )
+    print(advice.table())
+    print()
+    print(advice.code())
+    config = advice.fsdp_config()
+    if config is not None:
+        print()
+        print("fsdp_config.json:")
+        print(json.dumps(config, indent=2))
+        if args.fsdp_config:
+            with atomic_write(args.fsdp_config) as tmp:
+                tmp.write_text(json.dumps(config, indent=2) + "\n")
+    if args.json:
+        with atomic_write(args.json) as tmp:
+            tmp.write_text(json.dumps(advice.to_dict(), indent=2))
+    if args.plot:
+        from spmd.plan.plot import plot_advice
+
+        plot_advice(advice, args.plot)
+    return 0 if advice.winner is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Models the planner builds on the meta device: built-in configs, a Hugging Face config.json,
+or a ``module:function`` factory.
+
+Built-in configs are the published shapes (Hugging Face configs of ``gpt2`` ... ``gpt2-xl``,
+``meta-llama/Llama-2-7b-hf`` / 13b / 70b, ``meta-llama/Meta-Llama-3-8B`` / 70B), written out so
+no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
+computed from the config), so a 70 B model costs this machine nothing but its Python objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spmd.errors import ShardingError
+
+__all__ = ["BUILTIN_CONFIGS", "ModelSpecError", "build_meta_model", "parameters_on_meta"]
+
+
+class ModelSpecError(ShardingError):
+    """A model name, config file or factory the planner cannot build."""
+
+
+def _gpt2(n_layer: int, n_embd: int, n_head: int) -> dict[str, Any]:
+    return {
+        "model_type": "gpt2",
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+    }
+
+
+def _llama(
+    d: int, layers: int, heads: int, kv: int, ff: int, vocab: int, ctx: int, theta: float = 10000.0
+) -> dict[str, Any]:
+    return {
+        "model_type": "llama",
+        "hidden_size": d,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": ff,
+        "vocab_size": vocab,
+        "max_position_embeddings": ctx,
+        "rope_theta": theta,
+        "rms_norm_eps": 1e-5,
+    }
+
+
+BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
+    "gpt2": _gpt2(12, 768, 12),
+    "gpt2-medium": _gpt2(24, 1024, 16),
+    "gpt2-large": _gpt2(36, 1280, 20),
+    "gpt2-xl": _gpt2(48, 1600, 25),
+    "llama2-7b": _llama(4096, 32, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": _llama(5120, 40, 40, 40, 13824, 32000, 4096),
+    "llama2-70b": _llama(8192, 80, 64, 8, 28672, 32000, 4096),
+    "llama3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 8192, 500000.0),
+    "llama3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 8192, 500000.0),
+}
+
+
+def _hf_config(config: dict[str, Any]) -> Any:
+    import transformers
+
+    config = dict(config)
+    model_type = config.pop("model_type", None)
+    if not model_type:
+        raise ModelSpecError("The config has no 'model_type'; the planner builds Hugging Face causal LMs from it.")
+    return transformers.AutoConfig.for_model(model_type, **config)
+
+
+def build_meta_model(model: str | Path | torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    """``(module with parameters on meta, its Hugging Face config or None)``.
+
+    ``model`` is a built-in name (`BUILTIN_CONFIGS`), a path to a Hugging Face ``config.json``, a
+    ``package.module:function`` factory returning an ``nn.Module`` (called under
+    `parameters_on_meta`), or a module already on ``meta``.
+
+    Raises:
+        ModelSpecError: an unknown name, an unreadable config, a factory that is not found or does
+            not return a module, or a module with parameters off ``meta``.
+    """
+    if isinstance(model, torch.nn.Module):
+        module, config = model, getattr(model, "config", None)
+    elif isinstance(model, str) and model in BUILTIN_CONFIGS:
+        module, config = _from_config(_hf_config(BUILTIN_CONFIGS[model]))
+    elif isinstance(model, (str, Path)) and str(model).endswith(".json"):
+        try:
+            data = json.loads(Path(model).read_text())
+        except (OSError, ValueError) as e:
+            raise ModelSpecError(f"Cannot read the config {str(model)!r}: {e}") from e
+        if not isinstance(data, dict):
+            raise ModelSpecError(f"{str(model)!r} is not a JSON object.")
+        module, config = _from_config(_hf_config(data))
+    elif isinstance(model, str) and ":" in model:
+        module, config = _from_factory(model), None
+    else:
+        raise ModelSpecError(
+            f"Unknown model {model!r}: give a built-in name {sorted(BUILTIN_CONFIGS)}, a config.json path, "
+            "or a 'package.module:function' factory returning an nn.Module."
+        )
+    off_meta = [n for n, p in module.named_parameters() if p.device.type != "meta"]
+    if off_meta:
+        raise ModelSpecError(
+            f"Parameters {off_meta[:3]} are not on the meta device; build the model under torch.device('meta') "
+            "so the planner never allocates it."
+        )
+    return module, config
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside goes to ``meta`` as it is registered; buffers stay on
+    the CPU (rotary tables need values). A layer's ``reset_parameters`` then runs on ``meta``,
+    so no weight is ever initialized: the host holds one empty tensor at a time at most."""
+    register = torch.nn.Module.register_parameter
+
+    def to_meta(self: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(self, name, param)
+
+    torch.nn.Module.register_parameter = to_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _from_config(config: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    with parameters_on_meta():
+        module = transformers.AutoModelForCausalLM.from_config(config)
+    return module, config
+
+
+def _from_factory(spec: str) -> torch.nn.Module:
+    module_name, _, func_name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as e:
+        raise ModelSpecError(f"Cannot import the factory {spec!r}: {e}") from e
+    with parameters_on_meta():
+        module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ModelSpecError(f"The factory {spec!r} returned {type(module).__name__}, not an nn.Module.")
+    return module

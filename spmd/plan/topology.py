@@ -1,0 +1,142 @@
+"""TPU slices by name (``v5p-128``, ``v5e-256``) and the chip figures the planner's estimate uses.
+
+Slice names count TensorCores on v2-v4 and v5p (two per chip: ``v5p-128`` is 64 chips) and
+chips on v5e and v6e (``v5e-256`` is 256 chips), as Cloud TPU names them. libtpu's compiler
+takes a physical shape instead (``v5p:4x4x4``); `parse_slice` turns one into the other with
+Cloud TPU's default shapes (the v5p and v5e topology tables of cloud.google.com/tpu/docs).
+
+Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table):
+
+| chip | bf16 TFLOP/s | HBM | all-reduce GB/s per chip | source of the last column |
+|---|---|---|---|---|
+| v4 | 275 | 32 GiB | 268.6 | 1.1 PB/s all-reduce per 4096-chip pod |
+| v5e | 197 | 16 GiB | 200 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
+| v5p | 459 | 95 GB | 600 | 4800 Gbps inter-chip interconnect |
+| v6e | 918 | 32 GB | 400 | 102.4 TB/s per 256-chip pod |
+
+HBM is the compiler's verdict first: libtpu fails a compile that does not fit its chip (v5e: "Used
+45.97G of 15.75G hbm", 16 GiB less 0.25 GiB it reserves), and the planner reports that as OOM;
+the table's figure is the budget a successful compile is compared against.
+
+Across slices (multi-slice, DCN) the estimate uses 3.125 GB/s per chip: v5e's 6.4 Tbps data
+center network per 256-chip pod (2 x 100 Gbps NICs per 8-chip host); other chips' DCN figures are
+not published per chip, so the same figure stands in for them (an assumption, stated in reports).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from spmd.errors import ShardingError
+from spmd.mfu.peak import CHIPS
+
+__all__ = ["ChipSpec", "CHIP_SPECS", "DCN_BYTES_PER_SECOND_PER_CHIP", "TpuSlice", "TopologyError", "parse_slice"]
+
+
+class TopologyError(ShardingError):
+    """A slice name the planner cannot map to a TPU topology."""
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One TPU generation: libtpu's name, peak bf16 FLOP/s, HBM bytes, all-reduce bytes/s per
+    chip, whether slice names count cores (two per chip) and whether the torus is 3-D."""
+
+    name: str
+    libtpu_name: str
+    peak_flops: float
+    hbm_bytes: int
+    allreduce_bytes_per_second: float
+    names_count_cores: bool
+    three_d: bool
+
+
+GIB = 2**30
+# Peak FLOP/s have one home, spmd.mfu.peak; HBM and interconnect are the planner's.
+CHIP_SPECS: dict[str, ChipSpec] = {
+    "v4": ChipSpec("TPU v4", "v4", CHIPS["v4"].peak_flops, 32 * GIB, 1.1e15 / 4096, True, True),
+    "v5e": ChipSpec("TPU v5e", "v5e", CHIPS["v5e"].peak_flops, 16 * GIB, 51.2e12 / 256, False, False),
+    "v5p": ChipSpec("TPU v5p", "v5p", CHIPS["v5p"].peak_flops, 95 * 10**9, 4800e9 / 8, True, True),
+    "v6e": ChipSpec("TPU v6e", "v6e", CHIPS["v6e"].peak_flops, 32 * 10**9, 102.4e12 / 256, False, False),
+}
+DCN_BYTES_PER_SECOND_PER_CHIP = 6.4e12 / 8 / 256
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """A TPU slice (or several, joined by DCN).
+
+    Attributes:
+        name: as given (``v5p-128``).
+        chip: the generation's `ChipSpec`.
+        shape: the physical chip grid of one slice (``(4, 4, 4)``).
+        slices: slices joined over the data center network.
+    """
+
+    name: str
+    chip: ChipSpec
+    shape: tuple[int, ...]
+    slices: int = 1
+
+    @property
+    def chips_per_slice(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def chips(self) -> int:
+        return self.chips_per_slice * self.slices
+
+    @property
+    def libtpu_topology(self) -> str:
+        """The name libtpu's compiler takes (``v5p:4x4x4``)."""
+        return f"{self.chip.libtpu_name}:{'x'.join(map(str, self.shape))}"
+
+
+def _default_shape(chips: int, three_d: bool) -> tuple[int, ...]:
+    """Cloud TPU's default grid: the most cubic (3-D) or square (2-D) power-of-two grid, the
+    shortest sides first (v5p-128 -> 4x4x4, v5p-256 -> 4x4x8, v5e-128 -> 8x16)."""
+    if chips & (chips - 1):
+        raise TopologyError(f"{chips} chips is not a power of two; give the shape instead, e.g. 'v5p:4x4x6'.")
+    k = chips.bit_length() - 1
+    parts = 3 if three_d else 2
+    if three_d and chips <= 8:  # Cloud TPU's smallest 3-D slices: 2x2x1 and 2x2x2
+        if chips < 4:
+            raise TopologyError(f"{chips} chips: the smallest 3-D slice has 4 chips (2x2x1).")
+        return (2, 2, chips // 4)
+    exps = [k // parts + (1 if i >= parts - k % parts else 0) for i in range(parts)]
+    return tuple(sorted(2**e for e in exps))
+
+
+_NAME = re.compile(r"^(?P<gen>v4|v5e|v5litepod|v5p|v6e)(?:-(?P<count>\d+)|:(?P<shape>\d+(?:x\d+){1,2}))$")
+
+
+def parse_slice(name: str, slices: int = 1) -> TpuSlice:
+    """A `TpuSlice` from ``v5p-128``, ``v5e-256``, ``v6e-64``, ``v4-128`` or a physical shape
+    ``v5p:4x4x8``.
+
+    Raises:
+        TopologyError: an unknown generation, a core count that is not a whole number of chips,
+            or a size Cloud TPU does not make as a default shape.
+    """
+    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
+        raise TopologyError(f"slices must be a positive int, got {slices!r}.")
+    m = _NAME.match(name.strip().lower()) if isinstance(name, str) else None
+    if m is None:
+        raise TopologyError(
+            f"Unknown TPU slice {name!r}. Use '<chip>-<count>' (v4-128, v5p-1024: cores; v5e-256, v6e-64: chips) "
+            f"or '<chip>:<shape>' (v5p:4x4x8, v5e:16x16); chips: {sorted(CHIP_SPECS)}."
+        )
+    gen = "v5e" if m.group("gen") == "v5litepod" else m.group("gen")
+    chip = CHIP_SPECS[gen]
+    if m.group("shape"):
+        shape = tuple(int(s) for s in m.group("shape").split("x"))
+        if len(shape) != (3 if chip.three_d else 2) or min(shape) < 1:
+            raise TopologyError(f"{name!r}: a {chip.name} slice has a {3 if chip.three_d else 2}-D shape.")
+        return TpuSlice(name, chip, shape, slices)
+    count = int(m.group("count"))
+    chips = count // 2 if chip.names_count_cores else count
+    if count < 1 or (chip.names_count_cores and count % 2) or chips < 1:
+        raise TopologyError(f"{name!r}: {gen} slice names count cores, two per chip; give an even count >= 2.")
+    return TpuSlice(name, chip, _default_shape(chips, chip.three_d), slices)

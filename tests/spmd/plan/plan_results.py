@@ -1,0 +1,38 @@
+"""The background run of plan_worker.py: started when collection ends (tests/conftest.py),
+awaited by the tests that read its results."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+_run: dict = {}
+
+
+def start() -> None:
+    if _run:
+        return
+    out = Path(tempfile.mkdtemp(prefix="plan-worker-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
+    env["PYTHONPATH"] = str(ROOT)
+    log = open(out / "log.txt", "w")
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("plan_worker.py")), str(out)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    _run.update(out=out, proc=proc, log=log)
+
+
+def results(timeout: float = 900) -> tuple[dict, Path]:
+    """The worker's results.json and its output directory (waits for it)."""
+    start()
+    proc: subprocess.Popen = _run["proc"]
+    code = proc.wait(timeout=timeout)
+    _run["log"].close()
+    out: Path = _run["out"]
+    if code != 0:
+        raise RuntimeError(f"plan_worker.py failed ({code}):\n" + (out / "log.txt").read_text()[-6000:])
+    return json.loads((out / "results.json").read_text()), out

@@ -1,0 +1,141 @@
+"""The planner end to end on a small Llama on TPU v5e:2x2 (libtpu's compiler, no TPU), from the
+compiles plan_worker.py runs in the background; and its errors, which need no compile."""
+
+import json
+import math
+
+import pytest
+
+from fsdp_xla.hf.config import read_fsdp_config
+from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, plan
+from spmd.plan.api import _largest, _oom_used_bytes
+from tests.spmd.plan import plan_results
+
+CHIPS = 4
+BATCH, SEQ = 32, 128
+BUDGET = 79 * 2**20  # between data parallel's state (72 MiB) and its total (81 MiB)
+
+
+def tiny_llama_params() -> int:
+    """Parameter count of plan_worker.TINY, by hand: embeddings, 2 layers, final norm, head."""
+    h, i, v, layers = 512, 1024, 1024, 2
+    layer = 4 * h * h + 3 * h * i + 2 * h
+    return v * h + layers * layer + h + v * h
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return plan_results.results()
+
+
+@pytest.fixture(scope="module")
+def advice(worker):
+    results, out = worker
+    return json.loads((out / "advice.json").read_text())
+
+
+def outcome(advice, strategy):
+    (found,) = [o for o in advice["outcomes"] if o["strategy"] == strategy]
+    return PlanReport.from_dict(found["report"])
+
+
+def test_argument_bytes_equal_the_sharding_math_exactly(advice):
+    fsdp = outcome(advice, "fsdp")
+    # fp32 parameters, AdamW m and v, each 1/4 per chip (every dim divides), plus the int32 tokens.
+    expected = 3 * 4 * tiny_llama_params() // CHIPS + 4 * BATCH * SEQ // CHIPS
+    assert fsdp.memory.argument_bytes == expected
+    assert fsdp.memory.predicted_argument_bytes == expected
+    dp = outcome(advice, "dp")  # replicated: all of it on each chip
+    assert dp.memory.argument_bytes == 3 * 4 * tiny_llama_params() + 4 * BATCH * SEQ // CHIPS
+
+
+def test_doubling_the_fsdp_axis_halves_parameter_bytes(advice, worker):
+    results, _ = worker
+    four = outcome(advice, "fsdp")
+    two = PlanReport.from_dict(results["fsdp2"])
+    assert (four.mesh, two.mesh) == ({"fsdp": 4}, {"data": 2, "fsdp": 2})
+    tokens = 4 * BATCH * SEQ // CHIPS  # the batch splits 4 ways on both meshes
+    assert two.memory.argument_bytes - tokens == 2 * (four.memory.argument_bytes - tokens)
+
+
+def test_advisor_picks_a_plan_that_fits_where_data_parallel_does_not(advice, worker):
+    results, out = worker
+    assert results["advise_exit"] == 0
+    assert advice["hbm_bytes"] == BUDGET
+    dp, fsdp = outcome(advice, "dp"), outcome(advice, "fsdp")
+    assert not dp.fits and dp.memory.total_bytes > BUDGET
+    assert fsdp.fits and fsdp.memory.total_bytes <= BUDGET
+    assert advice["winner"].startswith("fsdp")
+    assert "winner: fsdp" in results["advise_stdout"]
+    assert "model = FSDP(" in advice["code"] and "LlamaDecoderLayer" in advice["code"]
+    compile(advice["code"], "advice", "exec")
+    config = read_fsdp_config(out / "fsdp_config.json", warn=False)
+    assert config.layer_classes == ("LlamaDecoderLayer",) and not config.gradient_checkpointing
+    assert (out / "advice.png").stat().st_size > 10_000
+
+
+def test_collectives_are_the_strategy_s(advice):
+    dp, fsdp = outcome(advice, "dp"), outcome(advice, "fsdp")
+    assert {c.kind for c in dp.collectives} == {"all-reduce"}
+    # Data parallel all-reduces every bf16 gradient once: a ring sends 2 (n-1)/n of it per chip.
+    grads = 2 * tiny_llama_params()
+    (reduce,) = dp.collectives
+    assert math.isclose(reduce.bytes_sent_per_chip, 2 * (CHIPS - 1) / CHIPS * grads, rel_tol=1e-3)
+    assert {"all-gather", "reduce-scatter"} <= {c.kind for c in fsdp.collectives}
+
+
+def test_collectives_in_loops_count_once_per_iteration(worker):
+    results, _ = worker
+    by_kind = {c["kind"]: c for c in results["loop_collectives"]}
+    gather = by_kind["all-gather"]  # 5 loop iterations, each gathering 4 x [256, 512] f32
+    assert (gather["count"], gather["result_bytes"], gather["group_size"]) == (5, 2 * 2**20, 4)
+    assert gather["bytes_sent_per_device"] == 5 * 3 * 2**19
+    psum = by_kind["all-reduce"]
+    assert (psum["count"], psum["result_bytes"]) == (1, 2**19)
+    assert psum["bytes_sent_per_device"] == 2 * 3 * 2**19 // 4
+
+
+# libtpu's error when a program does not fit (Llama-2-7B, FSDP on v5e-256, no checkpointing).
+OOM = """RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. \
+Used 45.97G of 15.75G hbm. Exceeded hbm capacity by 30.22G.
+
+Total hbm usage >= 46.22G:
+    reserved        258.12M
+    program          45.97G
+    arguments            0B
+
+  1. Size: 8.00G
+     Operator: op_name="broadcast.141"
+     Shape: bf16[32,1,32,2048,2048]{3,4,2,1,0:T(8,128)(2,1)}
+     Unpadded size: 8.00G
+"""
+
+
+def test_the_compiler_s_oom_is_read_as_a_verdict():
+    assert _oom_used_bytes(OOM) == int(45.97 * 2**30)
+    assert _largest(OOM) == ("   8.00G  bf16[32,1,32,2048,2048]{3,4,2,1,0:T(8,128)(2,1)}  (broadcast.141)",)
+    assert _oom_used_bytes("RESOURCE_EXHAUSTED: something else") is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        (dict(strategy="zero3"), PlanError, "Unknown strategy"),
+        (dict(compute_dtype="float16"), PlanError, "compute_dtype"),
+        (dict(mesh={"fsdp": 2, "model": 2}), PlanError, "Rename the axes"),
+        (dict(mesh={"fsdp": 8}), PlanError, "multiply to 4"),
+        (dict(strategy="2d", mesh={"fsdp": 4}), PlanError, "needs mesh axes"),
+        (dict(global_batch=6), PlanError, "multiple of 4"),
+        (dict(seq_len=1), PlanError, "seq_len"),
+    ],
+)
+def test_bad_requests_say_what_to_change(kwargs, error, says):
+    with pytest.raises(error, match=says):
+        plan("gpt2", "v5e:2x2", **kwargs)
+
+
+def test_unknown_models_and_slices_are_named():
+    with pytest.raises(ModelSpecError, match="Unknown model 'llama9'"):
+        plan("llama9", "v5e:2x2")
+    with pytest.raises(TopologyError, match="Unknown TPU slice"):
+        plan("gpt2", "v9-8")
