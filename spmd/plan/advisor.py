@@ -412,8 +412,10 @@ def advise(
 
     model_key = _model_key(model)
     cache = Path(cache_dir) if cache_dir is not None else None
-    total = sum(len(ch) for ch in chains)
-    log(f"advisor: {len(chains)} meshes, up to {total} batch sizes each tried with checkpointing {ckpt_order}")
+    log(
+        f"advisor: {len(chains)} meshes to compile, per-device batches {batches} each, checkpointing "
+        f"{'only where needed' if len(ckpt_order) > 1 else ckpt_order[0]}"
+    )
     common = (topology, seq_len, compute_dtype, slices, budget, cache, model_key)
     if jobs > 1 and len(chains) > 1 and not isinstance(model, torch.nn.Module):
         with ProcessPoolExecutor(max_workers=min(jobs, len(chains))) as pool:

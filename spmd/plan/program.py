@@ -35,6 +35,9 @@ class StepCollective:
         bytes_sent_per_device: ring-algorithm bytes one device sends per step (all executions).
         op_name: the JAX/torch op it came from (HLO metadata).
         group: the first replica group's device ids (which devices talk).
+        implements: for an all-reduce whose every operand is a shard written into zeros
+            (``dynamic-update-slice``), ``"all-gather"``: the TPU compiler's way of gathering on
+            some topologies (v5p). Empty otherwise.
     """
 
     kind: CollectiveKind
@@ -45,6 +48,7 @@ class StepCollective:
     bytes_sent_per_device: int
     op_name: str
     group: tuple[int, ...] = ()
+    implements: str = ""
 
 
 def trip_count(hlo_text: str, module: HloModuleText, condition: str) -> int:
@@ -73,6 +77,19 @@ def step_collectives(hlo_text: str) -> list[StepCollective]:
     (``compiled.as_text()``), loops unrolled by count."""
     module = HloModuleText.parse(hlo_text)
     num_devices = module.num_partitions
+    by_name = {i.name: i for insts in module.computations.values() for i in insts}
+
+    def writes_shard_into_zeros(name: str) -> bool:
+        inst = by_name.get(name)
+        while inst is not None and inst.opcode in ("copy", "bitcast", "copy-done"):
+            inst = by_name.get(inst.operands[0]) if inst.operands else None
+        if inst is None:
+            return False
+        if inst.opcode == "fusion":
+            fused = module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+            return any(i.is_root and i.opcode == "dynamic-update-slice" for i in fused)
+        return inst.opcode == "dynamic-update-slice"
+
     seen: dict[tuple[int, str], StepCollective] = {}
     order: list[tuple[int, str]] = []
 
@@ -122,10 +139,23 @@ def step_collectives(hlo_text: str) -> list[StepCollective]:
                     group, members = len(groups[0]), tuple(groups[0])
                     sent = ring_bytes_sent(kind, size, group)
                 channel = inst.attribute("channel_id") or inst.name
+                gathers = (
+                    kind is CollectiveKind.ALL_REDUCE
+                    and bool(inst.operands)
+                    and all(writes_shard_into_zeros(o) for o in inst.operands)
+                )
                 record(
                     (context, f"{kind.value}:{channel}"),
                     StepCollective(
-                        kind, inst.name, size, group, multiplier, sent, inst.metadata.get("op_name", ""), members
+                        kind,
+                        inst.name,
+                        size,
+                        group,
+                        multiplier,
+                        sent,
+                        inst.metadata.get("op_name", ""),
+                        members,
+                        "all-gather" if gathers else "",
                     ),
                 )
                 continue
@@ -147,6 +177,7 @@ def step_collectives(hlo_text: str) -> list[StepCollective]:
                 c.bytes_sent_per_device * c.count,
                 c.op_name,
                 c.group,
+                c.implements,
             )
         )
     return out

@@ -175,11 +175,11 @@ class PlanReport:
             ]
         lines += [
             "",
-            "collectives per step      count   MiB sent per chip",
+            "collectives per step         count   MiB sent per chip",
         ]
         for c in self.collectives:
             dcn = f"  ({c.dcn_bytes_sent_per_chip / MIB:.1f} over DCN)" if c.dcn_bytes_sent_per_chip else ""
-            lines.append(f"  {c.kind:22s} {c.count:7d}   {c.bytes_sent_per_chip / MIB:12.1f}{dcn}")
+            lines.append(f"  {c.kind:25s} {c.count:7d}   {c.bytes_sent_per_chip / MIB:12.1f}{dcn}")
         lines += [
             "",
             f"model FLOPs per step {e.model_flops_per_step:.3e}; XLA cost analysis (loop bodies once): {self.xla_flops:.3e} FLOPs",
@@ -200,8 +200,9 @@ def summarize(collectives: list[Any], crosses_slices: Any) -> tuple[CollectiveSu
     sent: Counter[str] = Counter()
     dcn: Counter[str] = Counter()
     for c in collectives:
-        counts[c.kind.value] += c.count
-        sent[c.kind.value] += c.bytes_sent_per_device
+        kind = c.kind.value if not c.implements else f"{c.kind.value} as {c.implements}"
+        counts[kind] += c.count
+        sent[kind] += c.bytes_sent_per_device
         if crosses_slices(c):
-            dcn[c.kind.value] += c.bytes_sent_per_device
+            dcn[kind] += c.bytes_sent_per_device
     return tuple(CollectiveSummary(k, counts[k], sent[k], dcn[k]) for k in sorted(counts))
