@@ -169,27 +169,25 @@ class Advice:
         chips = math.prod(sizes)
         batch_axes = tuple(a for a in names if a != "tensor")
         batch_spec = P(batch_axes[0] if len(batch_axes) == 1 else batch_axes, None)
-        lines = ["import numpy as np", "import torch", "", "from spmd import P, mark_sharding"]
+        third_party = ["import numpy as np", "import torch"]
+        ours = ["from spmd import P, mark_sharding"]
+        body: list[str] = []
         if self.slices > 1:
             ici = tuple(s // self.slices if a == "data" else s for a, s in shape.items())
             dcn = tuple(self.slices if a == "data" else 1 for a in names)
-            lines += [
-                "from mesh import HybridMesh",
-                "",
-                f"mesh = HybridMesh(ici_mesh_shape={ici}, dcn_mesh_shape={dcn}, axis_names={names})",
-            ]
+            ours.append("from mesh import HybridMesh")
+            body.append(f"mesh = HybridMesh(ici_mesh_shape={ici}, dcn_mesh_shape={dcn}, axis_names={names})")
         else:
-            lines += ["from mesh import Mesh", "", f"mesh = Mesh(np.arange({chips}), {sizes}, {names})"]
+            ours.append("from mesh import Mesh")
+            body.append(f"mesh = Mesh(np.arange({chips}), {sizes}, {names})")
         if c.strategy == "dp":
-            lines += [
-                "import torch_xla",
-                "model = model.to(torch_xla.device())  # replicated on every chip",
-            ]
+            third_party.append("import torch_xla")
+            body.append("model = model.to(torch_xla.device())  # replicated on every chip")
         else:
-            lines[3:3] = ["from fsdp_xla import FSDP, MixedPrecision, transformer_auto_wrap_policy"]
+            ours.append("from fsdp_xla import FSDP, MixedPrecision, transformer_auto_wrap_policy")
             if self.block_class:
                 module, _, cls = self.block_class.rpartition(".")
-                lines[3:3] = [f"from {module} import {cls}"]
+                third_party.append(f"from {module} import {cls}")
                 policy = f"transformer_auto_wrap_policy({{{cls}}})"
             else:
                 policy = "None  # no repeated block found: one unit"
@@ -200,13 +198,15 @@ class Advice:
                 args.append("    gradient_checkpointing=True,")
             if c.strategy == "2d":
                 plan_fn = "gpt2_plan" if self.model_type == "gpt2" else "llama_plan"
-                lines[3:3] = [f"from fsdp_xla.hf import {plan_fn}"]
+                ours.append(f"from fsdp_xla.hf import {plan_fn}")
                 args.append(f"    param_spec_fn={plan_fn}().param_spec_fn(mesh),")
-            lines += ["model = FSDP(", "    model,", *args, ")"]
-        lines += [
+            body += ["model = FSDP(", "    model,", *args, ")"]
+        body += [
             f"# each step: {c.global_batch} sequences of {self.seq_len} tokens ({c.per_device_batch} per batch shard)",
             f"mark_sharding(input_ids, mesh, {batch_spec!r})",
         ]
+        isort = lambda line: (line.startswith("from"), line)  # noqa: E731
+        lines = [*sorted(third_party, key=isort), "", *sorted(ours), "", *body]
         return "\n".join(lines)
 
     def fsdp_config(self) -> dict[str, Any] | None:

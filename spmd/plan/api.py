@@ -247,8 +247,7 @@ def plan(
         cost = compiled.cost_analysis() or {}
         if isinstance(cost, list):
             cost = cost[0] if cost else {}
-    slice_of = {k: getattr(d, "slice_index", 0) for k, d in enumerate(devices)}
-    crosses = lambda c: len({slice_of.get(d, 0) for d in c.group}) > 1  # noqa: E731
+    crosses = lambda c: c.over_dcn  # noqa: E731
     summary = summarize(collectives, crosses)
     n_params = sum(math.prod(s) for s in lowered.param_shapes.values())
     estimate = _estimate(target, hf_config, n_params, batch, seq_len, gradient_checkpointing, collectives, crosses)

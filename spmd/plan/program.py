@@ -38,6 +38,10 @@ class StepCollective:
         implements: for an all-reduce whose every operand is a shard written into zeros
             (``dynamic-update-slice``), ``"all-gather"``: the TPU compiler's way of gathering on
             some topologies (v5p). Empty otherwise.
+        over_dcn: a collective between slices. libtpu compiles one slice's program, whose
+            replica groups stay inside the slice; what crosses slices is a host-transfer
+            ``send`` to the multi-slice runtime (``_xla_megascale_transfer_type``), whose group is
+            the slices.
     """
 
     kind: CollectiveKind
@@ -49,6 +53,7 @@ class StepCollective:
     op_name: str
     group: tuple[int, ...] = ()
     implements: str = ""
+    over_dcn: bool = False
 
 
 def trip_count(hlo_text: str, module: HloModuleText, condition: str) -> int:
@@ -61,6 +66,32 @@ def trip_count(hlo_text: str, module: HloModuleText, condition: str) -> int:
                 if m:
                     return int(m.group(1))
     return 1
+
+
+_DCN_KINDS = {
+    "ALL_REDUCE": CollectiveKind.ALL_REDUCE,
+    "ALL_GATHER": CollectiveKind.ALL_GATHER,
+    "REDUCE_SCATTER": CollectiveKind.REDUCE_SCATTER,
+    "ALL_TO_ALL": CollectiveKind.ALL_TO_ALL,
+}
+
+
+def _dcn_transfer(inst: Instruction) -> tuple[CollectiveKind, int] | None:
+    """(kind, slices) of a multi-slice ``send``, e.g. ``_xla_megascale_target="{1,2}x{0:3}"``:
+    slices 1 and 2 (1-based), devices 0..3 of each."""
+    if inst.opcode != "send":
+        return None
+    kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', inst.attributes)
+    target = re.search(r'_xla_megascale_target="\{([\d,:]+)\}', inst.attributes)
+    if kind is None or kind.group(1) not in _DCN_KINDS:
+        return None
+    slices = 2
+    if target is not None:
+        slices = 0
+        for part in target.group(1).split(","):
+            lo, _, hi = part.partition(":")
+            slices += int(hi) - int(lo) + 1 if hi else 1
+    return _DCN_KINDS[kind.group(1)], slices
 
 
 def _called(inst: Instruction) -> list[str]:
@@ -125,6 +156,24 @@ def step_collectives(hlo_text: str) -> list[StepCollective]:
                     ),
                 )
                 continue
+            dcn = _dcn_transfer(inst)
+            if dcn is not None:
+                kind, slices = dcn
+                size = parse_shape(inst.shape_text)[0].nbytes  # (data, context, token)
+                record(
+                    (context, f"dcn:{inst.attribute('channel_id') or inst.name}"),
+                    StepCollective(
+                        kind,
+                        inst.name,
+                        size,
+                        slices,
+                        multiplier,
+                        ring_bytes_sent(kind, size, slices),
+                        inst.metadata.get("op_name", ""),
+                        over_dcn=True,
+                    ),
+                )
+                continue
             kind = _KINDS.get(inst.opcode)
             if kind is not None:
                 arrays = parse_shape(inst.shape_text)
@@ -178,6 +227,7 @@ def step_collectives(hlo_text: str) -> list[StepCollective]:
                 c.op_name,
                 c.group,
                 c.implements,
+                c.over_dcn,
             )
         )
     return out

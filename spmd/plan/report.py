@@ -173,24 +173,25 @@ class PlanReport:
                 f"(arguments by our sharding math: {m.predicted_argument_bytes / GIB:.3f}); largest buffers:",
                 *(f"    {a}" for a in m.largest_allocations),
             ]
-        lines += [
-            "",
-            "collectives per step         count   MiB sent per chip",
-        ]
-        for c in self.collectives:
-            dcn = f"  ({c.dcn_bytes_sent_per_chip / MIB:.1f} over DCN)" if c.dcn_bytes_sent_per_chip else ""
-            lines.append(f"  {c.kind:25s} {c.count:7d}   {c.bytes_sent_per_chip / MIB:12.1f}{dcn}")
-        lines += [
-            "",
-            f"model FLOPs per step {e.model_flops_per_step:.3e}; XLA cost analysis (loop bodies once): {self.xla_flops:.3e} FLOPs",
-            f"estimated step: compute {e.compute_seconds * 1e3:.1f} ms, ICI {e.ici_seconds * 1e3:.1f} ms, DCN {e.dcn_seconds * 1e3:.1f} ms",
-            f"  -> step {e.step_seconds_overlapped * 1e3:.1f} ms (communication hidden) .. "
-            f"{e.step_seconds_serial * 1e3:.1f} ms (none hidden)",
-            f"  -> roofline MFU bound {e.mfu_serial:.1%} (none hidden) .. {e.mfu_overlapped:.1%} (hidden); "
-            "measured runs reach 40-70 % of peak (docs/plan.md)",
-            "",
-            self.verdict(),
-        ]
+        if m.compiler_oom_bytes is not None:
+            lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
+        else:
+            lines += ["", "collectives per step         count   MiB sent per chip"]
+            for c in self.collectives:
+                dcn = f"  ({c.dcn_bytes_sent_per_chip / MIB:.1f} over DCN)" if c.dcn_bytes_sent_per_chip else ""
+                lines.append(f"  {c.kind:25s} {c.count:7d}   {c.bytes_sent_per_chip / MIB:12.1f}{dcn}")
+            lines += [
+                "",
+                f"model FLOPs per step {e.model_flops_per_step:.3e}; XLA cost analysis (loop bodies once): "
+                f"{self.xla_flops:.3e} FLOPs, {self.xla_bytes_accessed / GIB:.1f} GiB accessed",
+                f"estimated step: compute {e.compute_seconds * 1e3:.1f} ms, ICI {e.ici_seconds * 1e3:.1f} ms, "
+                f"DCN {e.dcn_seconds * 1e3:.1f} ms",
+                f"  -> step {e.step_seconds_overlapped * 1e3:.1f} ms (communication hidden) .. "
+                f"{e.step_seconds_serial * 1e3:.1f} ms (none hidden)",
+                f"  -> roofline MFU bound {e.mfu_serial:.1%} (none hidden) .. {e.mfu_overlapped:.1%} (hidden); "
+                "measured runs reach 40-70 % of peak (docs/plan.md)",
+            ]
+        lines += ["", self.verdict()]
         return "\n".join(lines)
 
 

@@ -42,31 +42,37 @@ config = out / "tiny_llama.json"
 config.write_text(json.dumps(TINY))
 results: dict = {}
 
-# The advisor: data parallel and FSDP on 4 chips under an 85 MiB budget, through the CLI.
+# The advisor: data parallel, FSDP and 2-D on 4 chips under a 79 MiB budget, through the CLI;
+# then again, every compile from the cache.
+advise_args = lambda out_name: [  # noqa: E731
+    str(config),
+    "--topology", "v5e:2x2",
+    "--advise",
+    "--strategies", "dp,fsdp,2d",
+    "--tensors", "2",
+    "--per-device-batches", "8",
+    "--no-checkpointing",
+    "--seq", "128",
+    "--hbm-gib", str(79 / 1024),
+    "--cache", str(out / "cache"),
+    "--json", str(out / out_name),
+    "--fsdp-config", str(out / "fsdp_config.json"),
+    "--plot", str(out / "advice.png"),
+]  # fmt: skip
 stdout = io.StringIO()
 with contextlib.redirect_stdout(stdout):
-    code = cli(
-        [
-            str(config),
-            "--topology", "v5e:2x2",
-            "--advise",
-            "--strategies", "dp,fsdp",
-            "--per-device-batches", "8",
-            "--no-checkpointing",
-            "--seq", "128",
-            "--hbm-gib", str(79 / 1024),
-            "--cache", str(out / "cache"),
-            "--json", str(out / "advice.json"),
-            "--fsdp-config", str(out / "fsdp_config.json"),
-            "--plot", str(out / "advice.png"),
-        ]
-    )  # fmt: skip
-results["advise_exit"] = code
+    results["advise_exit"] = cli(advise_args("advice.json"))
 results["advise_stdout"] = stdout.getvalue()
+with contextlib.redirect_stdout(io.StringIO()):
+    results["advise_again_exit"] = cli(advise_args("advice_again.json"))
 
 # FSDP over 2 chips (data x fsdp = 2 x 2): the same batch split, half the FSDP axis.
 half = plan(str(config), "v5e:2x2", strategy="fsdp", mesh={"data": 2, "fsdp": 2}, global_batch=32, seq_len=128)
 results["fsdp2"] = half.to_dict()
+
+# Two slices over DCN: data=2 across them, fsdp=4 within each.
+two_slices = plan(str(config), "v5e:2x2", slices=2, global_batch=32, seq_len=128)
+results["two_slices"] = two_slices.to_dict()
 
 # The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum.
 devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices

@@ -1,6 +1,7 @@
 """The planner end to end on a small Llama on TPU v5e:2x2 (libtpu's compiler, no TPU), from the
 compiles plan_worker.py runs in the background; and its errors, which need no compile."""
 
+import dataclasses
 import json
 import math
 
@@ -9,6 +10,7 @@ import pytest
 from fsdp_xla.hf.config import read_fsdp_config
 from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, plan
 from spmd.plan.api import _largest, _oom_used_bytes
+from spmd.plan.report import MemoryReport
 from tests.spmd.plan import plan_results
 
 CHIPS = 4
@@ -65,13 +67,44 @@ def test_advisor_picks_a_plan_that_fits_where_data_parallel_does_not(advice, wor
     dp, fsdp = outcome(advice, "dp"), outcome(advice, "fsdp")
     assert not dp.fits and dp.memory.total_bytes > BUDGET
     assert fsdp.fits and fsdp.memory.total_bytes <= BUDGET
-    assert advice["winner"].startswith("fsdp")
-    assert "winner: fsdp" in results["advise_stdout"]
+    winner = [o for o in advice["outcomes"] if o["report"] and o["report"]["fits"]][0]
+    assert winner["strategy"] in ("fsdp", "2d") and advice["winner"].startswith(winner["strategy"])
+    assert f"winner: {winner['strategy']}" in results["advise_stdout"]
     assert "model = FSDP(" in advice["code"] and "LlamaDecoderLayer" in advice["code"]
     compile(advice["code"], "advice", "exec")
     config = read_fsdp_config(out / "fsdp_config.json", warn=False)
     assert config.layer_classes == ("LlamaDecoderLayer",) and not config.gradient_checkpointing
     assert (out / "advice.png").stat().st_size > 10_000
+
+
+def test_two_d_plan_shards_heads_over_tensor(advice):
+    two_d = outcome(advice, "2d")
+    assert two_d.mesh == {"fsdp": 2, "tensor": 2} and two_d.fits
+    assert two_d.param_specs["model.layers.0.self_attn.q_proj.weight"] == "P('tensor', 'fsdp')"
+    for o in advice["outcomes"]:  # every compiled plan's arguments are the sharding math's
+        report = PlanReport.from_dict(o["report"])
+        assert report.memory.argument_bytes == report.memory.predicted_argument_bytes
+
+
+def test_a_second_advice_comes_from_the_cache(advice, worker):
+    results, out = worker
+    again = json.loads((out / "advice_again.json").read_text())
+    assert results["advise_again_exit"] == 0
+    assert [o["cached"] for o in again["outcomes"]] == [True] * len(again["outcomes"])
+    assert [o["report"]["memory"] for o in again["outcomes"]] == [o["report"]["memory"] for o in advice["outcomes"]]
+
+
+def test_two_slices_put_the_data_axis_over_dcn(advice, worker):
+    results, _ = worker
+    two = PlanReport.from_dict(results["two_slices"])
+    assert (two.chips, two.mesh) == (8, {"data": 2, "fsdp": 4})
+    # Parameters as on one slice's fsdp=4; the batch splits 8 ways instead of 4.
+    one = outcome(advice, "fsdp")
+    assert two.memory.argument_bytes - 4 * BATCH * SEQ // 8 == one.memory.argument_bytes - 4 * BATCH * SEQ // CHIPS
+    # Between the two slices: each chip's bf16 gradient shard, all-reduced (a 2-member ring sends it once).
+    dcn = sum(c.dcn_bytes_sent_per_chip for c in two.collectives)
+    assert math.isclose(dcn, 2 * tiny_llama_params() / 4, rel_tol=0.01)
+    assert two.estimate.dcn_seconds > 0
 
 
 def test_collectives_are_the_strategy_s(advice):
@@ -115,6 +148,19 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
     assert _oom_used_bytes(OOM) == int(45.97 * 2**30)
     assert _largest(OOM) == ("   8.00G  bf16[32,1,32,2048,2048]{3,4,2,1,0:T(8,128)(2,1)}  (broadcast.141)",)
     assert _oom_used_bytes("RESOURCE_EXHAUSTED: something else") is None
+
+
+def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
+    fits = outcome(advice, "fsdp")
+    used = _oom_used_bytes(OOM)
+    memory = MemoryReport(0, 0, 0, 0, 0, 1000, 16 * 2**30, used, _largest(OOM))
+    report = dataclasses.replace(fits, memory=memory)
+    assert not report.fits and report.memory.margin_bytes == 16 * 2**30 - used
+    table = report.table()
+    assert "ran out of HBM: 45.97 GiB" in table and "bf16[32,1,32,2048,2048]" in table
+    assert "no collectives or step estimate" in table and "roofline" not in table
+    assert table.endswith("OOM: 45.97 GiB needed, 16.00 GiB HBM per chip (29.97 GiB short)")
+    assert PlanReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Reading collectives from TPU HLO text (pure): all-reduces that implement gathers."""
+"""Reading collectives from TPU HLO text (pure): all-reduces that implement gathers, and the
+multi-slice runtime's transfers between slices."""
 
 from spmd.plan.program import step_collectives
 
@@ -32,3 +33,43 @@ def test_an_all_reduce_of_shards_written_into_zeros_is_a_gather():
     assert found["reduced"].implements == ""
     assert {c.kind.value for c in found.values()} == {"all-reduce"}
     assert found["gathered"].result_bytes == 1024 and found["gathered"].group_size == 8
+
+
+# A multi-slice compile (trimmed from libtpu's for v5e:2x2 x 2 slices): the all-reduce across
+# slices is a host-transfer send/recv pair to the multi-slice runtime, inside a 3-step loop.
+DCN_HLO = """HloModule jit_step, is_scheduled=true, num_partitions=4
+
+%cond (p: (s32[], f32[128])) -> pred[] {
+  %p = (s32[], f32[128]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %three = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %three), direction=LT
+}
+
+%body (p: (s32[], f32[128])) -> (s32[], f32[128]) {
+  %p = (s32[], f32[128]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[128]{0} get-tuple-element(%p), index=1
+  %token = token[] after-all()
+  %send = (f32[1,1,128]{2,1,0}, u32[], token[]) send(%x, %token), channel_id=120, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[1,1,128]{2,1,0}, u32[], token[]) recv(%token), channel_id=121, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[128]{0}) tuple(%next, %x)
+}
+
+ENTRY %main (x: f32[128]) -> f32[128] {
+  %x = f32[128]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[128]{0}) tuple(%zero, %x)
+  %loop = (s32[], f32[128]{0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[128]{0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_transfers_between_slices_are_dcn_collectives_over_the_slices():
+    (dcn,) = step_collectives(DCN_HLO)
+    assert dcn.over_dcn and dcn.kind.value == "all-reduce"
+    assert (dcn.group_size, dcn.count, dcn.result_bytes) == (2, 3, 512)
+    assert dcn.bytes_sent_per_device == 3 * 512  # a 2-member ring sends each all-reduce's bytes once
