@@ -66,12 +66,9 @@ results["advise_stdout"] = stdout.getvalue()
 with contextlib.redirect_stdout(io.StringIO()):
     results["advise_again_exit"] = cli(advise_args("advice_again.json"))
 
-# FSDP over 2 chips (data x fsdp = 2 x 2): the same batch split, half the FSDP axis.
-half = plan(str(config), "v5e:2x2", strategy="fsdp", mesh={"data": 2, "fsdp": 2}, global_batch=32, seq_len=128)
-results["fsdp2"] = half.to_dict()
-
-# Two slices over DCN: data=2 across them, fsdp=4 within each.
-two_slices = plan(str(config), "v5e:2x2", slices=2, global_batch=32, seq_len=128)
+# Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
+# one-slice fsdp=4 plan, and a data axis across slices.
+two_slices = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
 results["two_slices"] = two_slices.to_dict()
 
 # The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum.
