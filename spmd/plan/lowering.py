@@ -137,12 +137,11 @@ def lower_train_step(
     """
     import jax
     import jax.numpy as jnp
-    import torchax
     from jax.sharding import Mesh as JaxMesh
     from jax.sharding import NamedSharding
     from torch.nn.utils import stateless
 
-    env = torchax.default_env()
+    env = _import_torchax().default_env()
     jmesh = JaxMesh(np.asarray(jax_devices)[mesh.get_logical_mesh()], tuple(mesh.axis_names))
     compute = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
 
@@ -262,6 +261,32 @@ def lower_train_step(
     )
     lowered = jax.jit(step, donate_argnums=(0,)).lower(state, tokens)
     return LoweredStep(lowered, specs, shapes, len(stack[1]) if stack is not None else 0)
+
+
+def _import_torchax() -> Any:
+    """``torchax``, which the PyPI wheel of 0.0.13 cannot import without flax: its
+    ``checkpoint`` module imports ``flax.training.checkpoints`` at the top, for save/load
+    helpers the planner never calls. When flax is absent, a placeholder stands in while torchax
+    imports and is removed right after, so nothing else sees a fake flax."""
+    import importlib.util
+    import sys
+    import types
+
+    if "torchax" in sys.modules or importlib.util.find_spec("flax") is not None:
+        import torchax
+
+        return torchax
+    names = ("flax", "flax.training", "flax.training.checkpoints")
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["flax"].training = sys.modules["flax.training"]  # type: ignore[attr-defined]
+    sys.modules["flax.training"].checkpoints = sys.modules["flax.training.checkpoints"]  # type: ignore[attr-defined]
+    try:
+        import torchax
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+    return torchax
 
 
 def _token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
