@@ -140,10 +140,18 @@ class Advice:
                 )
                 continue
             verdict = "fits" if r.fits else f"OOM (-{-r.memory.margin_bytes / GIB:.2f} GiB)"
+            if r.fits and r.memory.margin_bytes < 0:
+                verdict = "fits (compiler; no margin)"
+            if r.memory.compiler_oom_bytes is None:  # the compiler's OOM leaves no program to estimate
+                estimate = (
+                    f"{r.estimate.step_seconds_serial * 1e3:9.1f} {r.tokens_per_second / r.chips:11.0f} "
+                    f"{r.estimate.mfu_serial:9.1%}"
+                )
+            else:
+                estimate = f"{'-':>9s} {'-':>11s} {'-':>9s}"
             lines.append(
                 f"  {rank:2d}  {o.candidate.label():52s} {r.memory.total_bytes / GIB:9.2f} "
-                f"{r.estimate.step_seconds_serial * 1e3:9.1f} {r.tokens_per_second / r.chips:11.0f} "
-                f"{r.estimate.mfu_serial:9.1%}  {verdict}{' (cached)' if o.cached else ''}"
+                f"{estimate}  {verdict}{' (cached)' if o.cached else ''}"
             )
         lines.append("")
         lines.append(
@@ -201,6 +209,11 @@ class Advice:
                 ours.append(f"from fsdp_xla.hf import {plan_fn}")
                 args.append(f"    param_spec_fn={plan_fn}().param_spec_fn(mesh),")
             body += ["model = FSDP(", "    model,", *args, ")"]
+            if c.strategy == "2d":
+                body.append(
+                    f"# or the Trainer: FSDPTrainer(model=model, args=args, mesh=mesh, sharding_plan={plan_fn}()) "
+                    "with the fsdp_config.json below"
+                )
         body += [
             f"# each step: {c.global_batch} sequences of {self.seq_len} tokens ({c.per_device_batch} per batch shard)",
             f"mark_sharding(input_ids, mesh, {batch_spec!r})",

@@ -242,6 +242,7 @@ def plan(
             generated_code_bytes=stats.generated_code_size_in_bytes,
             predicted_argument_bytes=predicted,
             hbm_bytes=budget,
+            compiler_accepted=budget >= target.chip.hbm_bytes,  # libtpu compiled it for this chip's HBM
         )
         collectives = step_collectives(compiled.as_text())
         cost = compiled.cost_analysis() or {}

@@ -31,7 +31,9 @@ class MemoryReport:
 
     When the TPU compiler itself refuses the program for lack of HBM there is no memory
     analysis: ``compiler_oom_bytes`` holds the usage its error reports (the other byte fields
-    are 0) and ``largest_allocations`` its list of the biggest buffers.
+    are 0) and ``largest_allocations`` its list of the biggest buffers. ``compiler_accepted``:
+    the compiler placed the step in the chip's HBM, which is the verdict when the budget is the
+    chip's own (the analysis's categories can add up to a little more than the HBM it accepted).
     """
 
     argument_bytes: int
@@ -43,6 +45,7 @@ class MemoryReport:
     hbm_bytes: int
     compiler_oom_bytes: int | None = None
     largest_allocations: tuple[str, ...] = ()
+    compiler_accepted: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -52,7 +55,9 @@ class MemoryReport:
 
     @property
     def fits(self) -> bool:
-        return self.compiler_oom_bytes is None and self.total_bytes <= self.hbm_bytes
+        if self.compiler_oom_bytes is not None:
+            return False
+        return self.compiler_accepted or self.total_bytes <= self.hbm_bytes
 
     @property
     def margin_bytes(self) -> int:
@@ -115,6 +120,11 @@ class PlanReport:
 
     def verdict(self) -> str:
         m = self.memory
+        if m.fits and m.margin_bytes < 0:
+            return (
+                f"FITS: the TPU compiler placed the step in the chip's HBM, though its memory analysis adds up "
+                f"to {m.total_bytes / GIB:.2f} GiB of a nominal {m.hbm_bytes / GIB:.2f} GiB (no margin left)"
+            )
         if m.fits:
             return f"FITS: {m.total_bytes / GIB:.2f} GiB of {m.hbm_bytes / GIB:.2f} GiB HBM per chip ({m.margin_bytes / GIB:.2f} GiB free)"
         return f"OOM: {m.total_bytes / GIB:.2f} GiB needed, {m.hbm_bytes / GIB:.2f} GiB HBM per chip ({-m.margin_bytes / GIB:.2f} GiB short)"
@@ -141,8 +151,10 @@ class PlanReport:
         return cls(**d)
 
     def with_hbm(self, hbm_bytes: int) -> PlanReport:
-        """The same report judged against a different per-chip memory budget."""
-        return replace(self, memory=replace(self.memory, hbm_bytes=hbm_bytes))
+        """The same report judged against a different per-chip memory budget (below the chip's
+        HBM, by the memory analysis alone)."""
+        accepted = self.memory.compiler_accepted and hbm_bytes >= self.memory.hbm_bytes
+        return replace(self, memory=replace(self.memory, hbm_bytes=hbm_bytes, compiler_accepted=accepted))
 
     @property
     def tokens_per_second(self) -> float:

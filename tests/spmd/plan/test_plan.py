@@ -162,6 +162,15 @@ def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     assert PlanReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
 
 
+def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice):
+    fsdp = outcome(advice, "fsdp")
+    assert not fsdp.memory.compiler_accepted  # judged against the 79 MiB budget, by the analysis
+    over = dataclasses.replace(fsdp.memory, hbm_bytes=fsdp.memory.total_bytes - 1, compiler_accepted=True)
+    report = dataclasses.replace(fsdp, memory=over)
+    assert report.fits and "no margin left" in report.verdict()
+    assert not report.with_hbm(over.hbm_bytes - 1).fits  # a budget below the chip: the analysis decides
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "says"),
     [
