@@ -197,7 +197,9 @@ def lower_train_step(
             jh, jargs, jkwargs = env.t2j_iso((hidden, args, kwargs))
 
             def body(carry: Any, layer_params: dict[str, Any]) -> tuple[Any, None]:
-                return block(carry, layer_params, jargs, jkwargs), None
+                # A block returns its input's dtype in eager torch; some torchax builds promote
+                # (an RMSNorm's fp32 upcast leaks out), which a scan carry cannot take.
+                return block(carry, layer_params, jargs, jkwargs).astype(carry.dtype), None
 
             out, _ = jax.lax.scan(body, jh, stacked)
             return env.j2t_iso(out)
