@@ -49,9 +49,6 @@ inspector.prepare()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch_xla  # noqa: E402
-import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.runtime as xr  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,  # noqa: E402
@@ -156,6 +153,8 @@ def build(strategy: str, config, n: int, tensor: int):
         )
         return model, mesh, P("fsdp", None)
     if strategy == "dp":
+        import torch_xla
+
         mesh = Mesh(np.arange(n), (n,), ("data",))
         model = model.to(torch_xla.device())
         model.tie_weights()  # .to() unties the embeddings
@@ -187,6 +186,9 @@ def run(strategy: str, config, args, n: int, progress) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
     on_dtensor = spmd.backend_for().name == "dtensor"
+    if not on_dtensor:  # torch_xla only here: the dtensor path runs where it is not installed
+        import torch_xla
+        import torch_xla.core.xla_model as xm
 
     def step() -> torch.Tensor:
         tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=gen)
@@ -331,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         args.baseline = args.baseline or "torch_xla"
         args.strategies = args.strategies or "fsdp,2d"
+        import torch_xla.runtime as xr
+
         spmd.enable_spmd()
         n, platform, rank = xr.global_runtime_device_count(), xr.device_type(), 0
     say = print if rank == 0 else (lambda *a, **k: None)

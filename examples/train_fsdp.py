@@ -27,8 +27,6 @@ configure_default_devices()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import torch_xla  # noqa: E402
-import torch_xla.runtime as xr  # noqa: E402
 
 import spmd  # noqa: E402
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
@@ -112,6 +110,8 @@ def xla_step(
 ) -> torch.Tensor:
     """One training step on torch_xla: the global batch ``tokens`` goes to the devices split over
     the ``fsdp`` axis; returns the (computed) loss."""
+    import torch_xla
+
     tokens = tokens.to(torch_xla.device())
     mark_sharding(tokens, mesh, P("fsdp", None))
     loss = lm_loss(model(tokens[:, :-1]), tokens)
@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> list[float]:
         spmd.use_backend("dtensor")
         n, rank = dist.get_world_size(), dist.get_rank()
         where = f"{n} processes ({dist.get_backend()})"
-    else:
+    else:  # torch_xla is imported only here: the dtensor path runs where it is not installed
+        import torch_xla.runtime as xr
+
         spmd.enable_spmd()
         n = xr.global_runtime_device_count()
         where = f"{n} ({xr.device_type()})"

@@ -33,8 +33,6 @@ configure_default_devices()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import torch_xla  # noqa: E402
-import torch_xla.runtime as xr  # noqa: E402
 
 import spmd  # noqa: E402
 from spmd import Mesh, P, mark_sharding, shard_parameters, with_sharding_constraint  # noqa: E402
@@ -119,7 +117,10 @@ def main(argv: list[str] | None = None) -> list[float]:
         n, rank = dist.get_world_size(), dist.get_rank()
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         where = f"{n} processes ({dist.get_backend()})"
-    else:
+    else:  # torch_xla is imported only here: the dtensor path runs where it is not installed
+        import torch_xla
+        import torch_xla.runtime as xr
+
         spmd.enable_spmd()
         n, device = xr.global_runtime_device_count(), torch_xla.device()
         where = f"{n} ({xr.device_type()})"

@@ -4,7 +4,7 @@
 
 examples/train_fsdp.py and examples/train_spmd.py with ``--backend dtensor`` (train_spmd on a
 (2, 2) data x model mesh), train_spmd's model trained eagerly in one process on the same data
-as the reference, and examples/mfu_benchmark.py on a tiny GPT-2. Rank 0 writes results.json
+as the reference, and examples/mfu_benchmark.py on a one-block GPT-2. Rank 0 writes results.json
 (and the benchmark's mfu.json) into OUT_DIR.
 """
 
@@ -26,7 +26,8 @@ dist.init_process_group("gloo")
 out = Path(sys.argv[1])
 steps = 6
 
-fsdp_losses = train_fsdp.main(["--backend", "dtensor", "--steps", "8", "--deferred-init", "--checkpointing"])
+small = ["--layers", "2", "--d-model", "64", "--seq", "32", "--batch", "8"]
+fsdp_losses = train_fsdp.main(["--backend", "dtensor", *small, "--steps", "8", "--deferred-init", "--checkpointing"])
 spmd_losses = train_spmd.main(["--backend", "dtensor", "--steps", str(steps)])
 
 torch.manual_seed(0)  # as train_spmd.main: the same initial weights and batches, one process
@@ -43,10 +44,15 @@ for _ in range(steps):
     optimizer.step()
     eager_losses.append(loss.item())
 
-bench_args = ["--backend", "dtensor", "--batch", "8", "--seq", "32"]  # strategies: the default there, fsdp
+config = out / "gpt2_one_block.json"
+if dist.get_rank() == 0:
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 512}))
+dist.barrier()
+bench_args = ["--backend", "dtensor", "--config", str(config), "--batch", "8", "--seq", "32"]  # strategy: fsdp
 bench = mfu_benchmark.main([*bench_args, "--steps", "2", "--warmup", "1", "--json", str(out / "mfu.json")])
 
 if dist.get_rank() == 0:
     result = {"fsdp_losses": fsdp_losses, "spmd_losses": spmd_losses, "spmd_eager_losses": eager_losses}
+    result["torch_xla_imported"] = "torch_xla" in sys.modules
     (out / "results.json").write_text(json.dumps(result))
 dist.destroy_process_group()

@@ -1,7 +1,9 @@
 """Every Python snippet in the README and docs/ runs as written, and what it says it prints it prints.
 
-Each snippet runs in its own process (most configure devices before torch_xla is imported),
-after the setup below, which defines only what the surrounding text says the reader already
+A snippet that starts a program (it configures devices before torch_xla is imported, or
+prepares the inspector's dumps) runs in its own process; a fragment that continues the text's
+program runs in this test process (8 devices, SPMD on) in a fresh namespace and directory. Both
+run after the setup below, which defines only what the surrounding text says the reader already
 has (``model``, ``config``, a ``loader``...). A line ``print(x)  # text`` checks that ``x``
 prints as ``text`` begins (whitespace and commas ignored). A new snippet runs with no setup,
 so it must be complete or get an entry here.
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.torchrun import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -54,10 +58,21 @@ SETUP: dict[tuple[str, int], str | None] = {
     + str(ROOT / "examples" / "fsdp_config.json")
     + "', 'fsdp_config.json')\n"
     + "from examples.hf_trainer_fsdp import CountingDataset\n"
-    + "train_dataset = CountingDataset(32, 32, 128)\n",
+    + "train_dataset = CountingDataset(16, 32, 128)\n",  # one step per epoch, 3 epochs
     ("huggingface.md", 1): HF_SMALL,
     # Three alternative ways to use one plan, one after the other in the text: compiled only.
     ("huggingface.md", 2): None,
+}
+# Fragments run in this process; they need nothing a fresh process would give them.
+IN_PROCESS = {
+    ("README.md", 0),
+    ("fsdp.md", 1),
+    ("fsdp.md", 2),
+    ("fsdp.md", 3),
+    ("guide.md", 0),
+    ("guide.md", 1),
+    ("huggingface.md", 1),
+    ("migration.md", 0),
 }
 # Snippets that run as torchrun jobs: (name, index) -> processes.
 TORCHRUN = {("backends.md", 0): 4}
@@ -92,22 +107,27 @@ def test_every_snippet_is_known_or_complete():
     found = {(name, i) for name, i, _ in snippets()}
     assert set(SETUP) <= found, f"setups for snippets that no longer exist: {sorted(set(SETUP) - found)}"
     assert len(found) >= 14
+    assert IN_PROCESS <= found and not IN_PROCESS & set(TORCHRUN)
 
 
 @pytest.mark.parametrize("name, index, code", snippets(), ids=lambda v: str(v)[:20] if not isinstance(v, str) else v)
-def test_snippet_runs(name, index, code, tmp_path):
+def test_snippet_runs(name, index, code, tmp_path, request, monkeypatch):
     setup = SETUP.get((name, index), "")
     if setup is None:
         compile(code, f"{name}[{index}]", "exec")
         return
+    if (name, index) in IN_PROCESS:
+        request.getfixturevalue("xla")
+        monkeypatch.chdir(tmp_path)
+        exec(compile(setup + with_checks(code), f"{name}[{index}]", "exec"), {"__name__": "__snippet__"})
+        return
     script = tmp_path / "snippet.py"
     script.write_text(setup + with_checks(code))
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
-    env["PYTHONPATH"] = str(ROOT)
-    command = [sys.executable, str(script)]
     if (name, index) in TORCHRUN:
-        env = {k: v for k, v in env.items() if not k.startswith(("PJRT_", "XLA_"))}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(TORCHRUN[(name, index)])]
-        command.append(str(script))
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        run = torchrun(script, TORCHRUN[(name, index)], cwd=tmp_path, timeout=300)
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
+        env["PYTHONPATH"] = str(ROOT)
+        command = [sys.executable, str(script)]
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{name} snippet {index} failed:\n{run.stderr[-3000:]}"

@@ -370,7 +370,11 @@ def advise(
     """Try the candidate plans (module docstring) and rank them.
 
     Args:
-        model, topology, slices, seq_len, compute_dtype: as `spmd.plan.plan`.
+        model: as in `spmd.plan.plan`.
+        topology: as in `spmd.plan.plan`.
+        slices: as in `spmd.plan.plan`.
+        seq_len: as in `spmd.plan.plan`.
+        compute_dtype: as in `spmd.plan.plan`.
         strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.

@@ -64,10 +64,13 @@ elif action == "full_disk":
     )
 elif action == "slow_load":
     read = ck._Reader.block
+    paused = []
 
     def slow(self, file, name):
-        print("READING", flush=True)
-        time.sleep(3)
+        if not paused:  # the first block read holds the version for 3 s
+            paused.append(name)
+            print("READING", flush=True)
+            time.sleep(3)
         return read(self, file, name)
 
     ck._Reader.block = slow

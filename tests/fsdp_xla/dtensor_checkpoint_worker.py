@@ -1,10 +1,11 @@
 """Run under torchrun by test_checkpoint_across_backends.py: DTensor FSDP checkpoints.
 
-    torchrun --nproc_per_node 4 tests/fsdp_xla/dtensor_checkpoint_worker.py ACTION CKPT OUT.json
+    torchrun --nproc_per_node N tests/fsdp_xla/dtensor_checkpoint_worker.py ACTION CKPT OUT.json [ACTION CKPT OUT.json ...]
 
-``train_save``: 2 AdamW steps, save (model + optimizer), 2 more steps; OUT holds those 2 losses.
-``load_continue``: a fresh model, load (model + optimizer), 2 steps; OUT holds the losses and
-the loaded full weights' checksum. Batches are the GSPMD test's: each rank takes its part.
+Each job builds a fresh model. ``train_save``: 2 AdamW steps, save (model + optimizer), 2 more
+steps; OUT holds those 2 losses. ``load_continue``: load (model + optimizer) into other initial
+weights, 2 steps; OUT holds the saved extra and the losses. Batches are the GSPMD test's: each
+rank takes its part.
 """
 
 import json
@@ -21,33 +22,35 @@ from mesh import Mesh
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 
-action, ckpt, out = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 mesh = Mesh(np.arange(world), (world,), ("fsdp",))
 gen = torch.Generator().manual_seed(1)
 data = [synthetic_batch(gen, 16, SMALL["seq"], SMALL["vocab"]) for _ in range(4)]
-torch.manual_seed(0 if action == "train_save" else 7)
-model = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def step(tokens):
-    return rank_step(model, opt, tokens)
+def job(action: str, ckpt: str) -> dict:
+    torch.manual_seed(0 if action == "train_save" else 7)
+    model = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    result = {}
+    if action == "train_save":
+        for tokens in data[:2]:
+            rank_step(model, opt, tokens)
+        ck.save_sharded(ckpt, model, opt, extra={"steps": 2})
+    elif action == "load_continue":
+        result["extra"] = ck.load_sharded(ckpt, model, opt)
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+    result["losses"] = [rank_step(model, opt, tokens) for tokens in data[2:]]
+    return result
 
 
-result = {}
-if action == "train_save":
-    for tokens in data[:2]:
-        step(tokens)
-    ck.save_sharded(ckpt, model, opt, extra={"steps": 2})
-    result["losses"] = [step(tokens) for tokens in data[2:]]
-else:
-    result["extra"] = ck.load_sharded(ckpt, model, opt)
-    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
-    result["checksum"] = float(sum(v.double().abs().sum() for v in full.values()))
-    result["losses"] = [step(tokens) for tokens in data[2:]]
-if rank == 0:
-    with open(out, "w") as f:
-        json.dump(result, f)
+jobs = sys.argv[1:]
+for i in range(0, len(jobs), 3):
+    action, ckpt, out = jobs[i : i + 3]
+    result = job(action, ckpt)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
 dist.destroy_process_group()

@@ -22,28 +22,37 @@ def gspmd_model(seed):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def worker(action, ckpt, out, nproc=4):
-    run = torchrun(WORKER, nproc, action, str(ckpt), str(out))
+def dtensor_jobs(nproc, *jobs):
+    """One torchrun launch running ``jobs`` ((action, checkpoint, out.json), ...) in order."""
+    run = torchrun(WORKER, nproc, *(str(a) for job in jobs for a in job))
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(Path(out).read_text())
+    return [json.loads(Path(out).read_text()) for _, _, out in jobs]
 
 
-def test_torch_xla_checkpoint_continues_on_dtensor(xla, tmp_path):
+def test_checkpoints_cross_between_torch_xla_and_dtensor_and_to_fewer_processes(xla, tmp_path):
     data = batches(4)
     model, opt = gspmd_model(0)
     train(model, data[:2], xla, fsdp_mesh(), optimizer=opt)
-    ck.save_sharded(tmp_path / "ck", model, opt, extra={"steps": 2})
+    ck.save_sharded(tmp_path / "xla_ck", model, opt, extra={"steps": 2})
     gspmd_losses = train(model, data[2:], xla, fsdp_mesh(), optimizer=opt)
-    dtensor = worker("load_continue", tmp_path / "ck", tmp_path / "out.json")
-    assert dtensor["extra"] == {"steps": 2}
-    assert dtensor["losses"] == pytest.approx(gspmd_losses, rel=1e-5)
 
+    from_xla, dtensor_saved = dtensor_jobs(
+        4,
+        ("load_continue", tmp_path / "xla_ck", tmp_path / "from_xla.json"),
+        ("train_save", tmp_path / "dt_ck", tmp_path / "saved.json"),
+    )
+    # torch_xla -> dtensor: the loaded run continues with torch_xla's losses.
+    assert from_xla["extra"] == {"steps": 2}
+    assert from_xla["losses"] == pytest.approx(gspmd_losses, rel=1e-5)
+    # The same training on dtensor from scratch: the same losses too.
+    assert dtensor_saved["losses"] == pytest.approx(gspmd_losses, rel=1e-5)
 
-def test_dtensor_checkpoint_continues_on_torch_xla_and_on_fewer_processes(xla, tmp_path):
-    saved = worker("train_save", tmp_path / "ck", tmp_path / "saved.json")
+    # dtensor -> torch_xla.
     model, opt = gspmd_model(7)  # other weights, overwritten by the load
-    assert ck.load_sharded(tmp_path / "ck", model, opt) == {"steps": 2}
-    gspmd_losses = train(model, batches(4)[2:], xla, fsdp_mesh(), optimizer=opt)
-    assert gspmd_losses == pytest.approx(saved["losses"], rel=1e-5)
-    two = worker("load_continue", tmp_path / "ck", tmp_path / "two.json", nproc=2)
-    assert two["losses"] == pytest.approx(saved["losses"], rel=1e-5)
+    assert ck.load_sharded(tmp_path / "dt_ck", model, opt) == {"steps": 2}
+    assert train(model, data[2:], xla, fsdp_mesh(), optimizer=opt) == pytest.approx(dtensor_saved["losses"], rel=1e-5)
+
+    # dtensor 4 -> 2 processes.
+    (on_two,) = dtensor_jobs(2, ("load_continue", tmp_path / "dt_ck", tmp_path / "two.json"))
+    assert on_two["extra"] == {"steps": 2}
+    assert on_two["losses"] == pytest.approx(dtensor_saved["losses"], rel=1e-5)
