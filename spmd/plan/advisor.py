@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -380,8 +381,9 @@ def advise(
         tensors: ``tensor`` axis sizes for 2-D.
         checkpointing: gradient checkpointing settings to try (``(False,)``: never).
         hbm_bytes: the per-chip memory budget; default the chip's HBM.
-        jobs: meshes compiled at once, each in its own process (about 2 GiB of RAM each);
-            1 runs in this process.
+        jobs: meshes compiled at once, each in its own spawned process (about 2 GiB of RAM
+            each; a calling script needs an ``if __name__ == "__main__":`` guard); 1 runs in
+            this process.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives one progress line per compile (default: stderr).
 
@@ -435,7 +437,9 @@ def advise(
     )
     common = (topology, seq_len, compute_dtype, slices, budget, cache, model_key)
     if jobs > 1 and len(chains) > 1 and not isinstance(model, torch.nn.Module):
-        with ProcessPoolExecutor(max_workers=min(jobs, len(chains))) as pool:
+        # spawn, not fork: this process has libtpu loaded (its threads), and a forked child aborts.
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(chains)), mp_context=spawn) as pool:
             futures = [pool.submit(_chain_in_worker, (model, common[0], ch, *common[1:])) for ch in chains]
             for k, fut in enumerate(futures, 1):
                 outcomes += fut.result()

@@ -12,8 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-out = Path(sys.argv[1])
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -38,59 +36,64 @@ TINY = {
     "max_position_embeddings": 512,
     "tie_word_embeddings": False,
 }
-config = out / "tiny_llama.json"
-config.write_text(json.dumps(TINY))
-results: dict = {}
-
-# The advisor: data parallel, FSDP and 2-D on 4 chips under a 79 MiB budget, through the CLI;
-# then again, every compile from the cache.
-advise_args = lambda out_name: [  # noqa: E731
-    str(config),
-    "--topology", "v5e:2x2",
-    "--advise",
-    "--strategies", "dp,fsdp,2d",
-    "--tensors", "2",
-    "--per-device-batches", "8",
-    "--no-checkpointing",
-    "--seq", "128",
-    "--hbm-gib", str(79 / 1024),
-    "--cache", str(out / "cache"),
-    "--json", str(out / out_name),
-    "--fsdp-config", str(out / "fsdp_config.json"),
-    "--plot", str(out / "advice.png"),
-]  # fmt: skip
-stdout = io.StringIO()
-with contextlib.redirect_stdout(stdout):
-    results["advise_exit"] = cli(advise_args("advice.json"))
-results["advise_stdout"] = stdout.getvalue()
-with contextlib.redirect_stdout(io.StringIO()):
-    results["advise_again_exit"] = cli(advise_args("advice_again.json"))
-
-# Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
-# one-slice fsdp=4 plan, and a data axis across slices.
-two_slices = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
-results["two_slices"] = two_slices.to_dict()
-
-# The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum.
-devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
-mesh = JaxMesh(np.array(devices).reshape(4), ("x",))
 
 
-def body(x):
-    def step(i, acc):
-        return acc + jax.lax.all_gather(x * i, "x", tiled=True)[: x.shape[0]]
+def main(out: Path) -> None:
+    config = out / "tiny_llama.json"
+    config.write_text(json.dumps(TINY))
+    results: dict = {}
 
-    acc = jax.lax.fori_loop(0, 5, step, jnp.zeros_like(x))
-    return jax.lax.psum(acc, "x")
+    # The advisor: data parallel, FSDP and 2-D on 4 chips under a 79 MiB budget, through the CLI;
+    # then again with --jobs 2 (spawned worker processes), every compile from the cache.
+    advise_args = lambda out_name: [  # noqa: E731
+        str(config),
+        "--topology", "v5e:2x2",
+        "--advise",
+        "--strategies", "dp,fsdp,2d",
+        "--tensors", "2",
+        "--per-device-batches", "8",
+        "--no-checkpointing",
+        "--seq", "128",
+        "--hbm-gib", str(79 / 1024),
+        "--cache", str(out / "cache"),
+        "--json", str(out / out_name),
+        "--fsdp-config", str(out / "fsdp_config.json"),
+        "--plot", str(out / "advice.png"),
+    ]  # fmt: skip
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        results["advise_exit"] = cli(advise_args("advice.json"))
+    results["advise_stdout"] = stdout.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()):
+        results["advise_again_exit"] = cli([*advise_args("advice_again.json"), "--jobs", "2"])
+
+    # Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
+    # one-slice fsdp=4 plan, and a data axis across slices.
+    two_slices = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
+    results["two_slices"] = two_slices.to_dict()
+
+    # The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum.
+    devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
+    mesh = JaxMesh(np.array(devices).reshape(4), ("x",))
+
+    def body(x):
+        def step(i, acc):
+            return acc + jax.lax.all_gather(x * i, "x", tiled=True)[: x.shape[0]]
+
+        acc = jax.lax.fori_loop(0, 5, step, jnp.zeros_like(x))
+        return jax.lax.psum(acc, "x")
+
+    f = jax.jit(shard_map(body, mesh=mesh, in_specs=JP("x", None), out_specs=JP(None, None), check_rep=False))
+    arg = jax.ShapeDtypeStruct((4 * 256, 512), jnp.float32, sharding=NamedSharding(mesh, JP("x", None)))
+    compiled = f.lower(arg).compile()
+    results["loop_collectives"] = [
+        {"kind": c.kind.value, "count": c.count, "result_bytes": c.result_bytes, "group_size": c.group_size,
+         "bytes_sent_per_device": c.bytes_sent_per_device}
+        for c in step_collectives(compiled.as_text())
+    ]  # fmt: skip
+
+    (out / "results.json").write_text(json.dumps(results))
 
 
-f = jax.jit(shard_map(body, mesh=mesh, in_specs=JP("x", None), out_specs=JP(None, None), check_rep=False))
-arg = jax.ShapeDtypeStruct((4 * 256, 512), jnp.float32, sharding=NamedSharding(mesh, JP("x", None)))
-compiled = f.lower(arg).compile()
-results["loop_collectives"] = [
-    {"kind": c.kind.value, "count": c.count, "result_bytes": c.result_bytes, "group_size": c.group_size,
-     "bytes_sent_per_device": c.bytes_sent_per_device}
-    for c in step_collectives(compiled.as_text())
-]  # fmt: skip
-
-(out / "results.json").write_text(json.dumps(results))
+if __name__ == "__main__":  # --jobs 2 spawns processes that import this module
+    main(Path(sys.argv[1]))

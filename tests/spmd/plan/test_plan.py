@@ -86,7 +86,8 @@ def test_two_d_plan_shards_heads_over_tensor(advice):
         assert report.memory.argument_bytes == report.memory.predicted_argument_bytes
 
 
-def test_a_second_advice_comes_from_the_cache(advice, worker):
+def test_a_second_advice_in_worker_processes_comes_from_the_cache(advice, worker):
+    # --jobs 2: each mesh in a spawned process (a forked one aborts: libtpu is loaded here).
     results, out = worker
     again = json.loads((out / "advice_again.json").read_text())
     assert results["advise_again_exit"] == 0
