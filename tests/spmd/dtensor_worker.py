@@ -23,7 +23,7 @@ from tests.spmd.specs import all_specs
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-MESH_SHAPES = {4: [(4,), (2, 2)], 8: [(8,), (2, 4), (4, 2), (2, 2, 2)]}[world]  # the test runs 8
+MESH_SHAPES = {4: [(4,), (2, 2)], 8: [(8,), (2, 4), (4, 2), (2, 2, 2)]}[world]
 SHAPES = {1: [(8,), (10,), (3,)], 2: [(8, 12), (10, 6)], 3: [(4, 6, 8), (5, 3, 9)]}
 counts = {"cases": 0, "refused": 0, "mismatches": []}
 

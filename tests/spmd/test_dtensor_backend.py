@@ -1,7 +1,7 @@
 """The dtensor backend: our Mesh / PartitionSpec / mark_sharding on torch.distributed DTensor.
 
-The conformance run launches torchrun (gloo, CPU) with 8 processes (meshes of 1, 2 and 3 axes);
-the placement translation is checked here without processes.
+The conformance runs launch torchrun (gloo, CPU) with 4 and 8 processes, the meshes of the GSPMD
+conformance tests (1, 2 and 3 axes); the placement translation is checked here without processes.
 """
 
 import json
@@ -60,8 +60,8 @@ def test_backend_rule():
     assert spmd.BACKENDS == ("torch_xla", "dtensor")
 
 
-def test_every_rank_holds_the_block_our_math_says(tmp_path):
-    ranks, least_cases = 8, 500
+@pytest.mark.parametrize("ranks, least_cases", [(4, 132), (8, 520)])
+def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     out = tmp_path / "result.json"
     run = torchrun(WORKER, ranks, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
