@@ -248,10 +248,9 @@ def plan(
         cost = compiled.cost_analysis() or {}
         if isinstance(cost, list):
             cost = cost[0] if cost else {}
-    crosses = lambda c: c.over_dcn  # noqa: E731
-    summary = summarize(collectives, crosses)
+    summary = summarize(collectives)
     n_params = sum(math.prod(s) for s in lowered.param_shapes.values())
-    estimate = _estimate(target, hf_config, n_params, batch, seq_len, gradient_checkpointing, collectives, crosses)
+    estimate = _estimate(target, hf_config, n_params, batch, seq_len, gradient_checkpointing, collectives)
     return PlanReport(
         model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
         topology=target.name,
@@ -299,7 +298,6 @@ def _estimate(
     seq_len: int,
     checkpointing: bool,
     collectives: list[Any],
-    crosses: Callable[[Any], bool],
 ) -> StepEstimate:
     from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
 
@@ -310,8 +308,8 @@ def _estimate(
     model_flops = per_token * batch * seq_len
     chip = target.chip
     compute = model_flops / target.chips / chip.peak_flops * (4 / 3 if checkpointing else 1.0)
-    ici = sum(c.bytes_sent_per_device for c in collectives if not crosses(c)) / chip.allreduce_bytes_per_second
-    dcn = sum(c.bytes_sent_per_device for c in collectives if crosses(c)) / DCN_BYTES_PER_SECOND_PER_CHIP
+    ici = sum(c.bytes_sent_per_device for c in collectives if not c.over_dcn) / chip.allreduce_bytes_per_second
+    dcn = sum(c.bytes_sent_per_device for c in collectives if c.over_dcn) / DCN_BYTES_PER_SECOND_PER_CHIP
     overlapped = max(compute, ici + dcn)
     serial = compute + ici + dcn
     mfu = lambda t: model_flops / (t * target.chips * chip.peak_flops) if t > 0 else 0.0  # noqa: E731

@@ -207,8 +207,8 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def summarize(collectives: list[Any], crosses_slices: Any) -> tuple[CollectiveSummary, ...]:
-    """Per-kind totals of `spmd.plan.program.StepCollective` values."""
+def summarize(collectives: list[Any]) -> tuple[CollectiveSummary, ...]:
+    """Per-kind totals of `spmd.plan.program.StepCollective` values (DCN: those with ``over_dcn``)."""
     counts: Counter[str] = Counter()
     sent: Counter[str] = Counter()
     dcn: Counter[str] = Counter()
@@ -216,6 +216,6 @@ def summarize(collectives: list[Any], crosses_slices: Any) -> tuple[CollectiveSu
         kind = c.kind.value if not c.implements else f"{c.kind.value} as {c.implements}"
         counts[kind] += c.count
         sent[kind] += c.bytes_sent_per_device
-        if crosses_slices(c):
+        if c.over_dcn:
             dcn[kind] += c.bytes_sent_per_device
     return tuple(CollectiveSummary(k, counts[k], sent[k], dcn[k]) for k in sorted(counts))
