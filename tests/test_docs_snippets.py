@@ -9,7 +9,6 @@ prints as ``text`` begins (whitespace and commas ignored). A new snippet runs wi
 so it must be complete or get an entry here.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.torchrun import torchrun
+from tests.torchrun import child_env, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -126,8 +125,6 @@ def test_snippet_runs(name, index, code, tmp_path, request, monkeypatch):
     if (name, index) in TORCHRUN:
         run = torchrun(script, TORCHRUN[(name, index)], cwd=tmp_path, timeout=300)
     else:
-        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
-        env["PYTHONPATH"] = str(ROOT)
         command = [sys.executable, str(script)]
-        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{name} snippet {index} failed:\n{run.stderr[-3000:]}"

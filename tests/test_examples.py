@@ -1,6 +1,10 @@
 """The blog's snippets and examples/train_spmd.py run and train; sharded equals unsharded."""
 
+import ast
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +14,7 @@ import torch.nn.functional as F
 
 from mesh import Mesh
 from tests.fsdp_xla.helpers import load_example as load
+from tests.torchrun import ROOT, child_env, torchrun
 
 
 def test_blog_snippets(xla):
@@ -58,18 +63,9 @@ def test_train_fsdp_runs_all_features_and_loss_falls(xla):
 def test_hf_trainer_example_with_the_blog_config(tmp_path):
     # As users run it, in its own process: constructing torch_xla's own SpmdFullyShardedDataParallel
     # earlier in the same process (tests/mesh) leaves torch_xla's device loader yielding no batches.
-    import ast
-    import os
-    import re
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "CPU_NUM_DEVICES")}
-    env["PYTHONPATH"] = str(root)
     command = [
         sys.executable,
-        str(root / "examples" / "hf_trainer_fsdp.py"),
+        str(ROOT / "examples" / "hf_trainer_fsdp.py"),
         "--steps",
         "6",
         "--n-layer",
@@ -77,7 +73,7 @@ def test_hf_trainer_example_with_the_blog_config(tmp_path):
         "--output-dir",
         str(tmp_path),
     ]
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     losses = ast.literal_eval(re.search(r"^losses: (\[.*\])$", run.stdout, re.MULTILINE).group(1))
     assert len(losses) == 6 and losses[-1] < losses[0]
@@ -87,8 +83,6 @@ def test_hf_trainer_example_with_the_blog_config(tmp_path):
 @pytest.fixture(scope="module")
 def dtensor_examples(tmp_path_factory):
     """The examples on the dtensor backend: one torchrun launch of 4 CPU processes (gloo)."""
-    from tests.torchrun import torchrun
-
     out = tmp_path_factory.mktemp("dtensor_examples")
     run = torchrun(Path(__file__).with_name("examples_dtensor_worker.py"), 4, str(out), cwd=out)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -1,7 +1,6 @@
 """Sharded checkpoints: round trip with optimizer, consolidation (API and CLI), resharding
 8 -> 4 -> 8 devices, a save killed midway, and damaged or mismatched checkpoints."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from fsdp_xla.checkpoint import checkpoint_version, consolidate, load_sharded, s
 from fsdp_xla.consolidate import main as consolidate_main
 from spmd import get_sharding
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, train
+from tests.torchrun import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
@@ -114,8 +114,7 @@ def test_reshard_8_to_4_to_8_devices_and_survive_a_killed_save(xla, tmp_path):
 
     # Another process on 4 devices loads it, saves from 4, then starts a save that is killed
     # after its first shard file.
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env()
     cmd = [sys.executable, str(WORKER), "4", str(ck), str(tmp_path / "on4.pt")]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     printed = []

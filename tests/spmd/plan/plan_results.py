@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.torchrun import child_env
+
 ROOT = Path(__file__).resolve().parents[3]
 _run: dict = {}
 
@@ -16,8 +18,7 @@ def start() -> None:
     if _run:
         return
     out = Path(tempfile.mkdtemp(prefix="plan-worker-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env(xla=False)
     log = open(out / "log.txt", "w")
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("plan_worker.py")), str(out)],

@@ -2,14 +2,13 @@
 memory under 4 GiB, measured. Minutes long, so on demand: ``pytest -m slow``."""
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.spmd.plan.plan_results import ROOT
+from tests.torchrun import child_env
 
 CODE = """
 import json, resource
@@ -22,8 +21,7 @@ print(json.dumps({"n_params": r.n_params, "fits": r.fits, "peak_kib": peak}))
 
 @pytest.mark.slow
 def test_llama2_7b_on_256_chips_in_under_5_minutes_and_4_gib():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env(xla=False)
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=600)
     seconds = time.monotonic() - start
