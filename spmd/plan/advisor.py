@@ -140,9 +140,7 @@ class Advice:
                     f"  {rank:2d}  {o.candidate.label():52s} {'':>9s} {'':>9s} {'':>11s} {'':>9s}  {o.skipped}"
                 )
                 continue
-            verdict = "fits" if r.fits else f"OOM (-{-r.memory.margin_bytes / GIB:.2f} GiB)"
-            if r.fits and r.memory.margin_bytes < 0:
-                verdict = "fits (compiler; no margin)"
+            verdict = r.memory.short_verdict()
             if r.memory.compiler_oom_bytes is None:  # the compiler's OOM leaves no program to estimate
                 estimate = (
                     f"{r.estimate.step_seconds_serial * 1e3:9.1f} {r.tokens_per_second / r.chips:11.0f} "

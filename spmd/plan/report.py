@@ -64,6 +64,18 @@ class MemoryReport:
         """HBM left at the peak (negative: short by that much)."""
         return self.hbm_bytes - self.total_bytes
 
+    @property
+    def fits_with_no_margin(self) -> bool:
+        """The compiler placed the step, though its analysis adds up to more than the chip's
+        nominal HBM: it fits, with nothing to spare."""
+        return self.fits and self.margin_bytes < 0
+
+    def short_verdict(self) -> str:
+        """``fits``, ``fits (compiler; no margin)`` or ``OOM (-x.xx GiB)``: a table cell."""
+        if self.fits_with_no_margin:
+            return "fits (compiler; no margin)"
+        return "fits" if self.fits else f"OOM (-{-self.margin_bytes / GIB:.2f} GiB)"
+
 
 @dataclass(frozen=True)
 class CollectiveSummary:
@@ -120,7 +132,7 @@ class PlanReport:
 
     def verdict(self) -> str:
         m = self.memory
-        if m.fits and m.margin_bytes < 0:
+        if m.fits_with_no_margin:
             return (
                 f"FITS: the TPU compiler placed the step in the chip's HBM, though its memory analysis adds up "
                 f"to {m.total_bytes / GIB:.2f} GiB of a nominal {m.hbm_bytes / GIB:.2f} GiB (no margin left)"

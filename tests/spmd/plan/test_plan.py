@@ -157,6 +157,7 @@ def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     memory = MemoryReport(0, 0, 0, 0, 0, 1000, 16 * 2**30, used, _largest(OOM))
     report = dataclasses.replace(fits, memory=memory)
     assert not report.fits and report.memory.margin_bytes == 16 * 2**30 - used
+    assert report.memory.short_verdict() == "OOM (-29.97 GiB)"
     table = report.table()
     assert "ran out of HBM: 45.97 GiB" in table and "bf16[32,1,32,2048,2048]" in table
     assert "no collectives or step estimate" in table and "roofline" not in table
@@ -170,6 +171,8 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
     over = dataclasses.replace(fsdp.memory, hbm_bytes=fsdp.memory.total_bytes - 1, compiler_accepted=True)
     report = dataclasses.replace(fsdp, memory=over)
     assert report.fits and "no margin left" in report.verdict()
+    assert over.fits_with_no_margin and over.short_verdict() == "fits (compiler; no margin)"
+    assert not fsdp.memory.fits_with_no_margin and fsdp.memory.short_verdict() == "fits"
     assert not report.with_hbm(over.hbm_bytes - 1).fits  # a budget below the chip: the analysis decides
 
 
