@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fsdp_xla._sharding import SpecFn
+from fsdp_xla._sharding import SpecFn, spec_from_fn
 from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
@@ -87,9 +87,7 @@ def fsdp_shard_dims(plans: list[UnitPlan], mesh: Mesh, fsdp_axis: str, spec_fn: 
     for plan in plans:
         for slot in plan.slots:
             p, name = slot.param, slot.name
-            spec = spec_fn(name, p)
-            if not isinstance(spec, PartitionSpec):
-                spec = PartitionSpec.from_value(spec)
+            spec = spec_from_fn(spec_fn, name, p)
             per_dim = resolve_spec(mesh, spec, p.dim(), tuple(p.shape))
             where = f"param_spec_fn gave parameter {name!r} of shape {tuple(p.shape)} the spec {spec!r}"
             others = sorted({mesh.axis_label(a) for axes in per_dim for a in axes if a != fsdp})

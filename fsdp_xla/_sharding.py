@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from spmd import P, PartitionSpec
+from spmd.errors import PartitionSpecTypeError, ShardingError
 from spmd.partition_spec import SpecEntry
 
-__all__ = ["SpecFn", "default_fsdp_spec", "without_axis", "with_axis_on_dim"]
+__all__ = ["SpecFn", "default_fsdp_spec", "spec_from_fn", "without_axis", "with_axis_on_dim"]
 
 SpecFn = Callable[[str, torch.Tensor], PartitionSpec]
 """``(parameter name, parameter) -> stored spec`` (must name the FSDP axis, or replicate)."""
@@ -31,6 +32,24 @@ def default_fsdp_spec(shape: Sequence[int], axis: str, axis_size: int) -> Partit
     entries: list[SpecEntry] = [None] * len(shape)
     entries[dim] = axis
     return P(*entries)
+
+
+def spec_from_fn(spec_fn: SpecFn, name: str, param: torch.Tensor) -> PartitionSpec:
+    """``spec_fn(name, param)`` as a `PartitionSpec`; a value that is not one names the parameter.
+
+    Raises:
+        PartitionSpecTypeError, ShardingError: what the value is, for which parameter.
+    """
+    value = spec_fn(name, param)
+    if isinstance(value, PartitionSpec):
+        return value
+    try:
+        return PartitionSpec.from_value(value)
+    except (PartitionSpecTypeError, ShardingError) as e:
+        raise type(e)(
+            f"param_spec_fn returned {value!r} for parameter {name!r} of shape {tuple(param.shape)}, which is not "
+            f"a partition spec: {e}"
+        ) from None
 
 
 def without_axis(spec: PartitionSpec, axis: str) -> PartitionSpec:

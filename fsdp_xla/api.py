@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._dtensor_fsdp import check_output_sharding, fsdp_shard_dims, fully_shard_on_dtensor
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
-from fsdp_xla._sharding import SpecFn, default_fsdp_spec, without_axis
+from fsdp_xla._sharding import SpecFn, default_fsdp_spec, spec_from_fn, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyError
@@ -28,6 +28,7 @@ from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm, with_sharding_constraint
 from spmd._backend import backend, backend_for
+from spmd.errors import ShardingError
 from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import hlo_sharding_for
 
@@ -154,6 +155,18 @@ def _resolve_policy(policy: object) -> WrapPolicy | None:
     )
 
 
+def _is_wrapped(module: torch.nn.Module) -> bool:
+    """Wrapped by our FSDP on either backend (on dtensor, torch's ``fully_shard`` makes the
+    module an ``FSDPModule``)."""
+    if isinstance(module, FullyShardedDataParallel):
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
 def _place_parameters(
     plan: UnitPlan,
     mesh: Mesh,
@@ -166,10 +179,14 @@ def _place_parameters(
     shardings = []
     for slot in plan.slots:
         p = slot.param
-        spec = spec_fn(slot.name, p) if spec_fn is not None else default_fsdp_spec(tuple(p.shape), fsdp_axis, size)
-        if not isinstance(spec, PartitionSpec):
-            spec = PartitionSpec.from_value(spec)
-        stored = hlo_sharding_for(mesh, spec, p.dim(), tuple(p.shape))
+        if spec_fn is not None:
+            spec = spec_from_fn(spec_fn, slot.name, p)
+        else:
+            spec = default_fsdp_spec(tuple(p.shape), fsdp_axis, size)
+        try:
+            stored = hlo_sharding_for(mesh, spec, p.dim(), tuple(p.shape))
+        except ShardingError as e:  # say which parameter
+            raise type(e)(f"FSDP, parameter {slot.name!r}: {e}") from None
         gathered = hlo_sharding_for(mesh, without_axis(spec, fsdp_axis), p.dim(), tuple(p.shape))
         specs_out[slot.name] = spec
         if backend.is_xla_tensor(p):
@@ -270,10 +287,10 @@ def fully_shard(
     """
     if not isinstance(module, torch.nn.Module):
         raise FSDPTypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}.")
-    if isinstance(module, FullyShardedDataParallel):
+    if _is_wrapped(module):
         raise FSDPError(f"{type(module).__name__} is already wrapped by FSDP; wrap a model once, at its root.")
     for path, sub in module.named_modules():
-        if isinstance(sub, FullyShardedDataParallel):
+        if _is_wrapped(sub):
             raise FSDPError(
                 f"Submodule {path!r} is already wrapped by FSDP. Wrap only the root and choose the inner units "
                 "with auto_wrap_policy."
@@ -293,7 +310,8 @@ def fully_shard(
         check_output_sharding(shard_output, fsdp_axis)
         plans = plan_units(module, policy)
         shard_dims = fsdp_shard_dims(plans, mesh, fsdp_axis, param_spec_fn)  # all checked before sharding
-        mesh.check_device_count(backend_for(first).device_count())
+        runtime = backend_for(first)
+        mesh.check_device_count(runtime.device_count(), runtime.more_devices)
         return fully_shard_on_dtensor(
             module,
             plans,
@@ -308,7 +326,7 @@ def fully_shard(
             device_type="cpu" if first.is_meta else first.device.type,
         )
     backend.ensure_spmd()
-    mesh.check_device_count(backend.device_count())
+    mesh.check_device_count(backend.device_count(), backend.TorchXlaBackend.more_devices)
 
     if shardable_layer_norm:
         use_shardable_layer_norm(module)

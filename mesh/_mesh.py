@@ -209,15 +209,15 @@ class Mesh:
         """A short text such as ``mesh{'data': 4, 'model': 2}`` for error messages."""
         return "mesh{" + ", ".join(f"{k!r}: {v}" for k, v in self.shape().items()) + "}"
 
-    def check_device_count(self, available: int) -> None:
-        """Raise `DeviceCountError` unless every id is below the runtime's ``available`` devices."""
+    def check_device_count(self, available: int, more_devices: str = "start the runtime with more devices") -> None:
+        """Raise `DeviceCountError` unless every id is below the runtime's ``available`` devices;
+        ``more_devices`` says how to get more (the backend's ``more_devices``)."""
         missing = sorted(i for i in self._device_ids if i >= available)
         if missing:
             raise DeviceCountError(
                 f"{self.describe()} uses device ids {missing}, but the runtime has only "
                 f"{available} device(s) (ids 0..{available - 1}). Build the mesh over "
-                f"range({available}) or run with more devices: call spmd.configure_default_devices(n) before "
-                "torch_xla is imported (on CPU it sets CPU_NUM_DEVICES=n; without it torch_xla's CPU runtime has 1 device)."
+                f"range({available}) or run with more devices: {more_devices}."
             )
 
     # torch_xla's methods ---------------------------------------------------------------------

@@ -12,7 +12,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
 from spmd.errors import (
-    NotAnXlaTensorError,
     PartitionSpecTypeError,
     ShardingError,
     SpmdTypeError,
@@ -56,26 +55,20 @@ def _resolve(
         raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
     mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
     hlo = hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))  # spec errors first: pure checks
+    context = f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r}, {mesh.describe()})"
     if not runtime.accepts(t):
-        raise NotAnXlaTensorError(
-            f"{what}: the tensor of shape {tuple(t.shape)} is on device '{t.device}', not an XLA "
-            f"device, so it cannot carry spec {spec!r} over {mesh.describe()}. Move it first: "
-            "t = t.to(torch_xla.device()) (modules: model.to(torch_xla.device())); or, in a torchrun job, "
-            "shard it with the dtensor backend (torch.distributed.init_process_group() first)."
-        )
+        raise runtime.refusal(t, context)
     available = runtime.device_count()
-    mesh.check_device_count(available)
+    try:
+        mesh.check_device_count(available, runtime.more_devices)
+    except DeviceCountError as e:
+        raise DeviceCountError(f"{context}: {e}") from None
     if mesh.size() != available:
         raise DeviceCountError(
-            f"{what}: {mesh.describe()} has {mesh.size()} devices but the runtime has {available}; "
+            f"{context}: the mesh has {mesh.size()} devices but the runtime has {available}; "
             f"every program is partitioned over all {available} devices, so a mesh must use each "
             f"of them once. Build it over range({available})"
-            + (
-                ", or start the runtime with more devices (spmd.configure_default_devices(n) before "
-                "torch_xla is imported; on CPU it sets CPU_NUM_DEVICES; under torchrun, --nproc_per_node)."
-                if available < mesh.size()
-                else "."
-            )
+            + (f", or run with more devices: {runtime.more_devices}." if available < mesh.size() else ".")
         )
     return NamedSharding(mesh, spec), hlo
 
@@ -205,15 +198,16 @@ def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_s
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
-    """Remove ``t``'s sharding annotation (in place) and return the tensor."""
+    """Remove ``t``'s sharding annotation (in place) and return the tensor.
+
+    On the dtensor backend a DTensor's layout is not an annotation, and the result is a new,
+    replicated DTensor: keep the return value (``t = clear_sharding(t)``), as with `mark_sharding`.
+
+    Raises:
+        NotAnXlaTensorError: on the torch_xla backend, a tensor not on the XLA device.
+    """
     tensor = _unwrap(t)
-    if not backend.is_xla_tensor(tensor):
-        raise NotAnXlaTensorError(
-            f"clear_sharding: the tensor of shape {tuple(tensor.shape)} is on '{tensor.device}'; "
-            "only XLA tensors carry shardings."
-        )
-    backend.clear_sharding(tensor)
-    return tensor
+    return backend_for(tensor).clear(tensor)
 
 
 def get_sharding(t: torch.Tensor) -> HloSharding | None:

@@ -146,10 +146,17 @@ def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
     return PartitionSpec(*out)
 
 
+_NO_PROCESS_GROUP = (
+    "the dtensor backend needs torch.distributed: launch with torchrun and call "
+    "torch.distributed.init_process_group() (backend 'gloo' on CPU) before sharding."
+)
+
+
 class DTensorBackend:
     """`ShardingBackend` on DTensor: a sharding is a DTensor's placements over a DeviceMesh."""
 
     name = "dtensor"
+    more_devices = "launch one process per device: torchrun --nproc_per_node n (on k hosts, --nnodes k, n per host)"
 
     def accepts(self, t: torch.Tensor) -> bool:
         from torch.distributed.tensor import DTensor
@@ -159,15 +166,24 @@ class DTensorBackend:
         dist = _dist()
         return isinstance(t, torch.Tensor) and dist.is_available() and dist.is_initialized() and t.device.type != "xla"
 
+    def refusal(self, t: torch.Tensor, context: str) -> Exception:
+        from spmd.errors import SpmdTypeError
+
+        dist = _dist()
+        if not (dist.is_available() and dist.is_initialized()):
+            return SpmdTypeError(f"{context}: {_NO_PROCESS_GROUP}")
+        return SpmdTypeError(
+            f"{context}: it is on device '{t.device}', an XLA device, and the dtensor backend shards tensors of "
+            "torch.distributed's devices (CPU, CUDA, TorchTPU's tpu). Shard XLA tensors with "
+            "spmd.use_backend('torch_xla'), or create the tensor on this process's device."
+        )
+
     def device_count(self) -> int:
         dist = _dist()
         if not (dist.is_available() and dist.is_initialized()):
             from spmd.errors import SpmdTypeError
 
-            raise SpmdTypeError(
-                "The dtensor backend needs torch.distributed: launch with torchrun and call "
-                "torch.distributed.init_process_group() (backend 'gloo' on CPU) before sharding."
-            )
+            raise SpmdTypeError(_NO_PROCESS_GROUP)
         return dist.get_world_size()
 
     def shard(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
@@ -199,6 +215,14 @@ class DTensorBackend:
         # batched matmul DTensor cannot flatten; examples/train_spmd.py).
         placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
         return t.redistribute(device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
+
+    def clear(self, t: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if not isinstance(t, DTensor):
+            return t  # a plain tensor has no layout to clear
+        # A DTensor's layout is its type, not an annotation: the value comes back replicated.
+        return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         from torch.distributed.tensor import DTensor

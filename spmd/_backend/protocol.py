@@ -23,10 +23,18 @@ class ShardingBackend(Protocol):
     """A runtime that lays tensors out over a mesh of devices."""
 
     name: str
+    more_devices: str
+    """How to run with more devices, for error messages (``spmd.configure_default_devices(n)``;
+    ``torchrun --nproc_per_node n``)."""
 
     def accepts(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is a tensor this backend can shard (an XLA tensor; a DTensor or a
         tensor on this process's device)."""
+        ...
+
+    def refusal(self, t: torch.Tensor, context: str) -> Exception:
+        """The error for a tensor ``accepts`` refuses: ``context`` (the call, shape, spec and
+        mesh), why this backend cannot take it, and what to do."""
         ...
 
     def device_count(self) -> int:
@@ -41,6 +49,11 @@ class ShardingBackend(Protocol):
     def constrain(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
         """A tensor equal to ``t`` that must be laid out as ``sharding`` at this point; ``t``
         is left as it is."""
+        ...
+
+    def clear(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` with no sharding of its own (torch_xla: the annotation removed, in place;
+        DTensor: a replicated DTensor); the tensor to keep."""
         ...
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:

@@ -392,9 +392,22 @@ class TorchXlaBackend:
     """`ShardingBackend` on torch_xla's GSPMD: a sharding is an annotation on a lazy tensor."""
 
     name = "torch_xla"
+    more_devices = (
+        "call spmd.configure_default_devices(n) before torch_xla is imported (on CPU it sets CPU_NUM_DEVICES=n; "
+        "without it torch_xla's CPU runtime has 1 device)"
+    )
 
     def accepts(self, t: torch.Tensor) -> bool:
         return is_xla_tensor(t)
+
+    def refusal(self, t: torch.Tensor, context: str) -> Exception:
+        from spmd.errors import NotAnXlaTensorError
+
+        return NotAnXlaTensorError(
+            f"{context}: it is on device '{t.device}', not an XLA device. Move it first: "
+            "t = t.to(torch_xla.device()) (modules: model.to(torch_xla.device())); or, in a torchrun job, "
+            "shard it with the dtensor backend (torch.distributed.init_process_group() first)."
+        )
 
     def device_count(self) -> int:
         return device_count()
@@ -429,6 +442,17 @@ class TorchXlaBackend:
         out = t.clone()
         attach_sharding_constraint(out, hlo, sharding.mesh.memo)
         return out
+
+    def clear(self, t: torch.Tensor) -> torch.Tensor:
+        if not is_xla_tensor(t):
+            from spmd.errors import NotAnXlaTensorError
+
+            raise NotAnXlaTensorError(
+                f"clear_sharding: the tensor of shape {tuple(t.shape)} is on '{t.device}'; only XLA tensors carry "
+                "GSPMD shardings (a DTensor's is cleared on the dtensor backend)."
+            )
+        clear_sharding(t)
+        return t
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         return sharding_of(t) if is_xla_tensor(t) else None

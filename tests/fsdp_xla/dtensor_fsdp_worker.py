@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
-from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy
+from fsdp_xla import FSDP, FSDPError, MixedPrecision, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
 
@@ -58,6 +58,13 @@ for tokens in data:
     split_opt.step()
     split_opt.zero_grad()
 floor = max((p - q).abs().max().item() for p, q in zip(split.state_dict().values(), eager.state_dict().values()))
+wrap_errors = []  # wrapping again, the model or a module holding it, is refused by FSDP itself
+for target in (model, torch.nn.Sequential(model)):
+    try:
+        FSDP(target, mesh=mesh)
+        wrap_errors.append("accepted")
+    except FSDPError as e:
+        wrap_errors.append(str(e))
 full = {k: v.full_tensor() for k, v in model.state_dict().items()}
 param_diff = max((full[k] - v).abs().max().item() for k, v in eager.state_dict().items())
 sharded = all(
@@ -109,6 +116,7 @@ if rank == 0:
         "param_diff": param_diff,
         "rounding_floor": floor,
         "sharded": sharded,
+        "wrap_errors": wrap_errors,
         "bf16_loss": bf16_loss.item(),
         "bf16_param_dtypes": bf16_dtypes,
         "options_losses": options_losses,

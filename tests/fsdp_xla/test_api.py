@@ -86,6 +86,12 @@ def test_bad_input_is_rejected_with_the_fix(xla):
     outer = torch.nn.Sequential(model)
     with pytest.raises(FSDPError, match="Submodule '0' is already wrapped"):
         FSDP(outer, mesh=fsdp_mesh())
+    with pytest.raises(
+        TypeError, match=r"param_spec_fn returned None for parameter 'wte.weight' of shape \(64, 64\), which is not"
+    ):
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh(), param_spec_fn=lambda name, p: None)
+    with pytest.raises(ValueError, match=r"FSDP, parameter 'wte.weight': .*shape \(64, 64\).*'model'"):
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh(), param_spec_fn=lambda name, p: P("model"))
 
 
 def test_a_parameter_sharded_another_way_needs_a_spec_fn(xla):

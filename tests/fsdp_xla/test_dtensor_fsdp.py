@@ -35,6 +35,9 @@ def test_five_adamw_steps_equal_eager_single_process(dtensor_run):
     assert result["losses"][-1] < result["losses"][0]
     # Adam amplifies rounding: bound by what summing the batch in 4 parts does in one process.
     assert result["param_diff"] <= max(3e-5, 3 * result["rounding_floor"]), result
+    wrapped, holder = result["wrap_errors"]  # FSDP again: torch's FSDPModule counts as wrapped
+    assert "FSDPGPT is already wrapped by FSDP; wrap a model once" in wrapped
+    assert "Submodule '0' is already wrapped" in holder
 
 
 def test_mixed_precision_keeps_fp32_master_weights(dtensor_run):
@@ -94,6 +97,13 @@ def test_options_fully_shard_cannot_express_are_refused_before_sharding(on_dtens
     with pytest.raises(FSDPError, match=message):
         FSDP(model, mesh=mesh, auto_wrap_policy=policy(), **options)
     assert type(model) is GPT and all(type(p) is torch.nn.Parameter for p in model.parameters())  # untouched
+
+
+def test_a_spec_fn_value_that_is_no_spec_names_the_parameter(on_dtensor):
+    with pytest.raises(
+        TypeError, match=r"param_spec_fn returned 'fsdp' for parameter 'wte.weight' of shape \(64, 64\), which is not"
+    ):
+        FSDP(GPT(**SMALL), mesh=Mesh(np.arange(4), (4,), ("fsdp",)), param_spec_fn=lambda name, p: "fsdp")
 
 
 def test_an_uneven_split_of_a_dim_other_than_0_is_refused(on_dtensor):

@@ -132,6 +132,17 @@ try:
 except ShardingError as e:
     counts["shard_parameters_error"] = str(e)
 
+# clear_sharding gives the value back replicated (a DTensor's layout is its type).
+cleared = spmd.clear_sharding(mark_sharding(a, mesh, ("data", "model")))
+if not (get_sharding(cleared).is_replicated and torch.equal(cleared.to_local(), a)):
+    counts["mismatches"].append("clear_sharding")
+# A mesh of more devices than processes: the fix is more processes.
+try:
+    mark_sharding(torch.zeros(8), Mesh(np.arange(2 * world), (2 * world,), ("x",)), ("x",))
+    counts["mismatches"].append("a mesh larger than the world was accepted")
+except spmd.DeviceCountError as e:
+    counts["larger_mesh_error"] = str(e)
+
 if rank == 0:
     with open(sys.argv[1], "w") as f:
         json.dump({"world": world, **counts}, f)

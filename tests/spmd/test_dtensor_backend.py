@@ -55,6 +55,12 @@ def test_backend_rule():
         assert backend_for(torch.zeros(2)).name == "dtensor"
     finally:
         use_backend(None)
+    use_backend("dtensor")
+    try:  # chosen, but no process group: the error says how to start one, not how to use XLA
+        with pytest.raises(TypeError, match=r"spec P\('x'\).*: the dtensor backend needs torch.distributed: launch"):
+            spmd.mark_sharding(torch.zeros(4), Mesh(np.arange(4), (4,), ("x",)), PartitionSpec("x"))
+    finally:
+        use_backend(None)
     with pytest.raises(ShardingError, match=r"Unknown backend 'jax'"):
         use_backend("jax")
     assert spmd.BACKENDS == ("torch_xla", "dtensor")
@@ -71,3 +77,6 @@ def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     assert result["cases"] >= least_cases  # blocks checked on every rank, uneven shapes included
     assert "cannot be a DeviceMesh" in result["reversed_mesh_error"]
     assert "has no parameters ['emb.wieght']" in result["shard_parameters_error"]
+    larger = result["larger_mesh_error"]
+    assert f"mark_sharding(tensor of shape (8,), spec P('x'), mesh{{'x': {2 * ranks}}})" in larger
+    assert "torchrun --nproc_per_node n" in larger and "configure_default_devices" not in larger

@@ -188,16 +188,19 @@ def test_global_mesh_used_when_mesh_is_none(xla):
 
 def test_input_errors(xla):
     with pytest.raises(
-        NotAnXlaTensorError, match=r"tensor of shape \(3,\) is on device 'cpu'.*\.to\(torch_xla.device\(\)\)"
+        NotAnXlaTensorError,
+        match=r"tensor of shape \(3,\), spec P\('data'\), mesh\{.*\): it is on device 'cpu'.*\.to\(torch_xla.device\(\)\)",
     ):
         mark_sharding(torch.ones(3), MESH_2D, P("data"))
     with pytest.raises(UnknownAxisError, match=r"shape \(8, 8\), spec P\('batch'\)"):
         mark_sharding(torch.ones(8, 8).to(xla), MESH_2D, P("batch"))
     big = Mesh(np.arange(16), (8, 2), ("data", "model"))
-    with pytest.raises(DeviceCountError, match=r"uses device ids \[8, .*runtime has only 8 device"):
+    with pytest.raises(
+        DeviceCountError, match=r"shape \(8,\), spec P\('data'\).*uses device ids \[8, .*runtime has only 8 device"
+    ):
         mark_sharding(torch.ones(8).to(xla), big, P("data"))
     small = Mesh(np.arange(4), (4,), ("data",))
-    with pytest.raises(DeviceCountError, match="has 4 devices but the runtime has 8.*range\\(8\\)"):
+    with pytest.raises(DeviceCountError, match="mesh has 4 devices but the runtime has 8.*range\\(8\\)"):
         mark_sharding(torch.ones(8).to(xla), small, P("data"))
     with pytest.raises(TypeError, match="expects a mesh.Mesh"):
         mark_sharding(torch.ones(8).to(xla), (4, 2), P("data"))
