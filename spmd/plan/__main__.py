@@ -31,6 +31,8 @@ def _mesh(text: str) -> dict[str, int] | None:
             raise argparse.ArgumentTypeError(
                 f"--mesh takes 'auto' or name=size pairs like fsdp=32,tensor=4; got {text!r}"
             )
+        if name.strip() in shape:
+            raise argparse.ArgumentTypeError(f"--mesh names axis {name.strip()!r} twice in {text!r}; name each once.")
         shape[name.strip()] = int(size)
     return shape
 
@@ -42,20 +44,37 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4; got {text!r}") from None
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless it is None or False (those say theirs in the help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spmd.plan",
+        formatter_class=_Help,
         description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
         "and report per-chip HBM, collectives and an estimated step time and MFU.",
     )
     p.add_argument("model", help=f"a built-in ({', '.join(BUILTIN_CONFIGS)}), a config.json, or module:function")
     p.add_argument("--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, or v5p:4x4x8")
     p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (a 'data' axis spans them)")
-    p.add_argument("--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4")
-    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp")
-    p.add_argument("--tensor", type=int, default=4, help="tensor axis size of the auto 2-D mesh")
+    p.add_argument(
+        "--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 (default: auto)"
+    )
+    p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
+    p.add_argument("--tensor", type=int, default=None, help="tensor axis size of the auto 2-D mesh (default: 4)")
     p.add_argument("--batch", type=int, default=None, help="global batch in sequences (default: one per chip)")
-    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="sequence length (default: 2048, or a shorter learned position table: GPT-2 1024)",
+    )
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (recompute each layer)")
     p.add_argument("--hbm-gib", type=float, default=None, help="per-chip memory budget (default: the chip's HBM)")
@@ -67,15 +86,25 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--per-device-batches", type=_ints, default=[1, 2, 4], help="sequences per batch shard to try")
     a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
     a.add_argument("--no-checkpointing", action="store_true", help="never try gradient checkpointing")
-    a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (about 2 GiB RAM each)")
-    a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default ~/.cache/xla-spmd/plan)")
+    a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (2-4 GiB RAM each)")
+    a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)")
     a.add_argument("--no-cache", action="store_true", help="compile everything afresh")
     a.add_argument("--fsdp-config", type=Path, default=None, help="write the winner's Trainer fsdp_config.json here")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.advise:
+        one_plan = {"--strategy": args.strategy, "--mesh": args.mesh, "--batch": args.batch, "--tensor": args.tensor}
+        given = [flag for flag, value in one_plan.items() if value is not None]
+        given += ["--checkpointing"] if args.checkpointing else []
+        if given:
+            p.error(
+                f"{', '.join(given)} choose one plan, and --advise tries many: use --strategies, --tensors, "
+                "--per-device-batches and --no-checkpointing to narrow the search, or leave out --advise."
+            )
     hbm = None if args.hbm_gib is None else int(args.hbm_gib * GIB)
     try:
         if args.advise:
@@ -85,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         report = plan(
             args.model,
             args.topology,
-            strategy=args.strategy,
+            strategy=args.strategy or "fsdp",
             mesh=args.mesh,
             global_batch=args.batch,
             seq_len=args.seq,
             compute_dtype=args.dtype,
             gradient_checkpointing=args.checkpointing,
             slices=args.slices,
-            tensor=args.tensor,
+            tensor=4 if args.tensor is None else args.tensor,
             hbm_bytes=hbm,
         )
     except ShardingError as e:
@@ -137,6 +166,9 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         if args.fsdp_config:
             with atomic_write(args.fsdp_config) as tmp:
                 tmp.write_text(json.dumps(config, indent=2) + "\n")
+    elif args.fsdp_config:
+        why = "nothing fits" if advice.winner is None else "the winner is data parallel, which is not FSDP"
+        print(f"\n{args.fsdp_config} not written: {why}.")
     if args.json:
         with atomic_write(args.json) as tmp:
             tmp.write_text(json.dumps(advice.to_dict(), indent=2))

@@ -34,7 +34,18 @@ import torch
 
 from spmd.atomic_file import atomic_write
 from spmd.partition_spec import P
-from spmd.plan.api import STRATEGIES, PlanError, _block_bytes, build_mesh, param_spec_for, plan, tpu_devices
+from spmd.plan.api import (
+    STRATEGIES,
+    PlanError,
+    _block_bytes,
+    build_mesh,
+    check_seq_len,
+    default_seq_len,
+    param_spec_for,
+    plan,
+    tpu_devices,
+    uneven_splits,
+)
 from spmd.plan.lowering import find_layer_stack
 from spmd.plan.models import BUILTIN_CONFIGS, build_meta_model
 from spmd.plan.report import GIB, PlanReport
@@ -359,7 +370,7 @@ def advise(
     per_device_batches: Iterable[int] = (1, 2, 4),
     tensors: Iterable[int] = (2, 4, 8),
     checkpointing: Iterable[bool] = (False, True),
-    seq_len: int = 2048,
+    seq_len: int | None = None,
     compute_dtype: str = "bfloat16",
     hbm_bytes: int | None = None,
     jobs: int = 1,
@@ -398,21 +409,38 @@ def advise(
     if not ckpt_order:
         raise PlanError("checkpointing must name at least one setting, e.g. (False, True).")
     module, hf_config = build_meta_model(model)
+    seq_len = default_seq_len(hf_config) if seq_len is None else seq_len
+    check_seq_len(seq_len, hf_config)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
     stack = find_layer_stack(module)
     block_class = None
     if stack is not None:
         cls = type(stack[1][0])
         block_class = f"{cls.__module__}.{cls.__qualname__}"
+    meshes = candidates_for(target, strategies, tuple(tensors), heads)
+    if not meshes:
+        raise PlanError(
+            f"No candidate to compile: strategies {list(strategies)} with tensor sizes {list(tensors)} give no mesh "
+            f"on {target.name} (a 2-D tensor size must be between 2 and {target.chips_per_slice - 1}, divide the "
+            f"{target.chips_per_slice} chips of a slice"
+            + (f" and the model's {heads} attention heads)" if heads else ")")
+            + ". Add 'fsdp' or 'dp' to the strategies, or give other tensor sizes."
+        )
     devices = tpu_devices(target)
     params = {n: tuple(p.shape) for n, p in module.named_parameters()}
-
     outcomes: list[Outcome] = []
     chains: list[list[list[Candidate]]] = []
-    for strategy, shape in candidates_for(target, strategies, tuple(tensors), heads):
+    for strategy, shape in meshes:
         mesh_items = tuple(shape.items())
         our_mesh = build_mesh(shape, target, devices)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
+        uneven = uneven_splits(params, spec_fn, our_mesh)
+        if uneven:
+            c = Candidate(strategy, mesh_items, batches[0], False)
+            listed = "; ".join(uneven[:2]) + (f"; {len(uneven) - 2} more" if len(uneven) > 2 else "")
+            outcomes.append(Outcome(c, skipped=f"not compiled: unequal blocks ({listed}); JAX needs even splits"))
+            log(f"  {c.label()}: skipped, unequal blocks: {listed}")
+            continue
         state = 3 * sum(_block_bytes(s, spec_fn(n, s), our_mesh, 4) for n, s in params.items())
         if state > budget:
             c = Candidate(strategy, mesh_items, batches[0], False)
@@ -456,7 +484,11 @@ def advise(
 
     notes = []
     if not any(o.fits for o in outcomes):
-        notes.append("nothing fits: try --checkpointing, a shorter --seq, more chips, or a 2-D mesh")
+        tries = [] if True in ckpt_order else ["gradient checkpointing (leave out --no-checkpointing)"]
+        tries += ["a shorter --seq", "more chips"]
+        if "2d" not in strategies:
+            tries.append("a 2-D mesh (--strategies fsdp,2d)")
+        notes.append("nothing fits: try " + ", ".join(tries))
     return Advice(
         model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
         topology=target.name,

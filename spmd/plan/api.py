@@ -30,7 +30,19 @@ from spmd.plan.program import step_collectives
 from spmd.plan.report import MemoryReport, PlanReport, StepEstimate, summarize
 from spmd.plan.topology import DCN_BYTES_PER_SECOND_PER_CHIP, TpuSlice, parse_slice
 
-__all__ = ["STRATEGIES", "PlanError", "auto_mesh_shape", "param_spec_for", "plan", "tpu_devices"]
+__all__ = [
+    "DEFAULT_SEQ_LEN",
+    "STRATEGIES",
+    "PlanError",
+    "auto_mesh_shape",
+    "check_even_splits",
+    "check_seq_len",
+    "default_seq_len",
+    "param_spec_for",
+    "plan",
+    "tpu_devices",
+    "uneven_splits",
+]
 
 STRATEGIES = ("fsdp", "2d", "dp")
 
@@ -135,6 +147,40 @@ def _check_mesh_axes(shape: Mapping[str, int], strategy: str) -> None:
         )
 
 
+def uneven_splits(
+    shapes: Mapping[str, tuple[int, ...]], spec_fn: Callable[[str, tuple[int, ...]], PartitionSpec], mesh: Mesh
+) -> list[str]:
+    """Parameters whose spec splits a dim into unequal blocks, as ``name (shape): dim d (n) over
+    k``. JAX compiles only even splits of a program's arguments; torch_xla would pad the last block."""
+    out = []
+    for name, shape in shapes.items():
+        for dim, entry in enumerate(spec_fn(name, shape).padded(len(shape))):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+            parts = math.prod(mesh.axis_size(a) for a in axes)
+            if shape[dim] % parts:
+                out.append(f"{name} {shape}: dim {dim} ({shape[dim]}) over {'x'.join(axes)}={parts}")
+    return out
+
+
+def check_even_splits(
+    strategy: str,
+    shapes: Mapping[str, tuple[int, ...]],
+    spec_fn: Callable[[str, tuple[int, ...]], PartitionSpec],
+    mesh: Mesh,
+) -> None:
+    """Raise `PlanError` naming the parameters `uneven_splits` finds, and what to change."""
+    uneven = uneven_splits(shapes, spec_fn, mesh)
+    if uneven:
+        listed = "; ".join(uneven[:3]) + (f"; and {len(uneven) - 3} more" if len(uneven) > 3 else "")
+        raise PlanError(
+            f"The {strategy} plan on mesh {dict(mesh.shape())} splits {len(uneven)} parameter(s) into unequal "
+            f"blocks: {listed}. The planner compiles with JAX, which needs each split dim divisible by its axes "
+            "(torch_xla would pad the last block). Pad the dim (a vocabulary: Hugging Face's "
+            "resize_token_embeddings(n, pad_to_multiple_of=k); GPT-2's 50257 -> 50304), or pick axis sizes that "
+            "divide it, or another strategy."
+        )
+
+
 def _block_bytes(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, itemsize: int) -> int:
     """Bytes of the largest block one device holds (each split dim rounded up)."""
     total = itemsize
@@ -145,6 +191,26 @@ def _block_bytes(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, itemsi
     return total
 
 
+def check_seq_len(seq_len: int, hf_config: Any) -> None:
+    """Raise `PlanError` for a sequence longer than a learned position table (GPT-2's
+    ``n_positions``), which the torch model could not run. Rotary models (Llama) have none."""
+    limit = getattr(hf_config, "n_positions", None)
+    if isinstance(limit, int) and seq_len > limit:
+        raise PlanError(
+            f"seq_len={seq_len} is longer than the model's learned position table (n_positions={limit}): the model "
+            f"cannot run it. Give --seq {limit} or less (seq_len={limit}), or a config with a larger n_positions."
+        )
+
+
+def default_seq_len(hf_config: Any) -> int:
+    """2048 tokens, or the model's learned position table if that is shorter (GPT-2: 1024)."""
+    limit = getattr(hf_config, "n_positions", None)
+    return min(DEFAULT_SEQ_LEN, limit) if isinstance(limit, int) else DEFAULT_SEQ_LEN
+
+
+DEFAULT_SEQ_LEN = 2048
+
+
 def plan(
     model: str | Path | torch.nn.Module,
     topology: str,
@@ -152,7 +218,7 @@ def plan(
     strategy: str = "fsdp",
     mesh: Mapping[str, int] | None = None,
     global_batch: int | None = None,
-    seq_len: int = 2048,
+    seq_len: int | None = None,
     compute_dtype: str = "bfloat16",
     gradient_checkpointing: bool = False,
     slices: int = 1,
@@ -170,7 +236,8 @@ def plan(
         strategy: ``fsdp``, ``2d`` (fsdp x tensor) or ``dp``.
         mesh: axis sizes, e.g. ``{"fsdp": 32, "tensor": 4}``; default `auto_mesh_shape`.
         global_batch: sequences per step; default one per chip.
-        seq_len: tokens per sequence.
+        seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
+            position table: 1024 for GPT-2).
         compute_dtype: ``bfloat16`` (fp32 master weights and AdamW state) or ``float32``.
         gradient_checkpointing: recompute each layer in backward.
         slices: slices joined over DCN (a ``data`` axis spans them).
@@ -201,12 +268,15 @@ def plan(
             f"global_batch={batch} does not split over the batch axes {batch_axes} ({batch_parts} parts) of mesh "
             f"{shape}; give a multiple of {batch_parts}."
         )
-    if not isinstance(seq_len, int) or seq_len < 2:
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 2):
         raise PlanError(f"seq_len must be an int >= 2 (tokens per sequence), got {seq_len!r}.")
     module, hf_config = build_meta_model(model)
+    seq_len = default_seq_len(hf_config) if seq_len is None else seq_len
+    check_seq_len(seq_len, hf_config)
     devices = tpu_devices(target)
     our_mesh = build_mesh(shape, target, devices)
     spec_fn = param_spec or param_spec_for(strategy, our_mesh, hf_config)
+    check_even_splits(strategy, {n: tuple(p.shape) for n, p in module.named_parameters()}, spec_fn, our_mesh)
     config = TrainStepConfig(
         global_batch=batch,
         seq_len=seq_len,

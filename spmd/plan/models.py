@@ -75,7 +75,14 @@ def _hf_config(config: dict[str, Any]) -> Any:
     model_type = config.pop("model_type", None)
     if not model_type:
         raise ModelSpecError("The config has no 'model_type'; the planner builds Hugging Face causal LMs from it.")
-    return transformers.AutoConfig.for_model(model_type, **config)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **config)
+    except ValueError as e:  # transformers' "Unrecognized model identifier: ..." and bad values
+        raise ModelSpecError(
+            f"transformers cannot build a config of model_type {model_type!r}: {str(e)[:300]}. The planner builds "
+            "Hugging Face causal LMs (gpt2, llama, mistral, qwen2, ...); fix 'model_type', or pass a "
+            "'package.module:function' factory."
+        ) from None
 
 
 def build_meta_model(model: str | Path | torch.nn.Module) -> tuple[torch.nn.Module, Any]:

@@ -139,4 +139,10 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
     chips = count // 2 if chip.names_count_cores else count
     if count < 1 or (chip.names_count_cores and count % 2) or chips < 1:
         raise TopologyError(f"{name!r}: {gen} slice names count cores, two per chip; give an even count >= 2.")
-    return TpuSlice(name, chip, _default_shape(chips, chip.three_d), slices)
+    try:
+        shape = _default_shape(chips, chip.three_d)
+    except TopologyError as e:  # say which name, in this chip's terms
+        cores = f" (the name counts cores: {count} cores are {chips} chips)" if chip.names_count_cores else ""
+        example = "4x4x6" if chip.three_d else "4x6"
+        raise TopologyError(f"{name!r}{cores}: {e}".replace("'v5p:4x4x6'", f"'{gen}:{example}'")) from None
+    return TpuSlice(name, chip, shape, slices)

@@ -5,11 +5,23 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from fsdp_xla.hf.config import read_fsdp_config
-from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, plan
-from spmd.plan.api import _largest, _oom_used_bytes
+from mesh import Mesh
+from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advise, plan
+from spmd.plan.__main__ import main as cli
+from spmd.plan.api import (
+    DEFAULT_SEQ_LEN,
+    _largest,
+    _oom_used_bytes,
+    check_even_splits,
+    default_seq_len,
+    param_spec_for,
+    uneven_splits,
+)
+from spmd.plan.models import build_meta_model
 from spmd.plan.report import MemoryReport
 from tests.spmd.plan import plan_results
 
@@ -186,6 +198,7 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(strategy="2d", mesh={"fsdp": 4}), PlanError, "needs mesh axes"),
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
+        (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
     ],
 )
 def test_bad_requests_say_what_to_change(kwargs, error, says):
@@ -193,8 +206,53 @@ def test_bad_requests_say_what_to_change(kwargs, error, says):
         plan("gpt2", "v5e:2x2", **kwargs)
 
 
-def test_unknown_models_and_slices_are_named():
+def test_unknown_models_and_slices_are_named(tmp_path):
     with pytest.raises(ModelSpecError, match="Unknown model 'llama9'"):
         plan("llama9", "v5e:2x2")
     with pytest.raises(TopologyError, match="Unknown TPU slice"):
         plan("gpt2", "v9-8")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt9", "n_layer": 1}))
+    with pytest.raises(ModelSpecError, match="cannot build a config of model_type 'gpt9': Unrecognized model"):
+        plan(str(config), "v5e:2x2")
+    with pytest.raises(TopologyError, match=r"'v5e-3': 3 chips is not a power of two.*'v5e:4x6'"):
+        plan("gpt2", "v5e-3")
+    with pytest.raises(TopologyError, match=r"'v5p-6' \(the name counts cores: 6 cores are 3 chips\)"):
+        plan("gpt2", "v5p-6")
+
+
+def test_the_sequence_defaults_to_what_the_model_can_run():
+    assert default_seq_len(build_meta_model("gpt2")[1]) == 1024  # its learned position table
+    assert default_seq_len(build_meta_model("llama2-7b")[1]) == DEFAULT_SEQ_LEN == 2048  # rotary
+
+
+def test_a_plan_that_splits_a_dim_unevenly_names_it_before_compiling():
+    module, config = build_meta_model("gpt2")
+    mesh = Mesh(np.arange(4), (2, 2), ("fsdp", "tensor"))
+    shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    with pytest.raises(
+        PlanError,
+        match=r"splits 1 parameter\(s\).*transformer.wte.weight \(50257, 768\): dim 0 \(50257\) over tensor=2",
+    ):
+        check_even_splits("2d", shapes, param_spec_for("2d", mesh, config), mesh)
+    fsdp = Mesh(np.arange(4), (4,), ("fsdp",))
+    assert uneven_splits(shapes, param_spec_for("fsdp", fsdp, config), fsdp) == []
+
+
+def test_the_advisor_says_when_there_is_nothing_to_try():
+    with pytest.raises(PlanError, match=r"No candidate to compile: .*tensor sizes \[3\].*divide the 4 chips"):
+        advise("gpt2", "v5e:2x2", strategies=["2d"], tensors=[3])
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--advise", "--strategy", "2d"], "--strategy choose one plan, and --advise tries many"),
+        (["--advise", "--checkpointing", "--batch", "8"], "--batch, --checkpointing choose one plan"),
+        (["--mesh", "fsdp=4,fsdp=1"], "--mesh names axis 'fsdp' twice"),
+    ],
+)
+def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli(["gpt2", "--topology", "v5e:2x2", *argv])
+    assert exit.value.code == 2 and says in capsys.readouterr().err
