@@ -6,6 +6,7 @@ from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_s
 from fsdp_xla.deferred import deferred_init
 from fsdp_xla.errors import (
     CheckpointError,
+    CheckpointTypeError,
     DeferredInitError,
     FSDPError,
     FSDPTypeError,
@@ -23,6 +24,7 @@ from fsdp_xla.policies import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointTypeError",
     "DeferredInitError",
     "FSDP",
     "FSDPError",

@@ -14,10 +14,12 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import zlib
 from numbers import Integral
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fsdp_xla.errors import CheckpointError
 
@@ -28,6 +30,8 @@ __all__ = [
     "device_file_name",
     "check_version_name",
     "check_index",
+    "is_version_name",
+    "checksum",
 ]
 
 FORMAT = "fsdp_xla.sharded/1"
@@ -47,6 +51,17 @@ def version_name(stamp: str, token: str) -> str:
     if not _VERSION.fullmatch(name):
         raise ValueError(f"not a version name: {name!r}")
     return name
+
+
+def checksum(data: torch.Tensor) -> int:
+    """CRC-32 of a block's bytes as stored (recorded in the index at save, checked at load)."""
+    raw = data.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return zlib.crc32(raw)
+
+
+def is_version_name(name: str) -> bool:
+    """Whether ``name`` is a version directory name the writer makes."""
+    return _VERSION.fullmatch(name) is not None
 
 
 def device_file_name(device: int) -> str:
@@ -153,6 +168,9 @@ def _check_entry(key: str, entry: object, where: Path) -> None:
             or not all(isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and _is_int(b[1]) for b in index)
         ):
             raise _fail(w, key, f"block {i} has index {str(index)[:100]}, not one [start, stop] per dim of {shape}")
+        crc = block.get("crc32", 0)
+        if not _is_int(crc) or not 0 <= crc < 2**32:
+            raise _fail(w, key, f"block {i} has checksum {str(crc)[:50]}, not a CRC-32")
         for d, ((lo, hi), n) in enumerate(zip(index, shape)):
             if not 0 <= lo <= hi <= n:
                 raise _fail(w, key, f"block {i} spans [{lo}, {hi}) on dim {d}, outside 0..{n}")

@@ -44,10 +44,12 @@ from fsdp_xla._checkpoint_format import (
     FORMAT,
     check_index,
     check_version_name,
+    checksum,
     device_file_name,
+    is_version_name,
     version_name,
 )
-from fsdp_xla.errors import CheckpointError
+from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
 from spmd.atomic_file import atomic_write
 from spmd.hlo_sharding import HloSharding
@@ -180,9 +182,19 @@ def save_sharded(
     Returns:
         The version directory written.
     """
-    if keep < 1:
-        raise ValueError(f"save_sharded: keep must be >= 1, got {keep}.")
+    _check_arguments("save_sharded", path, model, optimizer)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise CheckpointError(f"save_sharded: keep must be an int >= 1 (versions to keep), got {keep!r}.")
+    try:
+        json.dumps(extra or {})
+    except (TypeError, ValueError) as e:
+        raise CheckpointTypeError(
+            f"save_sharded: extra={extra!r} is not JSON-serializable ({e}); give plain numbers and strings "
+            "(e.g. {'step': int(step)}, not a tensor). Nothing was written."
+        ) from None
     root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"save_sharded: {root} is a file; a checkpoint is a directory. Give another path.")
     root.mkdir(parents=True, exist_ok=True)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
     if distributed(tensors):
@@ -208,6 +220,24 @@ def save_sharded(
             raise
         _prune(root, version, keep)
     return root / version
+
+
+def _check_arguments(what: str, path: object, model: object, optimizer: object) -> None:
+    """TypeErrors naming the argument, before anything is read or written."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointTypeError(
+            f"{what}: path must be a str or os.PathLike (the checkpoint directory), got {path!r}."
+        )
+    if not isinstance(model, torch.nn.Module):
+        hint = " (model and optimizer swapped?)" if isinstance(model, torch.optim.Optimizer) else ""
+        raise CheckpointTypeError(
+            f"{what}: model must be an nn.Module, got {type(model).__name__}{hint}. Pass the model itself, not its "
+            "state_dict()."
+        )
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise CheckpointTypeError(
+            f"{what}: optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}."
+        )
 
 
 def _new_version_name() -> str:
@@ -237,12 +267,20 @@ def _commit(root: Path, work: Path, version: str) -> None:
 
 
 def _prune(root: Path, version: str, keep: int) -> None:
-    """Remove all but the newest ``keep`` versions, and what killed saves left (under the lock)."""
-    versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v-"))
+    """Remove all but the newest ``keep`` versions, and what killed saves left (under the lock).
+
+    Only what a save writes is touched: version directories (a writer's name, holding an
+    index.json) and the save's temp files; anything else in the directory stays. Versions are
+    ordered by when their index was written (several saves in one second included)."""
+    versions = [p for p in root.iterdir() if p.is_dir() and is_version_name(p.name) and (p / _INDEX).is_file()]
+    versions.sort(key=lambda p: ((p / _INDEX).stat().st_mtime_ns, p.name))
     for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
     for partial in root.glob(".v-*.partial"):
-        shutil.rmtree(partial, ignore_errors=True)
+        if is_version_name(partial.name[1 : -len(".partial")]):
+            shutil.rmtree(partial, ignore_errors=True)
+    for stale in root.glob(f".{_LATEST}.*.tmp"):  # a save killed while replacing LATEST
+        stale.unlink(missing_ok=True)
 
 
 def _save_distributed(
@@ -272,7 +310,13 @@ def _save_distributed(
                     block = None
                 if block is not None:
                     mine[name] = block[2]
-                    entries[name] = [{"file": device_file_name(block[0]), "index": [list(b) for b in block[1]]}]
+                    entries[name] = [
+                        {
+                            "file": device_file_name(block[0]),
+                            "index": [list(b) for b in block[1]],
+                            "crc32": checksum(block[2]),
+                        }
+                    ]
             if mine:
                 _write_device_file(work / device_file_name(rank), mine)
         except Exception as e:  # every rank must reach the agreement below, or the others wait forever
@@ -315,7 +359,9 @@ def _write_version(
         entry = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype), "blocks": []}
         for block in _blocks(t):
             per_device.setdefault(block.device, {})[name] = block.data
-            entry["blocks"].append({"file": device_file_name(block.device), "index": block.index})
+            entry["blocks"].append(
+                {"file": device_file_name(block.device), "index": block.index, "crc32": checksum(block.data)}
+            )
         index[name] = entry
     for device, content in sorted(per_device.items()):
         _write_device_file(work / device_file_name(device), content)
@@ -424,6 +470,13 @@ def _assemble(reader: _Reader, name: str, entry: dict[str, Any]) -> torch.Tensor
             raise CheckpointError(
                 f"{name!r}: the block in {block['file']} has shape {tuple(data.shape)}, the index says {expected}."
             )
+        if "crc32" in block and checksum(data) != block["crc32"]:  # checkpoints before checksums have none
+            raise CheckpointError(
+                f"{name!r}: the block in {reader.version / block['file']} does not have the checksum the index "
+                "recorded when it was saved: the file's data is damaged. Restore the checkpoint from a copy, or "
+                "load an older version. If this came up during load_sharded, tensors before it were already "
+                "loaded: load a complete checkpoint again before training on."
+            )
         full[index] = data
         covered += data.numel()
     if covered != full.numel():
@@ -470,6 +523,8 @@ def load_sharded(
         CheckpointError: missing or damaged checkpoint, a missing or unexpected key (when
             ``strict``), or a shape that does not match; the message names the key.
     """
+    _check_arguments("load_sharded", path, model, optimizer)
+    checkpoint_version(path)  # no checkpoint there: say so, and leave no lock file behind
     with _locked(Path(path), shared=True):  # no save removes this version meanwhile
         version = checkpoint_version(path)
         meta = _read_index(version)
@@ -485,46 +540,84 @@ def load_sharded(
                 f"Checkpoint {version} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}. "
                 "Load it into the model it was saved from, or pass strict=False."
             )
+        # Everything the index can tell is checked before any tensor is written: a mismatch leaves
+        # the model and the optimizer as they were.
+        todo: list[tuple[str, str, torch.Tensor]] = []
         done: set[int] = set()
         for name, target in state.items():
-            key = f"model/{name}"
-            key = aliases.get(key, key)
+            key = aliases.get(f"model/{name}", f"model/{name}")
             if key not in index or id(target) in done:
                 continue
-            _set(target, _place(target, _assemble(reader, key, index[key]), name))
+            if tuple(index[key]["shape"]) != tuple(target.shape):
+                raise CheckpointError(
+                    f"{name!r} has shape {tuple(index[key]['shape'])} in the checkpoint but {tuple(target.shape)} in "
+                    "the model. Nothing was loaded."
+                )
+            todo.append((name, key, target))
             done.add(id(target))
-        if optimizer is not None:
-            _load_optimizer(optimizer, model, meta, index, reader)
+        if not todo:
+            raise CheckpointError(
+                f"Checkpoint {version} holds none of the model's {len(state)} tensors (strict=False loads the ones "
+                "whose names match, and no name matches). Nothing was loaded."
+            )
+        plan = _optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
+        for name, key, target in todo:
+            _set(target, _place(target, _assemble(reader, key, index[key]), name))
+        if plan is not None:
+            _load_optimizer(optimizer, model, meta, index, reader, plan)
         return dict(meta.get("extra", {}))
 
 
-def _load_optimizer(
-    optimizer: torch.optim.Optimizer, model: torch.nn.Module, meta: dict, index: dict, reader: _Reader
-) -> None:
+def _optimizer_plan(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, meta: dict, index: dict
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """(param_groups for ``optimizer.load_state_dict``, {parameter name: its position}), checked
+    against the checkpoint before anything is loaded. State follows parameter names: each of the
+    optimizer's groups takes the saved group with the same parameters (in any order), so a
+    reordered optimizer, or reordered groups, still gets each parameter's own state.
+
+    Raises:
+        CheckpointError: no optimizer state saved, or groups / parameters that do not match.
+    """
     optim_json = meta.get("optimizer") or {}
     if not optim_json:
         raise CheckpointError(
-            "The checkpoint has no optimizer state; save it with save_sharded(path, model, optimizer)."
+            "The checkpoint has no optimizer state; save it with save_sharded(path, model, optimizer), or load "
+            "without the optimizer."
         )
-    params = dict(model.named_parameters())
-    flat = [p for g in optimizer.param_groups for p in g["params"]]
-    names = {id(p): n for n, p in params.items()}
-    position = {names[id(p)]: i for i, p in enumerate(flat) if id(p) in names}
+    names = {id(p): n for n, p in model.named_parameters()}
+    current: list[list[str]] = []
+    for j, group in enumerate(optimizer.param_groups):
+        foreign = [tuple(p.shape) for p in group["params"] if id(p) not in names]
+        if foreign:
+            raise CheckpointError(
+                f"The optimizer's group {j} holds parameters of shapes {foreign[:3]} that the model does not; build "
+                "the optimizer from this model's parameters (after wrapping it with FSDP)."
+            )
+        current.append([names[id(p)] for p in group["params"]])
+    position = {n: i for i, n in enumerate(n for group in current for n in group)}
     saved_groups = optim_json["param_groups"]
-    if len(saved_groups) != len(optimizer.param_groups):
+    if len(saved_groups) != len(current):
         raise CheckpointError(
-            f"The checkpoint's optimizer has {len(saved_groups)} parameter groups, this one {len(optimizer.param_groups)}."
+            f"The checkpoint's optimizer has {len(saved_groups)} parameter groups, this one {len(current)}; build "
+            "it with the same groups as the one that was saved."
         )
+    by_members = {frozenset(g["params"]): g for g in saved_groups}
     groups = []
-    for saved in saved_groups:
-        g = {k: v for k, v in saved.items() if k != "params"}
-        g["params"] = []
-        for pname in saved["params"]:
-            if pname not in position:
-                raise CheckpointError(f"Optimizer state for {pname!r}, which this optimizer does not hold.")
-            g["params"].append(position[pname])
-        groups.append(g)
-    state: dict[int, dict[str, Any]] = {}
+    for j, members in enumerate(current):
+        saved = by_members.get(frozenset(members))
+        if saved is None:
+            sizes = [len(g["params"]) for g in saved_groups]
+            raise CheckpointError(
+                f"The optimizer's group {j} ({len(members)} parameters, {members[:3]}...) matches no parameter group "
+                f"of the checkpoint's optimizer (groups of {sizes} parameters); build the optimizer with the same "
+                "groups as the one that was saved."
+            )
+        # JSON has no tuples: hyperparameters such as AdamW's betas come back as they went in.
+        group = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k != "params"}
+        group["params"] = [position[n] for n in members]  # this optimizer's order: torch maps by position
+        groups.append(group)
+    params = dict(model.named_parameters())
     for key, entry in index.items():
         if not key.startswith("optim/"):
             continue
@@ -536,12 +629,38 @@ def _load_optimizer(
                 f"Optimizer state {field!r} for {pname!r}, a parameter this optimizer does not hold; build the "
                 "optimizer over the same parameters as the one that was saved."
             )
+        if tuple(entry["shape"]) not in ((), tuple(params[pname].shape)):
+            raise CheckpointError(
+                f"Optimizer state {field!r} of {pname!r} has shape {tuple(entry['shape'])} in the checkpoint; the "
+                f"parameter has shape {tuple(params[pname].shape)}."
+            )
+    for pname in optim_json.get("scalars", {}):
+        if pname not in position:
+            raise CheckpointError(f"Optimizer state for {pname!r}, which this optimizer does not hold.")
+    return groups, position
+
+
+def _load_optimizer(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    meta: dict,
+    index: dict,
+    reader: _Reader,
+    plan: tuple[list[dict[str, Any]], dict[str, int]],
+) -> None:
+    groups, position = plan
+    params = dict(model.named_parameters())
+    state: dict[int, dict[str, Any]] = {}
+    for key, entry in index.items():
+        if not key.startswith("optim/"):
+            continue
+        pname, field = key.removeprefix("optim/").rsplit("/", 1)
         value = _assemble(reader, key, entry)
         param = params[pname]
         if tuple(value.shape) == tuple(param.shape) and value.dim() > 0:
             value = _place(param, value.to(param.dtype) if value.is_floating_point() else value, key)
         state.setdefault(position[pname], {})[field] = value
-    for pname, scalars in optim_json.get("scalars", {}).items():
+    for pname, scalars in (meta.get("optimizer") or {}).get("scalars", {}).items():
         state.setdefault(position[pname], {}).update(scalars)
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", "-o", required=True, help="output file: .safetensors, or .pt/.bin for torch.save")
     parser.add_argument("--optimizer", action="store_true", help="include optimizer state (optim/<param>/<field>)")
     args = parser.parse_args(argv)
+    if Path(args.output).is_dir():
+        parser.error(f"--output {args.output} is a directory; give a file name ending in .safetensors, .pt or .bin.")
     try:
         state = consolidate(args.checkpoint, optimizer=args.optimizer)
     except CheckpointError as e:

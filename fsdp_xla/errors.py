@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["FSDPError", "FSDPTypeError", "WrapPolicyError", "MeshAxisError", "DeferredInitError", "CheckpointError"]
+__all__ = [
+    "FSDPError",
+    "FSDPTypeError",
+    "WrapPolicyError",
+    "MeshAxisError",
+    "DeferredInitError",
+    "CheckpointError",
+    "CheckpointTypeError",
+]
 
 
 class FSDPError(ValueError):
@@ -27,3 +35,8 @@ class DeferredInitError(FSDPError):
 
 class CheckpointError(FSDPError):
     """A checkpoint that is missing, corrupt, or does not match the model."""
+
+
+class CheckpointTypeError(FSDPTypeError):
+    """A checkpoint function's argument of the wrong type (a state_dict for the model, a tensor in
+    ``extra``, ...)."""

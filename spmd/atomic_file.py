@@ -38,6 +38,9 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        # mkstemp makes the file 0600; the result keeps the mode the target had, else 0644
+        # (a checkpoint or report on shared storage must be readable by the others).
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else 0o644)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
