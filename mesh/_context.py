@@ -31,8 +31,8 @@ def set_global_mesh(mesh: Mesh | None) -> None:
     ``SpmdFullyShardedDataParallel``, the Hugging Face Trainer's ``xla_fsdp_v2`` path) sees it.
     """
     global _process_default
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise MeshTypeError(f"set_global_mesh expects a Mesh or None, got {type(mesh).__name__}.")
+    if mesh is not None:
+        mesh = _as_mesh(mesh, "set_global_mesh")
     _process_default = mesh
     from spmd._backend import backend  # torch_xla's global mesh: a torch_xla-only operation
 
@@ -45,15 +45,14 @@ def get_global_mesh() -> Mesh | None:
     stack = _stack()
     if stack:
         return stack[-1]
-    if _process_default is not None:
-        return _process_default
     from spmd._backend import backend
 
+    # One global mesh: ours is mirrored into torch_xla's, so when theirs is another object,
+    # torch_xla's own set_global_mesh was called after ours, and the latest call wins.
     theirs = backend.global_mesh()
-    if theirs is None or isinstance(theirs, Mesh):
-        return theirs
-    names = None if theirs.axis_names is None else tuple(theirs.axis_names)  # type: ignore[attr-defined]
-    return Mesh(np.asarray(theirs.device_ids), tuple(theirs.mesh_shape), names)  # type: ignore[attr-defined]
+    if theirs is None or theirs is _process_default:
+        return _process_default
+    return Mesh.from_torch_xla(theirs)
 
 
 @contextlib.contextmanager
@@ -65,8 +64,7 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
         >>> with use_mesh(Mesh(np.arange(8), (8,), ("data",))) as m:
         ...     assert get_global_mesh() is m
     """
-    if not isinstance(mesh, Mesh):
-        raise MeshTypeError(f"use_mesh expects a Mesh, got {type(mesh).__name__}.")
+    mesh = _as_mesh(mesh, "use_mesh")
     stack = _stack()
     stack.append(mesh)
     try:
@@ -103,8 +101,15 @@ def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
                 f"{what} got no mesh and no global mesh is set. Pass one (e.g. mesh=Mesh(np.arange(n), (n,), "
                 "('data',))), or call mesh.set_global_mesh(...) / use `with use_mesh(...)`."
             )
-    if not isinstance(mesh, Mesh):
+    return _as_mesh(mesh, what)
+
+
+def _as_mesh(mesh: object, what: str) -> Mesh:
+    """``mesh`` as our `Mesh` (a torch_xla mesh is converted: same ids, shape and names)."""
+    ours = Mesh.from_torch_xla(mesh)
+    if ours is None:
         raise MeshTypeError(
-            f"{what} expects a mesh.Mesh, got {type(mesh).__name__}. Build one: Mesh(np.arange(n), (n,), ('data',))."
+            f"{what} expects a mesh.Mesh (or a torch_xla Mesh), got {type(mesh).__module__}.{type(mesh).__name__}. "
+            "Build one: Mesh(np.arange(n), (n,), ('data',))."
         )
-    return mesh
+    return ours

@@ -267,6 +267,20 @@ class Mesh:
         )
 
     @classmethod
+    def from_torch_xla(cls, mesh: object) -> Mesh | None:
+        """The same mesh as a torch_xla ``Mesh`` (or HybridMesh): its ``device_ids``,
+        ``mesh_shape`` and ``axis_names``; ``None`` if ``mesh`` is not one. Lets code that still
+        builds torch_xla meshes pass them to our functions during a migration."""
+        if isinstance(mesh, Mesh):
+            return mesh
+        if not type(mesh).__module__.startswith("torch_xla.") or not all(
+            hasattr(mesh, a) for a in ("device_ids", "mesh_shape", "axis_names")
+        ):
+            return None
+        names = None if mesh.axis_names is None else tuple(mesh.axis_names)  # type: ignore[attr-defined]
+        return cls(np.asarray(mesh.device_ids).reshape(-1), tuple(mesh.mesh_shape), names)  # type: ignore[attr-defined]
+
+    @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
         """The mesh ``str(mesh)`` printed, or ``None`` if ``mesh_str`` is not such a text."""
         import ast

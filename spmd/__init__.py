@@ -8,7 +8,7 @@ if you want virtual CPU devices. ``import spmd as xs`` stands in for
 from typing import Any
 
 from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh, use_mesh
-from spmd import xla_sharding
+from spmd import api, debugging, xla_sharded_tensor, xla_sharding
 from spmd._backend import BACKENDS, ShardingBackend, backend_for, use_backend
 from spmd.barrier import apply_backward_optimization_barrier, optimization_barrier
 from spmd.devices import configure_default_devices, enable_spmd
@@ -110,6 +110,9 @@ __all__ = [
     "mark_manual_sharding",
     "shard_as",
     "wrap_if_sharded",
+    "api",
+    "debugging",
+    "xla_sharded_tensor",
     "xla_sharding",
     *xla_sharding.TORCH_XLA_REEXPORTS,
 ]

@@ -21,6 +21,7 @@ from spmd.mark_sharding import (
     mark_sharding_with_gradients,
     shard_as,
 )
+from spmd.partition_spec import PartitionSpec
 from spmd.sharded_tensor import (
     XLAShard,
     XLAShardedTensor,
@@ -48,6 +49,7 @@ __all__ = [
     "HybridMesh",
     "MarkShardingFunction",
     "Mesh",
+    "PartitionSpec",
     "ShardingSpec",
     "ShardingType",
     "XLAShard",

@@ -59,7 +59,31 @@ def test_global_mesh_is_torch_xla_global_mesh(xla):
     theirs = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
     xs.set_global_mesh(theirs)  # set by torch_xla's own call: read back as ours
     assert get_global_mesh() == Mesh(np.arange(8), (4, 2), ("data", "model"))
+    set_global_mesh(mesh)
+    xs.set_global_mesh(theirs)  # after ours: the latest call wins, for both libraries
+    assert get_global_mesh() == Mesh(np.arange(8), (4, 2), ("data", "model")) and xs.get_global_mesh() is theirs
+    set_global_mesh(mesh)
+    assert get_global_mesh() is mesh and xs.get_global_mesh() is mesh
     set_global_mesh(None)
+
+
+def test_a_torch_xla_mesh_is_taken_where_a_mesh_is(xla):
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    from spmd import mark_sharding
+
+    theirs = xs.Mesh(np.arange(8)[::-1], (2, 2, 2), ("x", "y", "z"))
+    t = mark_sharding(torch.zeros(4, 4).to(xla), theirs, ("z", "x"))
+    u = torch.zeros(4, 4).to(xla)
+    xs.mark_sharding(u, theirs, ("z", "x"))
+    assert torch_xla._XLAC._get_xla_sharding_spec(t) == torch_xla._XLAC._get_xla_sharding_spec(u)
+    assert t.sharding.mesh == MESH
+    set_global_mesh(theirs)
+    assert get_global_mesh() == MESH
+    set_global_mesh(None)
+    with pytest.raises(TypeError, match=r"expects a mesh.Mesh \(or a torch_xla Mesh\), got builtins.dict"):
+        set_global_mesh({"device_ids": [0]})
 
 
 def test_hybrid_mesh_keeps_torch_xla_methods():
