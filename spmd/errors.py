@@ -50,8 +50,12 @@ class PartitionSpecTypeError(SpmdTypeError):
     """A spec entry is not a mesh axis name, index, tuple of those, or ``None``."""
 
 
-class NotAnXlaTensorError(SpmdTypeError):
-    """The tensor is not on an XLA device, so it cannot carry an XLA sharding."""
+class NotAnXlaTensorError(SpmdTypeError, RuntimeError):
+    """The tensor is not on an XLA device, so it cannot carry an XLA sharding.
+
+    Also a ``RuntimeError``, which torch_xla raises here ("Expected XLA tensor"), so
+    ``except RuntimeError`` in scripts written for torch_xla still catches it.
+    """
 
 
 class ShardingConflictError(ShardingError, RuntimeError):

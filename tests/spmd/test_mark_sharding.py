@@ -192,6 +192,8 @@ def test_input_errors(xla):
         match=r"tensor of shape \(3,\), spec P\('data'\), mesh\{.*\): it is on device 'cpu'.*\.to\(torch_xla.device\(\)\)",
     ):
         mark_sharding(torch.ones(3), MESH_2D, P("data"))
+    with pytest.raises(RuntimeError, match="not an XLA device"):  # what torch_xla raises: old except clauses hold
+        mark_sharding(torch.ones(3), MESH_2D, P("data"))
     with pytest.raises(UnknownAxisError, match=r"shape \(8, 8\), spec P\('batch'\)"):
         mark_sharding(torch.ones(8, 8).to(xla), MESH_2D, P("batch"))
     big = Mesh(np.arange(16), (8, 2), ("data", "model"))
