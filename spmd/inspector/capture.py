@@ -20,7 +20,7 @@ import torch
 from spmd._backend import backend
 from spmd.inspector.checks import CheckOptions, find_issues
 from spmd.inspector.collectives import module_scope
-from spmd.inspector.dump import dump_dir_from_flags, list_modules, prepare, read_graph
+from spmd.inspector.dump import dump_dir_from_flags, list_modules, module_versions, prepare, read_graph
 from spmd.inspector.report import ParameterInfo, Report
 
 __all__ = ["InspectorError", "Capture", "capture"]
@@ -59,7 +59,12 @@ class _ModuleScopes:
     def __enter__(self) -> _ModuleScopes:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
+        # always_call: a forward that raises (and is caught by the script) still closes its
+        # scope, or torch_xla's next sync fails on the scope left open.
+        self._handles = [
+            register_module_forward_pre_hook(self._pre),
+            register_module_forward_hook(self._post, always_call=True),
+        ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -105,15 +110,18 @@ class _ModuleScopes:
 class _StepRecorder:
     """Wraps ``torch_xla.sync`` to attribute each newly compiled module to a step."""
 
-    def __init__(self, dump_dir: Path, known: set[int]) -> None:
+    def __init__(self, dump_dir: Path) -> None:
         self.dump_dir = dump_dir
-        self.known = set(known)
+        # What the directory held before the block, by id and file version: a module compiled
+        # inside the block is a new id, or an id whose files were written anew (a directory
+        # reused by an earlier run, whose module numbers this process repeats).
+        self.known = module_versions(dump_dir)
         self.steps: dict[int, list[int]] = {}
         self.syncs = 0
         self._saved: list[tuple[Any, str, Any]] = []
 
     def collect(self, step: int) -> None:
-        new = [m for m in list_modules(self.dump_dir) if m not in self.known]
+        new = {m: v for m, v in module_versions(self.dump_dir).items() if self.known.get(m) != v}
         if new:
             self.steps.setdefault(step, []).extend(new)
             self.known.update(new)
@@ -172,10 +180,11 @@ class Capture:
 
 _NOT_DUMPING = (
     "XLA compiled {compiled} graph(s) inside capture() but wrote no dump to {dump_dir}: XLA reads "
-    "XLA_FLAGS once per process, at the first torch_xla.sync(), and this process synced before dumps "
-    "were requested. Either run the script under the inspector, `python -m spmd.inspector SCRIPT "
-    "[ARGS]`, or call `spmd.inspector.prepare()` at the top of the script, before the first "
-    "torch_xla.sync() (before `import torch_xla`, to also get module names)."
+    "XLA_FLAGS once per process, when the XLA device is first used (torch_xla.device(), .to(device) "
+    "or a torch_xla.sync()), and this process used it before dumps to this directory were requested. "
+    "Either run the script under the inspector, `python -m spmd.inspector SCRIPT [ARGS]`, or call "
+    "`spmd.inspector.prepare()` at the top of the script, before the device is first used (before "
+    "`import torch_xla`, to also get module names)."
 )
 
 _NOTHING_COMPILED = (
@@ -223,7 +232,7 @@ def capture(
     dump_dir.mkdir(parents=True, exist_ok=True)
     handle = Capture()
     compiled_before = backend.compile_count() if "torch_xla" in sys.modules else 0
-    recorder = _StepRecorder(dump_dir, set(list_modules(dump_dir)))
+    recorder = _StepRecorder(dump_dir)
     scopes = _ModuleScopes()
     error: BaseException | None = None
     with recorder:
@@ -253,7 +262,9 @@ def capture(
         platform=backend.platform(),
         steps=steps,
         dump_dir=str(dump_dir),
-        partial="" if error is None else f"the block raised {type(error).__name__}: {error}".strip(),
+        partial=""
+        if error is None
+        else f"the block raised {type(error).__name__}" + (f": {error}" if str(error) else ""),
     )
     if error is not None:
         raise error

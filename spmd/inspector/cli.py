@@ -93,8 +93,20 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_default_devices(args.devices)
     keep_dumps = args.dump_dir is not None or dump_dir_from_flags() is not None
-    dump_dir = prepare(args.dump_dir)  # before torch_xla is imported: dumps and module names
+    try:
+        dump_dir = prepare(args.dump_dir)  # before torch_xla is imported: dumps and module names
+    except ValueError as e:  # --dump-dir and XLA_FLAGS's --xla_dump_to disagree
+        print(f"spmd.inspector: --dump-dir {args.dump_dir}: {e} (or leave out --dump-dir)", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, script, dump_dir, keep_dumps)
+    finally:  # also on Ctrl-C: the dumps are megabytes per graph
+        if not keep_dumps:
+            shutil.rmtree(dump_dir, ignore_errors=True)
 
+
+def _run(args: argparse.Namespace, script: Path, dump_dir: Path, keep_dumps: bool) -> int:
+    """Run the script under `capture`, print the report; the exit code."""
     from spmd.inspector.capture import InspectorError, capture
 
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -120,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_code = e.code if isinstance(e.code, int) else 1
         failure = f"the script exited with code {e.code}"
     except InspectorError as e:  # nothing to report (nothing compiled, dumps requested too late)
-        exit_code, failure = 2, str(e)
+        exit_code = 2
+        report = None  # its failure is this error: say it once
+        failure = str(e).replace("inside capture()", "while the script ran")
     except Exception:  # the script raised: report what compiled, print its traceback, exit 1
         exit_code = 1
         failure = traceback.format_exc()
@@ -140,6 +154,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nspmd.inspector: {failure.rstrip()}", file=sys.stderr)
     if keep_dumps:
         print(f"XLA dumps: {dump_dir}")
-    else:
-        shutil.rmtree(dump_dir, ignore_errors=True)
     return exit_code

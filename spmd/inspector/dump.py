@@ -9,9 +9,11 @@ calls it before the user's script runs.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shlex
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -42,11 +44,20 @@ def dump_dir_from_flags(flags: str | None = None) -> Path | None:
     return found
 
 
+def _temporary_dump_dir() -> Path:
+    """A new temp directory, removed at exit: dumps hold LLVM IR and objects, megabytes per graph."""
+    path = Path(tempfile.mkdtemp(prefix="spmd-inspector-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def prepare(dump_dir: str | os.PathLike[str] | None = None) -> Path:
     """Ask XLA to dump every compiled graph as text, for the inspector to read.
 
-    Call it before the first ``torch_xla.sync()`` of the process (before torch_xla is
-    imported is safest). If ``XLA_FLAGS`` already names a dump directory, that one is kept.
+    Call it before the process first uses the XLA device (``torch_xla.device()``, ``.to(device)``
+    or a ``torch_xla.sync()``): XLA reads its flags then, once. Before torch_xla is imported is
+    safest. If ``XLA_FLAGS`` already names a dump directory, that one is kept. A temporary
+    directory it makes itself is removed when the process exits.
     Also sets ``XLA_HLO_DEBUG=1`` (unless set) so the HLO carries the Python source line and
     module scope of each op, which the report uses to name collectives.
 
@@ -63,7 +74,7 @@ def prepare(dump_dir: str | os.PathLike[str] | None = None) -> Path:
             f"XLA_FLAGS already dumps to {existing}; prepare(dump_dir={str(dump_dir)!r}) cannot point XLA "
             "elsewhere. Drop --xla_dump_to from XLA_FLAGS or call prepare() without a directory."
         )
-    target = existing or Path(dump_dir or tempfile.mkdtemp(prefix="spmd-inspector-"))
+    target = existing or Path(dump_dir or _temporary_dump_dir())
     target.mkdir(parents=True, exist_ok=True)
     add = []
     if existing is None:
@@ -76,17 +87,20 @@ def prepare(dump_dir: str | os.PathLike[str] | None = None) -> Path:
     return target
 
 
-def list_modules(dump_dir: str | os.PathLike[str]) -> dict[int, str]:
-    """``{module id: file prefix}`` of the compiled modules in ``dump_dir`` (those with an
-    optimized HLO file), e.g. ``{3: 'module_0003.SyncTensorsGraph.38'}``.
+def module_versions(dump_dir: str | os.PathLike[str]) -> dict[int, tuple[str, int]]:
+    """``{module id: (file prefix, write time in ns)}`` of the compiled modules in ``dump_dir``
+    (those with an optimized HLO file).
 
-    One pass over the directory: XLA's CPU backend also dumps LLVM IR and object files for
-    every kernel, so a long session's dump directory holds tens of thousands of files.
+    XLA numbers modules from 0 in every process, so a directory used by an earlier run holds
+    files of the same ids: the newest file of an id is its module, and its write time tells a
+    module compiled now from one left by that run. One pass over the directory: XLA's CPU
+    backend also dumps LLVM IR and object files for every kernel, so a long session's dump
+    directory holds tens of thousands of files.
     """
     root = Path(dump_dir)
     if not root.is_dir():
         return {}
-    before: dict[int, str] = {}
+    before: dict[int, tuple[str, int]] = {}
     optimized: dict[int, list[str]] = {}
     with os.scandir(root) as entries:
         for entry in entries:
@@ -94,16 +108,28 @@ def list_modules(dump_dir: str | os.PathLike[str]) -> dict[int, str]:
             m = _MODULE_RE.match(name)
             if not m:
                 continue
+            module = int(m.group(1))
             if name.endswith(_BEFORE_SUFFIX):
-                before[int(m.group(1))] = name[: -len(_BEFORE_SUFFIX)]
+                try:
+                    written = entry.stat().st_mtime_ns
+                except OSError:  # removed meanwhile
+                    continue
+                if module not in before or written > before[module][1]:
+                    before[module] = (name[: -len(_BEFORE_SUFFIX)], written)
             elif name.endswith("after_optimizations.txt"):
-                optimized.setdefault(int(m.group(1)), []).append(name)
+                optimized.setdefault(module, []).append(name)
     out = {
-        module: prefix
-        for module, prefix in before.items()
+        module: (prefix, written)
+        for module, (prefix, written) in before.items()
         if any(n.startswith(prefix + ".") for n in optimized.get(module, ()))
     }
     return dict(sorted(out.items()))
+
+
+def list_modules(dump_dir: str | os.PathLike[str]) -> dict[int, str]:
+    """``{module id: file prefix}`` of the compiled modules in ``dump_dir`` (`module_versions`),
+    e.g. ``{3: 'module_0003.SyncTensorsGraph.38'}``."""
+    return {module: prefix for module, (prefix, _) in module_versions(dump_dir).items()}
 
 
 def _after_file(root: Path, prefix: str) -> Path | None:

@@ -122,6 +122,26 @@ def test_parameters_are_named_by_module_scope(xla, mesh8):
     assert out.shape == (8, 16)
 
 
+def test_a_forward_that_raises_closes_its_scope(xla, mesh8):
+    class Raises(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(24, 40)
+
+        def forward(self, x):
+            self.inner(x)
+            raise RuntimeError("caught by the script")
+
+    bad, good = Raises().to(xla), torch.nn.Linear(24, 40).to(xla)  # shapes no other test compiles
+    with capture() as report:
+        x = torch.ones(8, 24).to(xla)
+        with pytest.raises(RuntimeError, match="caught by the script"):
+            bad(x)
+        out = good(x).sum()
+        sync()  # torch_xla's "Expecting scope to be empty" if a scope stayed open
+    assert len(report.graphs) == 1 and out.shape == ()
+
+
 def test_replicated_and_gathered_parameters_are_warned(xla, mesh8):
     with capture(replicated_threshold_bytes=4096) as report:
         w = torch.randn(64, 32).to(xla)

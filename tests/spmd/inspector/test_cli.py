@@ -120,6 +120,20 @@ def test_a_crashing_script_still_gets_a_partial_report(tmp_path):
     assert report["partial"].startswith("the block raised ValueError") and len(report["graphs"]) == 2
 
 
+def test_a_dump_directory_reused_by_a_second_run_reports_that_run(tmp_path):
+    """XLA numbers modules from 0 in every process, so the second run overwrites the first's
+    files; its graphs are found by their new files, not missed as already known."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
+    env["PYTHONPATH"] = str(ROOT)
+    command = [sys.executable, "-m", "spmd.inspector", "--dump-dir", str(tmp_path / "dumps"), str(script)]
+    runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 1 and "spmd.inspector: 2 compiled graph(s)" in run.stdout, run.stderr[-2000:]
+        assert "step 0: 1 graph(s)" in run.stdout and "step 1: 1 graph(s)" in run.stdout
+
+
 def test_docs_sample_output_is_current(cli_run):
     """docs/inspector.md shows this run's output; its figures must be what the CLI prints now."""
     stdout, _, _ = cli_run
