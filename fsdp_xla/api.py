@@ -135,15 +135,28 @@ def _resolve_precision(mixed_precision: MixedPrecision | torch.dtype | None) -> 
         return mixed_precision
     if isinstance(mixed_precision, torch.dtype):
         return MixedPrecision(compute_dtype=mixed_precision)
+    origin = type(mixed_precision).__module__
+    hint = (
+        f" ({origin}.{type(mixed_precision).__name__} is another library's class: use fsdp_xla.MixedPrecision)"
+        if type(mixed_precision).__name__.endswith(("MixedPrecision", "MixedPrecisionPolicy"))
+        else ""
+    )
     raise FSDPTypeError(
-        f"mixed_precision must be a MixedPrecision, a torch.dtype or None, got {type(mixed_precision).__name__}."
+        f"mixed_precision must be a fsdp_xla.MixedPrecision, a torch.dtype or None, got "
+        f"{type(mixed_precision).__name__}{hint}."
     )
 
 
 def _resolve_policy(policy: object) -> WrapPolicy | None:
     if policy is None or isinstance(policy, WrapPolicy):
         return policy
-    if isinstance(policy, (list, tuple, set)):
+    if isinstance(policy, (list, tuple, set, frozenset)) and policy and all(isinstance(c, type) for c in policy):
+        names = ", ".join(sorted(c.__name__ for c in policy))
+        raise WrapPolicyError(
+            f"auto_wrap_policy got layer classes ({names}), not a policy. Wrap them: "
+            f"auto_wrap_policy=transformer_auto_wrap_policy({{{names}}})."
+        )
+    if isinstance(policy, (list, tuple, set, frozenset)):
         raise WrapPolicyError(
             f"auto_wrap_policy takes one policy, got {len(policy)}: transformer_auto_wrap_policy and "
             "size_based_auto_wrap_policy are mutually exclusive. Keep one (transformer layers for "
@@ -295,6 +308,14 @@ def fully_shard(
                 f"Submodule {path!r} is already wrapped by FSDP. Wrap only the root and choose the inner units "
                 "with auto_wrap_policy."
             )
+    for option, value in (
+        ("reshard_after_forward", reshard_after_forward),
+        ("gradient_checkpointing", gradient_checkpointing),
+        ("optimization_barriers", optimization_barriers),
+        ("shardable_layer_norm", shardable_layer_norm),
+    ):
+        if not isinstance(value, bool):
+            raise FSDPTypeError(f"FSDP: {option} must be True or False, got {value!r} ({type(value).__name__}).")
     mesh = _resolve_mesh(mesh, fsdp_axis)
     if shard_output is not None and not isinstance(shard_output, PartitionSpec) and not callable(shard_output):
         raise FSDPTypeError(

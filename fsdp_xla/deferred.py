@@ -60,8 +60,17 @@ def deferred_init(build_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         model = FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy({GPT2Block}))
 
     Raises:
-        TypeError: ``build_fn`` did not return an ``nn.Module``.
+        TypeError: ``build_fn`` did not return an ``nn.Module``, or loads weights
+            (``from_pretrained``), which the meta device would silently discard.
     """
+    if getattr(build_fn, "__name__", "") == "from_pretrained":
+        raise FSDPTypeError(
+            "deferred_init(...from_pretrained, ...) would build the model on the meta device, where the loaded "
+            "weights are discarded: FSDP would then initialize it at random. For pretrained weights load the model "
+            "first and wrap it (FSDP(Model.from_pretrained(...))), or build it here from its config "
+            "(deferred_init(Model, config) or AutoModelForCausalLM.from_config) and load a sharded checkpoint into "
+            "the wrapped model (fsdp_xla.checkpoint.load_sharded)."
+        )
     with params_on_meta():
         module = build_fn(*args, **kwargs)
     if not isinstance(module, torch.nn.Module):

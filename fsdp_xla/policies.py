@@ -89,6 +89,11 @@ def transformer_auto_wrap_policy(layer_classes: Iterable[type[torch.nn.Module]])
     """Wrap each instance of ``layer_classes``: ``transformer_auto_wrap_policy({GPT2Block})``."""
     if isinstance(layer_classes, type):
         layer_classes = [layer_classes]
+    if isinstance(layer_classes, str):
+        raise WrapPolicyError(
+            f"transformer_auto_wrap_policy takes layer classes, got the string {layer_classes!r}: pass the class "
+            f"itself ({{{layer_classes}}}), or name it in an fsdp_config.json's transformer_layer_cls_to_wrap."
+        )
     return TransformerWrapPolicy(frozenset(layer_classes))
 
 

@@ -210,14 +210,20 @@ class Mesh:
         return "mesh{" + ", ".join(f"{k!r}: {v}" for k, v in self.shape().items()) + "}"
 
     def check_device_count(self, available: int, more_devices: str = "start the runtime with more devices") -> None:
-        """Raise `DeviceCountError` unless every id is below the runtime's ``available`` devices;
-        ``more_devices`` says how to get more (the backend's ``more_devices``)."""
+        """Raise `DeviceCountError` unless the mesh uses exactly the runtime's ``available``
+        devices (each id below it, each once); ``more_devices`` says how to get more (the
+        backend's ``more_devices``)."""
         missing = sorted(i for i in self._device_ids if i >= available)
         if missing:
             raise DeviceCountError(
                 f"{self.describe()} uses device ids {missing}, but the runtime has only "
                 f"{available} device(s) (ids 0..{available - 1}). Build the mesh over "
                 f"range({available}) or run with more devices: {more_devices}."
+            )
+        if self.size() != available:
+            raise DeviceCountError(
+                f"the mesh has {self.size()} devices but the runtime has {available}; every program is partitioned "
+                f"over all {available} devices, so a mesh must use each of them once. Build it over range({available})."
             )
 
     # torch_xla's methods ---------------------------------------------------------------------

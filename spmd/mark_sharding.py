@@ -63,13 +63,6 @@ def _resolve(
         mesh.check_device_count(available, runtime.more_devices)
     except DeviceCountError as e:
         raise DeviceCountError(f"{context}: {e}") from None
-    if mesh.size() != available:
-        raise DeviceCountError(
-            f"{context}: the mesh has {mesh.size()} devices but the runtime has {available}; "
-            f"every program is partitioned over all {available} devices, so a mesh must use each "
-            f"of them once. Build it over range({available})"
-            + (f", or run with more devices: {runtime.more_devices}." if available < mesh.size() else ".")
-        )
     return NamedSharding(mesh, spec), hlo
 
 

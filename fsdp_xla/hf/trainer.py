@@ -43,6 +43,38 @@ except ImportError as e:  # pragma: no cover - transformers is an optional depen
 __all__ = ["FSDPTrainer"]
 
 
+def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
+    """What transformers' own __init__ would fail on with an unrelated message, said first.
+
+    Raises:
+        HFConfigError: FSDP on without ``"xla": true``, transformers' gradient checkpointing
+            (it fails on XLA; ``xla_fsdp_grad_ckpt`` is the FSDP one), or a mesh without ``fsdp``.
+    """
+    if mesh is not None and "fsdp" not in (mesh.axis_names or ()):
+        raise HFConfigError(
+            f"FSDPTrainer(mesh=...) shards parameters on an axis named 'fsdp', but {mesh.describe()} has none. "
+            "Name one axis 'fsdp' (e.g. Mesh(ids, (n, t), ('fsdp', 'tensor')))."
+        )
+    if training_args is None:
+        return
+    config = getattr(training_args, "fsdp_config", None) or {}
+    if getattr(training_args, "fsdp", None) and isinstance(config, dict) and not config.get("xla"):
+        raise HFConfigError(
+            'fsdp_config must hold "xla": true for FSDPTrainer (FSDP on XLA). Without it transformers takes its '
+            'CUDA FSDP path and stops with "Using fsdp only works in distributed training". Add "xla": true '
+            "to fsdp_config.json (the other keys may stay as they are)."
+        )
+    if getattr(training_args, "gradient_checkpointing", False) or getattr(
+        training_args, "activation_checkpointing", False
+    ):
+        raise HFConfigError(
+            "TrainingArguments(gradient_checkpointing=True / activation_checkpointing=True) is transformers' "
+            "checkpointing, which fails on XLA "
+            "(AttributeError: module 'torch' has no attribute 'xla', transformers 5.23). With FSDPTrainer turn on "
+            'FSDP\'s: "xla_fsdp_grad_ckpt": true in fsdp_config.json, and leave the TrainingArguments flag out.'
+        )
+
+
 class FSDPTrainer(Trainer):
     """``transformers.Trainer`` training with `fsdp_xla.FSDP` on GSPMD (module docstring).
 
@@ -75,6 +107,7 @@ class FSDPTrainer(Trainer):
                 "XLA device and may place tensors on it)."
             ) from e
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        _check_before_the_trainer(training_args, mesh)
         if (
             training_args is not None
             and str(getattr(training_args.optim, "value", training_args.optim)) == "adamw_torch_fused"

@@ -80,6 +80,18 @@ def test_bad_input_is_rejected_with_the_fix(xla):
         FSDP(GPT(**SMALL), mesh=fsdp_mesh(), shard_output=("fsdp",))
     with pytest.raises(TypeError, match="FSDP wraps an nn.Module, got str"):
         FSDP("model", mesh=fsdp_mesh())
+    with pytest.raises(WrapPolicyError, match=r"got layer classes \(Block\), not a policy.*\(\{Block\}\)"):
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh(), auto_wrap_policy={Block})
+    with pytest.raises(WrapPolicyError, match="takes layer classes, got the string 'Block'"):
+        transformer_auto_wrap_policy("Block")
+    with pytest.raises(TypeError, match="reshard_after_forward must be True or False, got 'false'"):
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh(), reshard_after_forward="false")
+    with pytest.raises(TypeError, match=r"MixedPrecisionPolicy is another library's class"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh(), mixed_precision=MixedPrecisionPolicy())
+    with pytest.raises(ValueError, match=r"the mesh has 4 devices but the runtime has 8"):
+        FSDP(GPT(**SMALL), mesh=Mesh(np.arange(4), (4,), ("fsdp",)))
     model = FSDP(GPT(**SMALL), mesh=fsdp_mesh())
     with pytest.raises(FSDPError, match="already wrapped by FSDP; wrap a model once"):
         FSDP(model, mesh=fsdp_mesh())

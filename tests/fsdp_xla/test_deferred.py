@@ -85,3 +85,12 @@ def test_params_on_meta_restores_register_parameter_on_error():
         with params_on_meta():
             raise RuntimeError("boom")
     assert torch.nn.Module.register_parameter is original
+
+
+def test_from_pretrained_is_refused_since_meta_would_discard_its_weights():
+    from transformers import GPT2LMHeadModel
+
+    from fsdp_xla import FSDPTypeError
+
+    with pytest.raises(FSDPTypeError, match=r"from_pretrained.*weights are discarded.*FSDP\(Model.from_pretrained"):
+        deferred_init(GPT2LMHeadModel.from_pretrained, "any/checkpoint")

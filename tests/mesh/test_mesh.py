@@ -93,3 +93,5 @@ def test_device_count_checked_where_used():
     with pytest.raises(DeviceCountError, match=r"uses device ids \[8, 9, .*only 8 device"):
         mesh.check_device_count(8)
     mesh.check_device_count(16)
+    with pytest.raises(DeviceCountError, match=r"the mesh has 16 devices but the runtime has 32.*range\(32\)"):
+        mesh.check_device_count(32)  # every device once: a smaller mesh is refused too

@@ -95,6 +95,25 @@ def test_fsdp_must_be_on(xla, tmp_path):
         FSDPTrainer(model=GPT2LMHeadModel(gpt2_config()), args=args, train_dataset=Counting(32))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "mesh", "says"),
+    [
+        (dict(fsdp_config={"min_num_params": 1000}), None, 'fsdp_config must hold "xla": true'),
+        (dict(gradient_checkpointing=True), None, '"xla_fsdp_grad_ckpt": true in fsdp_config.json'),
+        ({}, "data", "needs an axis named 'fsdp'|shards parameters on an axis named 'fsdp'"),
+    ],
+)
+def test_what_transformers_would_fail_on_obscurely_is_said_first(xla, tmp_path, overrides, mesh, says):
+    import numpy as np
+
+    from mesh import Mesh
+
+    args = training_args(tmp_path, **overrides)
+    the_mesh = Mesh(np.arange(8), (8,), (mesh,)) if mesh else None
+    with pytest.raises(HFConfigError, match=says):
+        FSDPTrainer(model=GPT2LMHeadModel(gpt2_config()), args=args, train_dataset=Counting(32), mesh=the_mesh)
+
+
 def test_batch_must_divide_by_the_fsdp_axis(xla, tmp_path):
     args = training_args(tmp_path, per_device_train_batch_size=12)
     with pytest.raises(HFConfigError, match="per_device_train_batch_size=12 .* Use a multiple of 8"):
