@@ -62,6 +62,7 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's own forward, with this unit's parameters gathered."""
+        _check_inputs_on_device(type(self).__name__, args, kwargs)
         inner = super().forward
         out = self._fsdp_runtime.run(inner, args, kwargs)
         shard_output = getattr(self, "_fsdp_shard_output", None)
@@ -85,6 +86,19 @@ class FullyShardedDataParallel(torch.nn.Module):
 
 
 FSDP = FullyShardedDataParallel
+
+
+def _check_inputs_on_device(model: str, args: tuple, kwargs: dict) -> None:
+    """A host tensor given to a model whose parameters are on the XLA device: say which and how
+    to move it (torch_xla would fail deep inside the model with "Expected XLA tensor")."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"{k}=", v) for k, v in kwargs.items()]
+    for where, value in named:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device.type == "cpu":
+            raise FSDPTypeError(
+                f"{model} (FSDP on XLA) got {where} of shape {tuple(value.shape)} on the CPU; its parameters are on "
+                "the XLA device. Move inputs there first: x = x.to(torch_xla.device()) (or load batches with "
+                "torch_xla's MpDeviceLoader)."
+            )
 
 
 @functools.cache

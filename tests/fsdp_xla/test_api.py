@@ -92,6 +92,8 @@ def test_bad_input_is_rejected_with_the_fix(xla):
         FSDP(GPT(**SMALL), mesh=fsdp_mesh(), mixed_precision=MixedPrecisionPolicy())
     with pytest.raises(ValueError, match=r"the mesh has 4 devices but the runtime has 8"):
         FSDP(GPT(**SMALL), mesh=Mesh(np.arange(4), (4,), ("fsdp",)))
+    with pytest.raises(TypeError, match=r"GPT \(FSDP on XLA\) got argument 0 of shape \(2, 8\) on the CPU"):
+        FSDP(GPT(**SMALL), mesh=fsdp_mesh())(torch.zeros(2, 8, dtype=torch.long))
     model = FSDP(GPT(**SMALL), mesh=fsdp_mesh())
     with pytest.raises(FSDPError, match="already wrapped by FSDP; wrap a model once"):
         FSDP(model, mesh=fsdp_mesh())
