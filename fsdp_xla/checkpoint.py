@@ -524,7 +524,8 @@ def load_sharded(
             ``strict``), or a shape that does not match; the message names the key.
     """
     _check_arguments("load_sharded", path, model, optimizer)
-    checkpoint_version(path)  # no checkpoint there: say so, and leave no lock file behind
+    if not (Path(path) / _LATEST).is_file():  # no checkpoint there: say so, and leave no lock file behind
+        checkpoint_version(path)  # raises, naming the path (the version is read under the lock below)
     with _locked(Path(path), shared=True):  # no save removes this version meanwhile
         version = checkpoint_version(path)
         meta = _read_index(version)
