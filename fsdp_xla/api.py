@@ -62,7 +62,8 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's own forward, with this unit's parameters gathered."""
-        _check_inputs_on_device(type(self).__name__, args, kwargs)
+        if "_fsdp_specs" in self.__dict__:  # the root (it alone holds the specs): the model's own inputs
+            _check_inputs_on_device(type(self).__name__, args, kwargs)
         inner = super().forward
         out = self._fsdp_runtime.run(inner, args, kwargs)
         shard_output = getattr(self, "_fsdp_shard_output", None)

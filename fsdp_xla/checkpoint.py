@@ -484,11 +484,8 @@ def _assemble(reader: _Reader, name: str, entry: dict[str, Any]) -> torch.Tensor
     return full
 
 
-def _place(target: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor:
-    if tuple(target.shape) != tuple(value.shape):
-        raise CheckpointError(
-            f"{name!r} has shape {tuple(value.shape)} in the checkpoint but {tuple(target.shape)} in the model."
-        )
+def _place(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (of ``target``'s shape: callers check it from the index first) laid out as ``target``."""
     value = value.to(target.dtype)
     if is_dtensor(target):
         return place_dtensor(target, value)
@@ -543,7 +540,7 @@ def load_sharded(
             )
         # Everything the index can tell is checked before any tensor is written: a mismatch leaves
         # the model and the optimizer as they were.
-        todo: list[tuple[str, str, torch.Tensor]] = []
+        todo: list[tuple[str, torch.Tensor]] = []
         done: set[int] = set()
         for name, target in state.items():
             key = aliases.get(f"model/{name}", f"model/{name}")
@@ -554,7 +551,7 @@ def load_sharded(
                     f"{name!r} has shape {tuple(index[key]['shape'])} in the checkpoint but {tuple(target.shape)} in "
                     "the model. Nothing was loaded."
                 )
-            todo.append((name, key, target))
+            todo.append((key, target))
             done.add(id(target))
         if not todo:
             raise CheckpointError(
@@ -562,18 +559,29 @@ def load_sharded(
                 "whose names match, and no name matches). Nothing was loaded."
             )
         plan = _optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
-        for name, key, target in todo:
-            _set(target, _place(target, _assemble(reader, key, index[key]), name))
+        for key, target in todo:
+            _set(target, _place(target, _assemble(reader, key, index[key])))
         if plan is not None:
-            _load_optimizer(optimizer, model, meta, index, reader, plan)
+            _load_optimizer(optimizer, plan, index, reader)
         return dict(meta.get("extra", {}))
+
+
+@dataclass(frozen=True)
+class _OptimizerPlan:
+    """What `load_sharded` puts into an optimizer, worked out (and checked) before loading."""
+
+    groups: list[dict[str, Any]]  # param_groups for ``optimizer.load_state_dict``
+    position: dict[str, int]  # parameter name -> its index in this optimizer
+    params: dict[str, torch.Tensor]  # the model's parameters by name
+    tensors: list[tuple[str, str, str]]  # (index key, parameter name, state field)
+    scalars: dict[str, dict[str, Any]]  # parameter name -> its non-tensor state
 
 
 def _optimizer_plan(
     optimizer: torch.optim.Optimizer, model: torch.nn.Module, meta: dict, index: dict
-) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """(param_groups for ``optimizer.load_state_dict``, {parameter name: its position}), checked
-    against the checkpoint before anything is loaded. State follows parameter names: each of the
+) -> _OptimizerPlan:
+    """How the checkpoint's optimizer state goes into ``optimizer``, checked against the
+    checkpoint before anything is loaded. State follows parameter names: each of the
     optimizer's groups takes the saved group with the same parameters (in any order), so a
     reordered optimizer, or reordered groups, still gets each parameter's own state.
 
@@ -619,10 +627,12 @@ def _optimizer_plan(
         group["params"] = [position[n] for n in members]  # this optimizer's order: torch maps by position
         groups.append(group)
     params = dict(model.named_parameters())
+    tensors = []
     for key, entry in index.items():
         if not key.startswith("optim/"):
             continue
         pname, field = key.removeprefix("optim/").rsplit("/", 1)
+        tensors.append((key, pname, field))
         if pname not in params:
             raise CheckpointError(f"Optimizer state {field!r} for {pname!r}, which the model does not have.")
         if pname not in position:
@@ -635,35 +645,24 @@ def _optimizer_plan(
                 f"Optimizer state {field!r} of {pname!r} has shape {tuple(entry['shape'])} in the checkpoint; the "
                 f"parameter has shape {tuple(params[pname].shape)}."
             )
-    for pname in optim_json.get("scalars", {}):
+    scalars = optim_json.get("scalars", {})
+    for pname in scalars:
         if pname not in position:
             raise CheckpointError(f"Optimizer state for {pname!r}, which this optimizer does not hold.")
-    return groups, position
+    return _OptimizerPlan(groups, position, params, tensors, scalars)
 
 
-def _load_optimizer(
-    optimizer: torch.optim.Optimizer,
-    model: torch.nn.Module,
-    meta: dict,
-    index: dict,
-    reader: _Reader,
-    plan: tuple[list[dict[str, Any]], dict[str, int]],
-) -> None:
-    groups, position = plan
-    params = dict(model.named_parameters())
+def _load_optimizer(optimizer: torch.optim.Optimizer, plan: _OptimizerPlan, index: dict, reader: _Reader) -> None:
     state: dict[int, dict[str, Any]] = {}
-    for key, entry in index.items():
-        if not key.startswith("optim/"):
-            continue
-        pname, field = key.removeprefix("optim/").rsplit("/", 1)
-        value = _assemble(reader, key, entry)
-        param = params[pname]
+    for key, pname, field in plan.tensors:
+        value = _assemble(reader, key, index[key])
+        param = plan.params[pname]
         if tuple(value.shape) == tuple(param.shape) and value.dim() > 0:
-            value = _place(param, value.to(param.dtype) if value.is_floating_point() else value, key)
-        state.setdefault(position[pname], {})[field] = value
-    for pname, scalars in (meta.get("optimizer") or {}).get("scalars", {}).items():
-        state.setdefault(position[pname], {}).update(scalars)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+            value = _place(param, value)  # in the parameter's dtype and layout
+        state.setdefault(plan.position[pname], {})[field] = value
+    for pname, scalars in plan.scalars.items():
+        state.setdefault(plan.position[pname], {}).update(scalars)
+    optimizer.load_state_dict({"state": state, "param_groups": plan.groups})
 
 
 def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dict[str, torch.Tensor]:

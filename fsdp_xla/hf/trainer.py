@@ -130,7 +130,7 @@ class FSDPTrainer(Trainer):
         n = backend.device_count()
         self.fsdp_mesh = mesh or Mesh(np.arange(n), (n,), ("fsdp",))
         set_global_mesh(self.fsdp_mesh)
-        fsdp_size = self.fsdp_mesh.axis_size("fsdp") if "fsdp" in (self.fsdp_mesh.axis_names or ()) else 1
+        fsdp_size = self.fsdp_mesh.axis_size("fsdp")  # a mesh without the axis was refused above
         batch = self.args.per_device_train_batch_size
         if batch % fsdp_size:
             raise HFConfigError(

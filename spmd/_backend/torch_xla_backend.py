@@ -445,12 +445,7 @@ class TorchXlaBackend:
 
     def clear(self, t: torch.Tensor) -> torch.Tensor:
         if not is_xla_tensor(t):
-            from spmd.errors import NotAnXlaTensorError
-
-            raise NotAnXlaTensorError(
-                f"clear_sharding: the tensor of shape {tuple(t.shape)} is on '{t.device}'; only XLA tensors carry "
-                "GSPMD shardings (a DTensor's is cleared on the dtensor backend)."
-            )
+            raise self.refusal(t, f"clear_sharding(tensor of shape {tuple(t.shape)})")
         clear_sharding(t)
         return t
 

@@ -39,10 +39,9 @@ from spmd.plan.api import (
     PlanError,
     _block_bytes,
     build_mesh,
-    check_seq_len,
-    default_seq_len,
     param_spec_for,
     plan,
+    resolve_seq_len,
     tpu_devices,
     uneven_splits,
 )
@@ -409,8 +408,7 @@ def advise(
     if not ckpt_order:
         raise PlanError("checkpointing must name at least one setting, e.g. (False, True).")
     module, hf_config = build_meta_model(model)
-    seq_len = default_seq_len(hf_config) if seq_len is None else seq_len
-    check_seq_len(seq_len, hf_config)
+    seq_len = resolve_seq_len(seq_len, hf_config)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
     stack = find_layer_stack(module)
     block_class = None

@@ -23,6 +23,7 @@ import torch
 
 from mesh import Mesh
 from spmd.errors import ShardingError
+from spmd.named_sharding import resolve_spec
 from spmd.partition_spec import P, PartitionSpec
 from spmd.plan.lowering import TrainStepConfig, lower_train_step
 from spmd.plan.models import build_meta_model
@@ -36,10 +37,10 @@ __all__ = [
     "PlanError",
     "auto_mesh_shape",
     "check_even_splits",
-    "check_seq_len",
     "default_seq_len",
     "param_spec_for",
     "plan",
+    "resolve_seq_len",
     "tpu_devices",
     "uneven_splits",
 ]
@@ -147,6 +148,11 @@ def _check_mesh_axes(shape: Mapping[str, int], strategy: str) -> None:
         )
 
 
+def _split_counts(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> list[int]:
+    """How many ways ``spec`` splits each dim of ``shape`` on ``mesh``."""
+    return [math.prod(mesh.mesh_shape[a] for a in axes) for axes in resolve_spec(mesh, spec, len(shape), shape)]
+
+
 def uneven_splits(
     shapes: Mapping[str, tuple[int, ...]], spec_fn: Callable[[str, tuple[int, ...]], PartitionSpec], mesh: Mesh
 ) -> list[str]:
@@ -154,10 +160,10 @@ def uneven_splits(
     k``. JAX compiles only even splits of a program's arguments; torch_xla would pad the last block."""
     out = []
     for name, shape in shapes.items():
-        for dim, entry in enumerate(spec_fn(name, shape).padded(len(shape))):
-            axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-            parts = math.prod(mesh.axis_size(a) for a in axes)
+        spec = spec_fn(name, shape)
+        for dim, (entry, parts) in enumerate(zip(spec.padded(len(shape)), _split_counts(shape, spec, mesh))):
             if shape[dim] % parts:
+                axes = (entry,) if isinstance(entry, str) else entry
                 out.append(f"{name} {shape}: dim {dim} ({shape[dim]}) over {'x'.join(axes)}={parts}")
     return out
 
@@ -184,28 +190,38 @@ def check_even_splits(
 def _block_bytes(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, itemsize: int) -> int:
     """Bytes of the largest block one device holds (each split dim rounded up)."""
     total = itemsize
-    for dim, entry in zip(shape, spec.padded(len(shape))):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        parts = math.prod(mesh.axis_size(a) for a in axes)
+    for dim, parts in zip(shape, _split_counts(shape, spec, mesh)):
         total *= -(-dim // parts)
     return total
 
 
-def check_seq_len(seq_len: int, hf_config: Any) -> None:
-    """Raise `PlanError` for a sequence longer than a learned position table (GPT-2's
-    ``n_positions``), which the torch model could not run. Rotary models (Llama) have none."""
+def _position_table(hf_config: Any) -> int | None:
+    """A learned position table's length (GPT-2's ``n_positions``); rotary models (Llama) have none."""
     limit = getattr(hf_config, "n_positions", None)
-    if isinstance(limit, int) and seq_len > limit:
-        raise PlanError(
-            f"seq_len={seq_len} is longer than the model's learned position table (n_positions={limit}): the model "
-            f"cannot run it. Give --seq {limit} or less (seq_len={limit}), or a config with a larger n_positions."
-        )
+    return limit if isinstance(limit, int) else None
 
 
 def default_seq_len(hf_config: Any) -> int:
     """2048 tokens, or the model's learned position table if that is shorter (GPT-2: 1024)."""
-    limit = getattr(hf_config, "n_positions", None)
-    return min(DEFAULT_SEQ_LEN, limit) if isinstance(limit, int) else DEFAULT_SEQ_LEN
+    limit = _position_table(hf_config)
+    return DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
+
+
+def resolve_seq_len(seq_len: int | None, hf_config: Any) -> int:
+    """``seq_len``, or `default_seq_len` for ``None``.
+
+    Raises:
+        PlanError: longer than a learned position table, which the torch model could not run.
+    """
+    if seq_len is None:
+        return default_seq_len(hf_config)
+    limit = _position_table(hf_config)
+    if limit is not None and seq_len > limit:
+        raise PlanError(
+            f"seq_len={seq_len} is longer than the model's learned position table (n_positions={limit}): the model "
+            f"cannot run it. Give --seq {limit} or less (seq_len={limit}), or a config with a larger n_positions."
+        )
+    return seq_len
 
 
 DEFAULT_SEQ_LEN = 2048
@@ -271,8 +287,7 @@ def plan(
     if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 2):
         raise PlanError(f"seq_len must be an int >= 2 (tokens per sequence), got {seq_len!r}.")
     module, hf_config = build_meta_model(model)
-    seq_len = default_seq_len(hf_config) if seq_len is None else seq_len
-    check_seq_len(seq_len, hf_config)
+    seq_len = resolve_seq_len(seq_len, hf_config)
     devices = tpu_devices(target)
     our_mesh = build_mesh(shape, target, devices)
     spec_fn = param_spec or param_spec_for(strategy, our_mesh, hf_config)
