@@ -28,6 +28,7 @@ from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm, with_sharding_constraint
 from spmd._backend import backend, backend_for
+from spmd._backend.dtensor_backend import device_type_of
 from spmd.errors import ShardingError
 from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import hlo_sharding_for
@@ -359,7 +360,7 @@ def fully_shard(
             gradient_checkpointing=gradient_checkpointing,
             param_init_fn=param_init_fn,
             init_seed=init_seed,
-            device_type="cpu" if first.is_meta else first.device.type,
+            device_type=device_type_of(first),
         )
     backend.ensure_spmd()
     mesh.check_device_count(backend.device_count(), backend.TorchXlaBackend.more_devices)

@@ -84,7 +84,8 @@ class Mesh:
         array([2, 3])
     """
 
-    __slots__ = ("_device_ids", "_mesh_shape", "_axis_names", "_memo")
+    # __weakref__: runtimes remember which meshes they derived objects for without keeping them.
+    __slots__ = ("_device_ids", "_mesh_shape", "_axis_names", "_memo", "__weakref__")
 
     _device_ids: tuple[int, ...]
     _mesh_shape: tuple[int, ...]
@@ -285,6 +286,40 @@ class Mesh:
             return None
         names = None if mesh.axis_names is None else tuple(mesh.axis_names)  # type: ignore[attr-defined]
         return cls(np.asarray(mesh.device_ids).reshape(-1), tuple(mesh.mesh_shape), names)  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_device_mesh(cls, device_mesh: object) -> Mesh:
+        """The same mesh as a ``torch.distributed`` ``DeviceMesh``: its ranks (device ids), in its
+        order and shape, with its dim names.
+
+        Raises:
+            MeshTypeError: ``device_mesh`` has no ``mesh`` of ranks (not a DeviceMesh).
+        """
+        ranks = getattr(device_mesh, "mesh", None)
+        if not hasattr(ranks, "tolist") or not hasattr(ranks, "shape"):
+            raise MeshTypeError(
+                f"Mesh.from_device_mesh takes a torch.distributed DeviceMesh, got {type(device_mesh).__name__}."
+            )
+        names = getattr(device_mesh, "mesh_dim_names", None)
+        return cls.from_ranks(ranks, None if names is None else tuple(names))
+
+    @classmethod
+    def from_ranks(cls, ranks: object, axis_names: Sequence[str] | None = None) -> Mesh:
+        """A mesh of the shape of ``ranks``, an n-d array (or tensor) of device ids: e.g. what
+        TorchTPU's ``torch.tpu.distributed.topology_aware_mesh(shape)`` returns, permuted so that
+        mesh neighbours are ICI neighbours.
+
+        Raises:
+            MeshTypeError: ``ranks`` is not an array of ints.
+        """
+        values = ranks.tolist() if hasattr(ranks, "tolist") else ranks
+        try:
+            array = np.asarray(values)
+        except ValueError as e:  # ragged nesting
+            raise MeshTypeError(f"ranks must be an n-d array of device ids, got {values!r}: {e}.") from None
+        if array.ndim == 0:
+            raise MeshTypeError(f"ranks must be an n-d array of device ids, got the scalar {values!r}.")
+        return cls(array.reshape(-1), array.shape, axis_names)
 
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:

@@ -114,7 +114,7 @@ __all__ = [
     "debugging",
     "xla_sharded_tensor",
     "xla_sharding",
-    *xla_sharding.TORCH_XLA_REEXPORTS,
+    *(name for name in xla_sharding.TORCH_XLA_REEXPORTS if name in xla_sharding.__all__),
 ]
 
 _mark_manual_sharding = mark_manual_sharding  # torch_xla's private-looking name, used by its scripts

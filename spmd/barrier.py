@@ -4,33 +4,37 @@ from __future__ import annotations
 
 import torch
 
-from spmd._backend import backend
-from spmd.errors import NotAnXlaTensorError
+from spmd._backend import backend, backend_for
+from spmd.errors import SpmdTypeError
 
 __all__ = ["optimization_barrier", "apply_backward_optimization_barrier"]
 
 
 def optimization_barrier(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Pass ``tensors`` through one XLA optimization barrier and return them.
+    """Pass ``tensors`` through one optimization barrier and return the tensors to use.
 
     XLA may not move computation across the barrier nor common-subexpression-eliminate a value
     computed before it with one computed after it. fsdp_xla uses it so the backward re-gather
-    of parameters is not merged with the forward gather. The tensors are updated in place
-    (their traced values now come out of the barrier) and returned for convenience.
+    of parameters is not merged with the forward gather. On torch_xla the tensors are updated
+    in place (their traced values now come out of the barrier) and returned; on the dtensor
+    backend TorchTPU's barrier runs where TorchTPU is loaded, and elsewhere (eager CPU or CUDA,
+    where nothing merges work) the tensors come back unchanged.
 
     Raises:
-        NotAnXlaTensorError: a tensor is not on an XLA device.
+        SpmdTypeError: an argument is not a tensor, or a tensor the runtime of the first one
+            cannot take (`NotAnXlaTensorError` on torch_xla: one barrier is one runtime's).
     """
     flat = list(tensors)
     for i, t in enumerate(flat):
-        if not isinstance(t, torch.Tensor) or not backend.is_xla_tensor(t):
-            where = f"on '{t.device}'" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
-            raise NotAnXlaTensorError(
-                f"optimization_barrier: argument {i} is {where}; every argument must be an XLA tensor."
-            )
-    if flat:
-        backend.optimization_barrier_(flat)
-    return tuple(flat)
+        if not isinstance(t, torch.Tensor):
+            raise SpmdTypeError(f"optimization_barrier: argument {i} is a {type(t).__name__}, not a tensor.")
+    if not flat:
+        return ()
+    runtime = backend_for(flat[0])
+    for i, t in enumerate(flat):
+        if not runtime.accepts(t):
+            raise runtime.refusal(t, f"optimization_barrier: argument {i} (tensor of shape {tuple(t.shape)})")
+    return tuple(runtime.barrier(flat))
 
 
 def apply_backward_optimization_barrier(module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:

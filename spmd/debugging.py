@@ -19,10 +19,18 @@ __all__ = ["visualize_sharding", "visualize_tensor_sharding"]
 
 
 def visualize_sharding(sharding: str, **kwargs: Any) -> Any:
-    """torch_xla's table of an HLO sharding text (``'{devices=[2,2]0,1,2,3}'``); imports torch_xla."""
-    from torch_xla.distributed.spmd.debugging import visualize_sharding as theirs
+    """torch_xla's table of an HLO sharding text (``'{devices=[2,2]0,1,2,3}'``); imports torch_xla.
 
-    return theirs(sharding, **kwargs)
+    Raises:
+        TorchXlaNotInstalledError: torch_xla is not installed (`spmd.visualize_sharding` draws
+            the same blocks without it).
+    """
+    from spmd._backend import backend
+
+    feature = "spmd.debugging.visualize_sharding (torch_xla's own table; spmd.visualize_sharding needs no torch_xla)"
+    return backend.torch_xla_module("torch_xla.distributed.spmd.debugging", feature).visualize_sharding(
+        sharding, **kwargs
+    )
 
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:

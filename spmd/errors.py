@@ -19,7 +19,10 @@ __all__ = [
     "SpmdTypeError",
     "HloShardingError",
     "NoMeshError",
+    "TorchXlaNotInstalledError",
 ]
+
+INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
 
 
 class ShardingError(ValueError):
@@ -64,6 +67,13 @@ class ShardingConflictError(ShardingError, RuntimeError):
     Also a ``RuntimeError``, which torch_xla raises for a conflicting re-mark, so scripts written
     for torch_xla that catch it keep working.
     """
+
+
+class TorchXlaNotInstalledError(ModuleNotFoundError):
+    """A feature of the torch_xla lane (GSPMD on lazy XLA tensors, XLA's dumps, FSDP on GSPMD) was
+    used where torch_xla is not installed, as on the current lane. The message names the feature,
+    the install line, and the dtensor backend as the way on this torch. A ``ModuleNotFoundError``,
+    which a bare ``import torch_xla`` raises here."""
 
 
 class SpmdModeError(RuntimeError):

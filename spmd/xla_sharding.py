@@ -8,6 +8,7 @@ DTensor-style ``xla_distribute_*`` helpers are torch_xla's own objects, imported
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
@@ -68,16 +69,21 @@ __all__ = [
     "unwrap_sharded_tensor",
     "wrap_as_sharded_tensor",
     "wrap_if_sharded",
-    *TORCH_XLA_REEXPORTS,
+    # torch_xla's own objects exist only where torch_xla is installed (not on the current lane).
+    *(TORCH_XLA_REEXPORTS if importlib.util.find_spec("torch_xla") is not None else ()),
 ]
 
 
 def reexported(name: str) -> Any:
-    """torch_xla's object ``name`` from `TORCH_XLA_REEXPORTS` (imports torch_xla)."""
-    import importlib
+    """torch_xla's object ``name`` from `TORCH_XLA_REEXPORTS` (imports torch_xla).
+
+    Raises:
+        TorchXlaNotInstalledError: torch_xla is not installed.
+    """
+    from spmd._backend import backend
 
     module, attr = TORCH_XLA_REEXPORTS[name]
-    return getattr(importlib.import_module(module), attr)
+    return getattr(backend.torch_xla_module(module, f"{name} (torch_xla's own object)"), attr)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,11 @@
 """Test setup: 8 virtual CPU devices for torch_xla and JAX, and XLA dumps for the inspector,
-all set before either library is imported (XLA reads its flags once per process)."""
+all set before either library is imported (XLA reads its flags once per process).
+
+The suite runs on both lanes. On the current lane (no torch_xla) every test that needs it is
+skipped with the reason: tests that use the ``xla`` fixture, and tests marked ``torch_xla``.
+"""
+
+import importlib.util
 
 from spmd.devices import configure_default_devices
 from spmd.inspector.dump import prepare
@@ -11,6 +17,20 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from mesh import Mesh  # noqa: E402
+
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+NEEDS_TORCH_XLA = "needs torch_xla: this is the current lane; the torch_xla lane runs it (pip install -e '.[dev]')"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip, on the current lane, what needs torch_xla."""
+    if HAS_TORCH_XLA:
+        return
+    skip = pytest.mark.skip(reason=NEEDS_TORCH_XLA)
+    for item in items:
+        if "xla" in getattr(item, "fixturenames", ()) or item.get_closest_marker("torch_xla"):
+            item.add_marker(skip)
+
 
 # Scripts the tests run in subprocesses; importing them would configure other devices.
 collect_ignore = [

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import HAS_TORCH_XLA, NEEDS_TORCH_XLA
 from tests.torchrun import child_env, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,8 @@ SETUP: dict[tuple[str, int], str | None] = {
     ("huggingface.md", 1): HF_SMALL,
     # Three alternative ways to use one plan, one after the other in the text: compiled only.
     ("huggingface.md", 2): None,
+    # TorchTPU's launch recipe needs a TPU (torch.tpu): compiled only.
+    ("backends.md", 2): None,
 }
 # Fragments run in this process; they need nothing a fresh process would give them.
 IN_PROCESS = {
@@ -115,8 +118,11 @@ def test_snippet_runs(name, index, code, tmp_path, request, monkeypatch):
     if setup is None:
         compile(code, f"{name}[{index}]", "exec")
         return
+    if not HAS_TORCH_XLA and "torch_xla" in setup + code:
+        pytest.skip(NEEDS_TORCH_XLA)
     if (name, index) in IN_PROCESS:
-        request.getfixturevalue("xla")
+        if HAS_TORCH_XLA:
+            request.getfixturevalue("xla")
         monkeypatch.chdir(tmp_path)
         exec(compile(setup + with_checks(code), f"{name}[{index}]", "exec"), {"__name__": "__snippet__"})
         return

@@ -60,6 +60,7 @@ def test_train_fsdp_runs_all_features_and_loss_falls(xla):
     assert losses[-1] < 0.9 * losses[0]
 
 
+@pytest.mark.torch_xla
 def test_hf_trainer_example_with_the_blog_config(tmp_path):
     # As users run it, in its own process: constructing torch_xla's own SpmdFullyShardedDataParallel
     # earlier in the same process (tests/mesh) leaves torch_xla's device loader yielding no batches.

@@ -52,7 +52,17 @@ def torchrun(script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: in
     """
     env = child_env(xla=False)
     env["USE_TORCH_XLA"] = "0"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(script), *args]
+    # --standalone: a free port of its own, so launches of concurrent test runs do not collide on 29500.
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        str(script),
+        *args,
+    ]
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as launch:

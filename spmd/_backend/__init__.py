@@ -7,13 +7,17 @@ DTensor, one process per device) implement `ShardingBackend`. `backend_for(t)` p
 2. else ``torch_xla`` for a tensor on an XLA device;
 3. else ``dtensor`` for a DTensor, or for any other tensor once ``torch.distributed`` is
    initialized (launched with torchrun);
-4. else ``torch_xla`` (whose errors then say how to move the tensor to the XLA device).
+4. else ``torch_xla`` where it is installed (its errors then say how to move the tensor to the
+   XLA device), and ``dtensor`` where it is not, the current lane (its errors say how to start
+   torch.distributed).
 
 ``backend`` is the torch_xla module itself, for the torch_xla-only operations (inspector,
 FSDP on GSPMD); it is the one user of ``torch_xla._XLAC``.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -57,11 +61,16 @@ def backend_for(t: torch.Tensor | None = None) -> ShardingBackend:
     if t is None:
         import torch.distributed as dist
 
-        return _make("dtensor" if dist.is_available() and dist.is_initialized() else "torch_xla")
+        return _make("dtensor" if dist.is_available() and dist.is_initialized() else _fallback())
     if isinstance(t, torch.Tensor) and t.device.type == "xla":
         return _make("torch_xla")
     if isinstance(t, torch.Tensor):
         dtensor = _make("dtensor")
         if dtensor.accepts(t):
             return dtensor
-    return _make("torch_xla")
+    return _make(_fallback())
+
+
+def _fallback() -> str:
+    """The backend whose errors help when no rule applies: torch_xla's where it is installed."""
+    return "torch_xla" if importlib.util.find_spec("torch_xla") is not None else "dtensor"

@@ -1,36 +1,48 @@
 """The DTensor backend: `ShardingBackend` on ``torch.distributed``'s DTensor, one process per device.
 
 A `Mesh` becomes a ``DeviceMesh`` over the same ranks, in the same order and with the same axis
-names (its device ids are ranks, increasing along every axis: DTensor hands out an axis's blocks
-in rank order whatever the mesh says); a `PartitionSpec` becomes placements: a dim sharded by one
-mesh axis is ``Shard(dim)`` on that axis, by several axes in mesh order ``Shard(dim)`` on each
-(the first is the major one, as in GSPMD), by two axes against mesh order ``_StridedShard`` on
-the first; mesh axes the spec does not name are ``Replicate()``. `shard` distributes a plain
-tensor (every rank holds the same global value, rank 0's is sent) or redistributes a DTensor,
-and returns the DTensor; that is the value to keep. This runs on TorchTPU (``tpu`` device),
-GPUs, and CPU processes with the gloo backend.
+names (device id = rank). Any order of ids works where torch can order a process group's members
+(`torch_compat.ordered_groups_supported`, torch 2.15): each axis's groups then list their ranks in
+mesh-coordinate order, so every rank holds the block torch_xla gives that device id and every
+collective assembles blocks in mesh order, as on the permuted meshes TorchTPU's
+``topology_aware_mesh`` returns. On torch 2.9 a mesh whose ids do not increase along every axis
+is refused (DTensor would put blocks in rank order there).
 
-Where DTensor's layout differs from GSPMD's, or DTensor cannot make it, this raises a
-`ShardingError` instead of laying data out differently: a dim split over several mesh axes must
-divide evenly (DTensor splits it axis by axis, each time rounding up; GSPMD once over all of
-them), no device's block may be empty (torch 2.9's ``distribute_tensor`` fails on some), and at
-most two axes may be given against mesh order.
+A `PartitionSpec` becomes placements: a dim sharded by one mesh axis is ``Shard(dim)`` on that
+axis, by several axes in mesh order ``Shard(dim)`` on each (the first is the major one, as in
+GSPMD), by two axes against mesh order ``_StridedShard`` on the first; mesh axes the spec does not
+name are ``Replicate()``; axes of size 1 split nothing and are left out. `shard` distributes a
+plain tensor (every rank holds the same global value, rank 0's is sent) or redistributes a
+DTensor, and returns the DTensor; that is the value to keep. This runs on TorchTPU (``tpu``
+device), GPUs, and CPU processes with the gloo backend.
+
+Uneven splits follow GSPMD's padding rule on one axis (blocks of ``ceil(n / k)``, the last ones
+short or empty), which is DTensor's too. A layout DTensor cannot hold raises `ShardingError`
+instead of laying data out differently: a dim split over several mesh axes whose blocks would
+differ from GSPMD's (DTensor splits it axis by axis, rounding up each time; GSPMD once over all
+of them), a dim split against mesh order that does not divide evenly, or more than two axes
+against mesh order.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
+import importlib.util
 import math
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
+from spmd._backend import torch_compat
 from spmd.errors import ShardingConflictError, ShardingError
 from spmd.hlo_sharding import HloSharding, ShardingKind
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.partition_spec import PartitionSpec
 
-__all__ = ["DTensorBackend", "device_mesh", "placements_for", "spec_of"]
+__all__ = ["DTensorBackend", "device_mesh", "placements_for", "process_device_type", "spec_of"]
 
 
 def _dist() -> Any:
@@ -40,75 +52,169 @@ def _dist() -> Any:
 
 
 def device_type_of(t: torch.Tensor) -> str:
-    """The DeviceMesh device type for tensors like ``t`` (``cpu`` with gloo, ``cuda``, ``tpu``)."""
-    return t.device.type
+    """The DeviceMesh device type for tensors like ``t`` (``cpu`` with gloo, ``cuda``, ``tpu``);
+    a ``meta`` tensor (deferred init) takes this process's device type."""
+    return process_device_type() if t.is_meta else t.device.type
+
+
+def process_device_type() -> str:
+    """The device type this process computes on: its accelerator (``cuda``, TorchTPU's ``tpu``)
+    when there is one, else ``cpu``."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accelerator.type if accelerator is not None else "cpu"
+
+
+def _increasing_along_every_axis(ids: np.ndarray) -> bool:
+    return not any((np.diff(ids, axis=k) <= 0).any() for k in range(ids.ndim))
 
 
 def device_mesh(mesh: Any, device_type: str) -> Any:
-    """The ``DeviceMesh`` of ``mesh`` (built once per mesh and device type: building one makes
-    a process group per axis, collectively, so every rank must ask in the same order)."""
+    """The ``DeviceMesh`` of ``mesh`` (built once per mesh, device type and process group:
+    building one makes a process group per axis, collectively, so every rank must ask in the
+    same order).
+
+    Raises:
+        MeshError: the ids do not increase along some axis and this torch cannot order a
+            process group's members (torch 2.9).
+    """
     from torch.distributed.device_mesh import DeviceMesh
 
-    key = ("device_mesh", device_type)
+    key = ("device_mesh", device_type, _dist().group.WORLD.group_name)
     if key not in mesh.memo:
-        logical = mesh.get_logical_mesh()
-        if any((np.diff(logical, axis=k) <= 0).any() for k in range(mesh.ndim)):
+        ids = mesh.get_logical_mesh()
+        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
+        if _increasing_along_every_axis(ids):
+            built = DeviceMesh(device_type, torch.as_tensor(ids), mesh_dim_names=names)
+        elif torch_compat.ordered_groups_supported():
+            built = torch_compat.device_mesh_from_ids(device_type, ids, names)
+        else:
             from mesh import MeshError
 
+            major, minor = torch_compat.TORCH_VERSION
             raise MeshError(
-                f"{mesh.describe()} with device ids {logical.tolist()} cannot be a DeviceMesh as it is: DTensor "
-                "hands out each axis's blocks in rank order, so along every mesh axis the ids must increase "
-                "(measured with torch 2.9). Transpose the mesh instead of reversing it, e.g. "
-                "np.arange(n).reshape(b, a).T for a (a, b) mesh whose first axis is the inner one."
+                f"{mesh.describe()} with device ids {_bounded(ids.tolist())} cannot be a DeviceMesh on torch "
+                f"{major}.{minor}: its process groups order their ranks by id, so along an axis whose ids do not "
+                "increase DTensor would place blocks in rank order, not mesh order. The current lane's torch "
+                "(2.15, pip install 'xla-spmd[current]') orders them as the mesh does. On this torch, transpose "
+                "the mesh instead of permuting it, e.g. np.arange(n).reshape(b, a).T for an (a, b) mesh whose "
+                "first axis is the inner one."
             )
-        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
-        mesh.memo[key] = DeviceMesh(device_type, torch.as_tensor(mesh.get_logical_mesh()), mesh_dim_names=names)
+        mesh.memo[key] = built
+        _release_at_exit(mesh)
     return mesh.memo[key]
+
+
+# The meshes holding a DeviceMesh in their memo, for the exit hook below; weak, so it keeps none.
+_holders: weakref.WeakSet = weakref.WeakSet()
+
+
+def _release_at_exit(mesh: Any) -> None:
+    if not _holders:
+        atexit.register(_release_device_meshes)
+    _holders.add(mesh)
+
+
+def _release_device_meshes() -> None:
+    """Drop the DeviceMeshes our meshes hold, while the interpreter is still whole.
+
+    A DeviceMesh keeps its process groups alive, and so their gloo worker threads, even after
+    ``dist.destroy_process_group()``. Kept into interpreter finalization, a worker that frees the
+    tensors of its last collective needs the GIL, and taking it while Python finalizes ends
+    the thread inside a noexcept frame: "terminate called without an active exception", SIGABRT
+    (torch 2.15, 2 of 3 exits measured; pytorch/pytorch#190489). Released here, at exit, a
+    destroyed group is freed now: its destructor joins the workers without holding the GIL.
+    """
+    for mesh in list(_holders):
+        for key in [k for k in mesh.memo if k[0] == "device_mesh"]:
+            del mesh.memo[key]
+    _holders.clear()
+    gc.collect()
+
+
+def _bounded(values: list, limit: int = 300) -> str:
+    text = str(values)
+    return text if len(text) <= limit else text[: limit - 5] + " ...]"
+
+
+def _gspmd_blocks(n: int, ways: int) -> list[tuple[int, int]]:
+    size = -(-n // ways)
+    return [(min(i * size, n), min((i + 1) * size, n)) for i in range(ways)]
+
+
+def _dtensor_blocks(n: int, axis_sizes: list[int]) -> list[tuple[int, int]]:
+    """The blocks DTensor gives a dim of ``n`` split by ``Shard`` on axes of these sizes, in mesh
+    order: each axis chunks what the previous one left (``torch.chunk``'s rounding up)."""
+    blocks = [(0, n)]
+    for k in axis_sizes:
+        blocks = [b for start, stop in blocks for b in _gspmd_blocks_in(start, stop, k)]
+    return blocks
+
+
+def _gspmd_blocks_in(start: int, stop: int, ways: int) -> list[tuple[int, int]]:
+    return [(start + a, start + b) for a, b in _gspmd_blocks(stop - start, ways)]
 
 
 def placements_for(mesh: Any, spec: PartitionSpec, shape: tuple[int, ...]) -> tuple[Any, ...]:
     """DTensor placements (one per mesh axis) that lay a tensor of ``shape`` out as ``spec``.
 
     Raises:
-        ShardingError: the layout differs from GSPMD's on DTensor (see the module docstring).
+        ShardingError: DTensor cannot hold the layout GSPMD gives (see the module docstring).
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     dims = resolve_spec(mesh, spec, len(shape), shape)
     placements: list[Any] = [Replicate() for _ in range(mesh.ndim)]
-    for dim, axes in enumerate(dims):
+    for dim, named in enumerate(dims):
+        axes = [a for a in named if mesh.mesh_shape[a] > 1]  # a size-1 axis splits nothing
         if not axes:
             continue
         where = f"tensor of shape {tuple(shape)}, spec {spec!r}, {mesh.describe()}"
-        ways = math.prod(mesh.mesh_shape[a] for a in axes)
-        if ways > 1 and -(-shape[dim] // ways) * (ways - 1) >= shape[dim]:
-            raise ShardingError(
-                f"{where}: dim {dim} ({shape[dim]}) split {ways} ways leaves some devices an empty block, which "
-                "DTensor (torch 2.9) fails to lay out (a padding error inside distribute_tensor). Split it fewer "
-                "ways, or pad the dim."
-            )
-        if len(axes) > 1:
-            ways = math.prod(mesh.mesh_shape[a] for a in axes)
-            if shape[dim] % ways:
+        sizes = [mesh.mesh_shape[a] for a in axes]
+        if axes == sorted(axes):
+            if _dtensor_blocks(shape[dim], sizes) != _gspmd_blocks(shape[dim], math.prod(sizes)):
                 raise ShardingError(
-                    f"{where}: dim {dim} ({shape[dim]}) is split over {len(axes)} mesh axes ({ways} ways) and does "
-                    f"not divide by {ways}. DTensor would lay it out differently from GSPMD (it rounds up once per "
-                    f"axis); pad dim {dim} to a multiple of {ways}, or split it over one mesh axis."
+                    f"{where}: dim {dim} ({shape[dim]}) is split over {len(axes)} mesh axes ({math.prod(sizes)} "
+                    "ways), and DTensor would cut it differently from GSPMD (it splits axis by axis, rounding up "
+                    f"each time; GSPMD once). Pad dim {dim} to a multiple of {math.prod(sizes)}, or split it over "
+                    "one mesh axis."
                 )
-        if list(axes) == sorted(axes):
             for a in axes:
                 placements[a] = Shard(dim)
         elif len(axes) == 2:  # the later mesh axis is major: DTensor's right-to-left sharding
+            if shape[dim] % math.prod(sizes):
+                raise ShardingError(
+                    f"{where}: dim {dim} ({shape[dim]}) is split over mesh axes "
+                    f"{[mesh.axis_label(a) for a in axes]} against mesh order, which DTensor holds as a strided "
+                    f"shard only when the dim divides evenly ({math.prod(sizes)} ways). Pad dim {dim}, or list "
+                    "the axes in mesh order."
+                )
             first, second = sorted(axes)
-            placements[first] = _StridedShard(dim, split_factor=mesh.mesh_shape[second])
+            placements[first] = torch_compat.strided_shard(dim, mesh.mesh_shape[second])
             placements[second] = Shard(dim)
         else:
             raise ShardingError(
                 f"{where}: dim {dim} is split over mesh axes {[mesh.axis_label(a) for a in axes]}, out of mesh order; "
                 "DTensor can express at most two axes against mesh order. List them in mesh order."
             )
+    _check_empty_blocks(placements, dims, mesh, spec, shape)
     return tuple(placements)
+
+
+def _check_empty_blocks(placements: list[Any], dims: tuple, mesh: Any, spec: PartitionSpec, shape: tuple) -> None:
+    """Refuse, where this torch's DTensor cannot lay it out, a layout that splits the tensor on
+    several mesh axes and gives some device an empty block (see `torch_compat.splits_empty_blocks`)."""
+    if torch_compat.splits_empty_blocks() or sum(torch_compat.is_shard(p) for p in placements) < 2:
+        return
+    for dim, axes in enumerate(dims):
+        ways = math.prod(mesh.mesh_shape[a] for a in axes)
+        if any(start == stop for start, stop in _gspmd_blocks(shape[dim], ways)):
+            major, minor = torch_compat.TORCH_VERSION
+            raise ShardingError(
+                f"tensor of shape {tuple(shape)}, spec {spec!r}, {mesh.describe()}: dim {dim} ({shape[dim]}) split "
+                f"{ways} ways leaves some device an empty block, and the tensor is split on several mesh axes: torch "
+                f"{major}.{minor}'s distribute_tensor fails on that (F.pad of an empty block splits again). The "
+                f"current lane's torch (2.15) lays it out. Split the tensor on one mesh axis, or pad dim {dim}."
+            )
 
 
 def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
@@ -118,13 +224,12 @@ def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
         ShardingError: a ``Partial`` placement (a pending sum has no layout of its own) or a
             strided shard that no spec gives.
     """
-    from torch.distributed.tensor import Partial, Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
+    from torch.distributed.tensor import Partial, Replicate
 
     per_dim: dict[int, list[tuple[int, Any]]] = {}
     for axis, p in enumerate(placements):
         label = mesh.axis_label(axis)
-        if isinstance(p, Shard):  # _StridedShard included
+        if torch_compat.is_shard(p):
             per_dim.setdefault(p.dim, []).append((axis, p))
         elif isinstance(p, Partial):
             raise ShardingError(
@@ -136,9 +241,13 @@ def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
     out: list[Any] = [None] * rank
     for dim, items in per_dim.items():
         axes = [a for a, _ in items]
-        if any(isinstance(p, _StridedShard) for _, p in items):
+        if any(torch_compat.is_strided_shard(p) for _, p in items):
             (first, strided), *rest = items
-            if not isinstance(strided, _StridedShard) or len(rest) != 1 or isinstance(rest[0][1], _StridedShard):
+            if (
+                not torch_compat.is_strided_shard(strided)
+                or len(rest) != 1
+                or torch_compat.is_strided_shard(rest[0][1])
+            ):
                 raise ShardingError(f"Placements {placements} shard dim {dim} in a way no PartitionSpec gives.")
             axes = [rest[0][0], first]  # the strided (earlier) mesh axis is the minor one
         labels = [mesh.axis_label(a) for a in axes]
@@ -146,10 +255,18 @@ def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
     return PartitionSpec(*out)
 
 
-_NO_PROCESS_GROUP = (
-    "the dtensor backend needs torch.distributed: launch with torchrun and call "
-    "torch.distributed.init_process_group() (backend 'gloo' on CPU) before sharding."
-)
+def _no_process_group() -> str:
+    """Why the dtensor backend cannot run yet, and the ways on: torchrun, or (where torch_xla is
+    not installed, as on the current lane) the torch_xla lane for one process."""
+    text = (
+        "the dtensor backend needs torch.distributed: launch with torchrun and call "
+        "torch.distributed.init_process_group() (backend 'gloo' on CPU) before sharding."
+    )
+    if importlib.util.find_spec("torch_xla") is None:
+        from spmd.errors import INSTALL_TORCH_XLA
+
+        text += f" For GSPMD in one process, the torch_xla lane: {INSTALL_TORCH_XLA}."
+    return text
 
 
 class DTensorBackend:
@@ -171,7 +288,7 @@ class DTensorBackend:
 
         dist = _dist()
         if not (dist.is_available() and dist.is_initialized()):
-            return SpmdTypeError(f"{context}: {_NO_PROCESS_GROUP}")
+            return SpmdTypeError(f"{context}: {_no_process_group()}")
         return SpmdTypeError(
             f"{context}: it is on device '{t.device}', an XLA device, and the dtensor backend shards tensors of "
             "torch.distributed's devices (CPU, CUDA, TorchTPU's tpu). Shard XLA tensors with "
@@ -183,7 +300,7 @@ class DTensorBackend:
         if not (dist.is_available() and dist.is_initialized()):
             from spmd.errors import SpmdTypeError
 
-            raise SpmdTypeError(_NO_PROCESS_GROUP)
+            raise SpmdTypeError(_no_process_group())
         return dist.get_world_size()
 
     def shard(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
@@ -200,7 +317,7 @@ class DTensorBackend:
                     f"{sharding.spec!r} over {sharding.mesh.describe()} asks for {hlo}. Pass replace=True to "
                     "redistribute it."
                 )
-            return t.redistribute(device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
+            return torch_compat.redistribute(t, device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
         mesh = device_mesh(sharding.mesh, device_type_of(t))
         return distribute_tensor(t.detach() if not t.requires_grad else t, mesh, placements)
 
@@ -214,7 +331,7 @@ class DTensorBackend:
         # row-parallel projection otherwise sends a head-sharded gradient into attention, whose
         # batched matmul DTensor cannot flatten; examples/train_spmd.py).
         placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
-        return t.redistribute(device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
+        return torch_compat.redistribute(t, device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
 
     def clear(self, t: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor, Replicate
@@ -223,6 +340,24 @@ class DTensorBackend:
             return t  # a plain tensor has no layout to clear
         # A DTensor's layout is its type, not an annotation: the value comes back replicated.
         return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+
+    def barrier(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """TorchTPU's ``torch.tpu.ops.optimization_barrier`` where it exists (a DTensor's local
+        block goes through it); elsewhere (CPU, CUDA eager) nothing merges work across steps, so
+        the tensors come back as they are."""
+        from torch.distributed.tensor import DTensor
+
+        tpu_barrier = torch_compat.tpu_optimization_barrier()
+        if tpu_barrier is None or not tensors:
+            return list(tensors)
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        passed = tpu_barrier(local)
+        return [
+            DTensor.from_local(p, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+            if isinstance(t, DTensor)
+            else p
+            for t, p in zip(tensors, passed)
+        ]
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         from torch.distributed.tensor import DTensor
@@ -238,6 +373,4 @@ def mesh_of(device_mesh: Any) -> Any:
     """Our `Mesh` for a ``DeviceMesh`` (the same ranks, order and axis names)."""
     from mesh import Mesh
 
-    ids = np.asarray(device_mesh.mesh.tolist())
-    names = tuple(device_mesh.mesh_dim_names) if device_mesh.mesh_dim_names else None
-    return Mesh(ids.reshape(-1), ids.shape, names)
+    return Mesh.from_device_mesh(device_mesh)

@@ -56,6 +56,12 @@ class ShardingBackend(Protocol):
         DTensor: a replicated DTensor); the tensor to keep."""
         ...
 
+    def barrier(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` through one optimization barrier: the compiler may not move work across it
+        nor merge a value computed before it with one computed after it. The tensors to use from
+        here on (torch_xla: the same tensors, updated in place)."""
+        ...
+
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         """The sharding ``t`` has, as XLA would write it, or ``None`` when it has none."""
         ...

@@ -23,6 +23,8 @@ from spmd.hlo_sharding import HloSharding, ShardingKind
 
 __all__ = [
     "TorchXlaBackend",
+    "require_torch_xla",
+    "torch_xla_module",
     "ensure_spmd",
     "device_count",
     "is_xla_tensor",
@@ -68,10 +70,36 @@ _REPLICATED, _MAXIMAL, _TILED, _MANUAL, _PARTIAL = 0, 1, 3, 4, 5
 MAX_TILED_RANK = 5
 
 
-def _xlac() -> Any:
-    import torch_xla
+def require_torch_xla(feature: str) -> None:
+    """Check that torch_xla is installed, without importing it (its device settings must come
+    first).
 
-    return torch_xla._XLAC
+    Raises:
+        TorchXlaNotInstalledError: it is not (the current lane); the message names ``feature``,
+            the install line and the dtensor backend.
+    """
+    if importlib.util.find_spec("torch_xla") is None:
+        from spmd.errors import INSTALL_TORCH_XLA, TorchXlaNotInstalledError
+
+        raise TorchXlaNotInstalledError(
+            f"{feature} needs torch_xla, which is not installed here (torch {torch.__version__}). Install the "
+            f"torch_xla lane: {INSTALL_TORCH_XLA}; or, on this torch, shard with the dtensor backend under "
+            "torchrun (one process per device; docs/backends.md)."
+        )
+
+
+def torch_xla_module(name: str = "torch_xla", feature: str = "GSPMD on XLA tensors") -> Any:
+    """torch_xla's module ``name``, imported now; the one gate every torch_xla import passes.
+
+    Raises:
+        TorchXlaNotInstalledError: torch_xla is not installed (see `require_torch_xla`).
+    """
+    require_torch_xla(feature)
+    return importlib.import_module(name)
+
+
+def _xlac() -> Any:
+    return torch_xla_module("torch_xla", "GSPMD on XLA tensors")._XLAC
 
 
 def ensure_spmd() -> None:
@@ -82,7 +110,7 @@ def ensure_spmd() -> None:
             torch_xla 2.9 then "forces" SPMD and the process segfaults at the next
             computation (measured on the CPU backend), so we refuse instead.
     """
-    import torch_xla.runtime as xr
+    xr = torch_xla_module("torch_xla.runtime", "torch_xla's SPMD mode (spmd.enable_spmd, mark_sharding on XLA tensors)")
 
     if xr.is_spmd():
         return
@@ -167,7 +195,7 @@ def xla_sharding_spec(t: torch.Tensor, hlo: HloSharding, minibatch: bool = False
 def to_device_sharded(cpu_tensor: torch.Tensor, hlo: HloSharding) -> torch.Tensor:
     """Copy a host tensor to the XLA device laid out as ``hlo``: each device receives only its
     shard (no replicated copy is made first, unlike ``t.to(device)`` + ``mark_sharding``)."""
-    import torch_xla
+    torch_xla = torch_xla_module()
 
     device = str(torch_xla.device())
     return _xlac()._xla_tensors_from_aten([cpu_tensor], [device], [xla_sharding_spec(cpu_tensor, hlo)])[0]
@@ -177,7 +205,7 @@ def checkpoint(function: Any, *args: torch.Tensor) -> Any:
     """torch_xla's activation checkpointing: ``function(*args)`` runs without saving
     activations; backward puts an optimization barrier over the inputs and incoming gradients,
     then recomputes (so XLA cannot merge the recompute with the forward)."""
-    from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+    xla_checkpoint = torch_xla_module("torch_xla.utils.checkpoint", "gradient checkpointing on GSPMD").checkpoint
 
     return xla_checkpoint(function, *args, use_reentrant=True)
 
@@ -252,7 +280,7 @@ def tensors_hlo_text(tensors: list[torch.Tensor]) -> str:
 
 def sync() -> None:
     """Cut the traced graph and run it (``torch_xla.sync()``)."""
-    import torch_xla
+    torch_xla = torch_xla_module()
 
     torch_xla.sync()
 
@@ -276,7 +304,7 @@ def sync_tensors(tensors: list[torch.Tensor]) -> None:
 
 def compile_count() -> int:
     """How many graphs torch_xla has compiled in this process (its ``CompileTime`` metric)."""
-    import torch_xla.debug.metrics as met
+    met = torch_xla_module("torch_xla.debug.metrics")
 
     data = met.metric_data("CompileTime")
     return int(data[0]) if data else 0
@@ -291,7 +319,7 @@ def push_scope(name: str) -> Any:
 
 def platform() -> str:
     """The PJRT device type: ``CPU``, ``TPU``, ..."""
-    import torch_xla.runtime as xr
+    xr = torch_xla_module("torch_xla.runtime")
 
     return str(xr.device_type())
 
@@ -300,7 +328,7 @@ def step_functions() -> list[tuple[Any, str]]:
     """``(module, attribute)`` of the function that ends a step, ``torch_xla.sync``, for the
     inspector to wrap. ``xm.mark_step``, ``torch_xla.step()`` and ``MpDeviceLoader`` call it
     by that name, so wrapping it counts their steps too."""
-    import torch_xla
+    torch_xla = torch_xla_module()
 
     return [(torch_xla, "sync")]
 
@@ -308,7 +336,7 @@ def step_functions() -> list[tuple[Any, str]]:
 def device_attributes() -> list[dict]:
     """Per-device attributes of the runtime (``coords``, ``core_on_chip``, ``slice_index`` on
     TPU), in device id order: what `mesh.HybridMesh` orders devices by."""
-    import torch_xla.runtime as xr
+    xr = torch_xla_module("torch_xla.runtime")
 
     return list(xr.global_runtime_device_attributes())
 
@@ -329,7 +357,7 @@ def mirror_global_mesh(mesh: object | None) -> None:
     if importlib.util.find_spec("torch_xla") is None:  # the dtensor backend, without torch_xla installed
         return
     # Importing torch_xla does not start its runtime; it only makes the setter reachable.
-    import torch_xla.distributed.spmd.xla_sharding as xla_sharding
+    xla_sharding = torch_xla_module("torch_xla.distributed.spmd.xla_sharding")
 
     xla_sharding.set_global_mesh(mesh)
 
@@ -343,7 +371,7 @@ def global_mesh() -> object | None:
 
 def device_kind() -> str:
     """The accelerator's kind as XLA names it ("TPU v5 lite", "TPU7x", "cpu")."""
-    import torch_xla.core.xla_model as xm
+    xm = torch_xla_module("torch_xla.core.xla_model")
 
     return str(xm.xla_device_kind())
 
@@ -382,7 +410,7 @@ def from_cpu_shards(shards: list[torch.Tensor], hlo: HloSharding, global_shape: 
 def shard_alike(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """XLA's ``ShardAlike`` pair: ``x`` and ``y`` get one sharding, whichever GSPMD picks
     (through torch_xla's JAX bridge, as its ``shard_as``)."""
-    import torch_xla.core.xla_builder as xb
+    xb = torch_xla_module("torch_xla.core.xla_builder", "shard_as")
     from jax.experimental.shard_alike import shard_alike as jax_shard_alike
 
     return xb.call_jax(jax_shard_alike, (x, y))
@@ -448,6 +476,10 @@ class TorchXlaBackend:
             raise self.refusal(t, f"clear_sharding(tensor of shape {tuple(t.shape)})")
         clear_sharding(t)
         return t
+
+    def barrier(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        optimization_barrier_(tensors)
+        return tensors
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         return sharding_of(t) if is_xla_tensor(t) else None

@@ -226,7 +226,9 @@ def capture(
     Raises:
         InspectorError: at the end of the block, if XLA wrote no dumps (dumping was requested
             too late) or nothing was compiled.
+        TorchXlaNotInstalledError: torch_xla is not installed (the current lane).
     """
+    backend.require_torch_xla("spmd.inspector.capture (it reads XLA's dumps of torch_xla's programs)")
     options = CheckOptions(replicated_threshold_bytes, warmup_steps, frozenset(ignore))
     dump_dir = dump_dir_from_flags() or prepare()
     dump_dir.mkdir(parents=True, exist_ok=True)

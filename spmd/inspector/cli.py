@@ -59,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stop_after(steps: int) -> Any:
-    import torch_xla
+    """Wrap the runtime's step function so the script stops after ``steps`` steps; returns the
+    function that unwraps it."""
+    from spmd._backend import backend
 
-    original = torch_xla.sync
+    ((owner, attr),) = backend.step_functions()
+    original = getattr(owner, attr)
     count = 0
 
     @functools.wraps(original)
@@ -73,8 +76,8 @@ def _stop_after(steps: int) -> Any:
             raise _StopScript
         return out
 
-    torch_xla.sync = sync
-    return lambda: setattr(torch_xla, "sync", original)
+    setattr(owner, attr, sync)
+    return lambda: setattr(owner, attr, original)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.steps is not None and args.steps < 1:
         print(f"spmd.inspector: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    from spmd._backend import backend
+    from spmd.errors import TorchXlaNotInstalledError
+
+    try:  # the inspector reads XLA's dumps of torch_xla's programs
+        backend.require_torch_xla("spmd.inspector (it reads XLA's dumps of torch_xla's programs)")
+    except TorchXlaNotInstalledError as e:
+        print(f"spmd.inspector: {e}", file=sys.stderr)
         return 2
 
     from spmd.devices import configure_default_devices

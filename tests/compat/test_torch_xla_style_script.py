@@ -42,6 +42,7 @@ def test_import_rewrite_touches_only_imports():
     assert ours("import torch_xla.distributed.spmd_other") == "import torch_xla.distributed.spmd_other"
 
 
+@pytest.mark.torch_xla
 def test_same_losses_as_torch_xla(tmp_path):
     text = SCRIPT.read_text()
     assert text.count("    x = xs.mark_sharding(x, ") == 2

@@ -4,7 +4,9 @@
 
 Five AdamW steps of the example GPT (per-block units, tied embeddings) against the same model
 trained eagerly in one process on the whole batch, plain and with gradient checkpointing,
-param_spec_fn and shard_output; a bf16 mixed-precision step; deferred init.
+param_spec_fn and shard_output; a bf16 mixed-precision step; deferred init. Where torch orders
+process groups as the mesh does (2.15), the same training on a reversed mesh, saved after 3
+steps and resumed on an in-order mesh.
 Rank 0 writes results.json (losses, largest parameter difference) and deferred.pt (the deferred
 model's full weights) into OUT_DIR.
 """
@@ -18,10 +20,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import fsdp_xla.checkpoint as ck
 from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
 from fsdp_xla import FSDP, FSDPError, MixedPrecision, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
+from spmd._backend import torch_compat
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 
@@ -107,6 +111,27 @@ bf16_dtypes = sorted({str(p.dtype) for p in bf16.parameters()})
 deferred = FSDP(deferred_init(GPT, **SMALL), mesh=mesh, auto_wrap_policy=policy, init_seed=0)
 deferred_full = {k: v.full_tensor() for k, v in deferred.state_dict().items()}
 
+permuted_result = {}
+if torch_compat.ordered_groups_supported():  # FSDP's gathers, reduce-scatters and checkpoints on [3, 2, 1, 0]
+    permuted = Mesh(np.arange(world)[::-1].copy(), (world,), ("fsdp",))
+    on_permuted = FSDP(copy.deepcopy(initial), mesh=permuted, auto_wrap_policy=policy)
+    permuted_opt = torch.optim.AdamW(on_permuted.parameters(), lr=1e-2)
+    permuted_losses = [rank_step(on_permuted, permuted_opt, tokens) for tokens in data[:3]]
+    ck.save_sharded(out / "permuted_ck", on_permuted, permuted_opt, extra={"steps": 3})
+    permuted_losses += [rank_step(on_permuted, permuted_opt, tokens) for tokens in data[3:]]
+    permuted_full = {k: v.full_tensor() for k, v in on_permuted.state_dict().items()}
+    torch.manual_seed(5)  # other weights, overwritten by the load
+    resumed = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=policy)
+    resumed_opt = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+    resumed_extra = ck.load_sharded(out / "permuted_ck", resumed, resumed_opt)
+    permuted_result = {
+        "permuted_losses": permuted_losses,
+        "permuted_param_diff": max((permuted_full[k] - v).abs().max().item() for k, v in eager.state_dict().items()),
+        "permuted_local_rows": on_permuted.lm_head.weight.to_local().shape[0],
+        "resumed_extra": resumed_extra,
+        "resumed_losses": [rank_step(resumed, resumed_opt, tokens) for tokens in data[3:]],
+    }
+
 if rank == 0:
     out.mkdir(parents=True, exist_ok=True)
     torch.save(deferred_full, out / "deferred.pt")
@@ -123,6 +148,7 @@ if rank == 0:
         "options_param_diff": options_diff,
         "options_forwards_in_first_step": forwards_in_first_step,
         "options_placements": placements,
+        **permuted_result,
     }
     (out / "results.json").write_text(json.dumps(result))
 dist.destroy_process_group()

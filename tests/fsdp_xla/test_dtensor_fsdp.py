@@ -13,7 +13,7 @@ import torch
 from fsdp_xla import FSDP, FSDPError, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
-from spmd._backend import use_backend
+from spmd._backend import torch_compat, use_backend
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
 from tests.torchrun import torchrun
 
@@ -38,6 +38,20 @@ def test_five_adamw_steps_equal_eager_single_process(dtensor_run):
     wrapped, holder = result["wrap_errors"]  # FSDP again: torch's FSDPModule counts as wrapped
     assert "FSDPGPT is already wrapped by FSDP; wrap a model once" in wrapped
     assert "Submodule '0' is already wrapped" in holder
+
+
+def test_fsdp_and_checkpoints_on_a_permuted_mesh(dtensor_run):
+    """FSDP's gathers and reduce-scatters on a reversed mesh train as eager does, and its
+    checkpoint resumes on an in-order mesh with the same losses (torch 2.15; 2.9 refuses the
+    mesh, tests/spmd/test_dtensor_backend.py)."""
+    result, _ = dtensor_run
+    if not torch_compat.ordered_groups_supported():
+        pytest.skip("this torch cannot order process groups as a permuted mesh does (torch 2.9)")
+    assert result["permuted_losses"] == pytest.approx(result["eager_losses"], rel=1e-5)
+    assert result["permuted_param_diff"] <= max(3e-5, 3 * result["rounding_floor"]), result
+    assert result["permuted_local_rows"] == 16  # vocab 64 over 4 ranks: each holds its quarter
+    assert result["resumed_extra"] == {"steps": 3}
+    assert result["resumed_losses"] == pytest.approx(result["permuted_losses"][3:], rel=1e-5)
 
 
 def test_mixed_precision_keeps_fp32_master_weights(dtensor_run):

@@ -95,3 +95,22 @@ def test_device_count_checked_where_used():
     mesh.check_device_count(16)
     with pytest.raises(DeviceCountError, match=r"the mesh has 16 devices but the runtime has 32.*range\(32\)"):
         mesh.check_device_count(32)  # every device once: a smaller mesh is refused too
+
+
+def test_from_ranks_and_from_device_mesh_keep_order_shape_and_names():
+    import torch
+
+    # TorchTPU's topology_aware_mesh returns a permuted rank tensor shaped like the mesh.
+    ranks = torch.tensor([[3, 1], [2, 0]])
+    mesh = Mesh.from_ranks(ranks, ("data", "fsdp"))
+    assert mesh == Mesh([3, 1, 2, 0], (2, 2), ("data", "fsdp"))
+
+    class FakeDeviceMesh:  # what a torch.distributed DeviceMesh exposes
+        mesh = torch.tensor([[0, 2], [1, 3]])
+        mesh_dim_names = ("x", "y")
+
+    assert Mesh.from_device_mesh(FakeDeviceMesh()) == Mesh([0, 2, 1, 3], (2, 2), ("x", "y"))
+    with pytest.raises(MeshTypeError, match="takes a torch.distributed DeviceMesh, got list"):
+        Mesh.from_device_mesh([0, 1])
+    with pytest.raises(MeshTypeError, match="n-d array of device ids, got the scalar 3"):
+        Mesh.from_ranks(3)

@@ -2,11 +2,15 @@
 
     torchrun --nproc_per_node N tests/spmd/dtensor_worker.py OUT.json
 
-For every spec of the meshes below (1 to 3 axes over N ranks, tensors of rank 1 to 3, even and
-uneven shapes, ids in order and permuted): each rank's block equals what our pure
-`NamedSharding.shard_bounds` says, `get_sharding` of the DTensor equals `hlo_sharding_for`, and a
-layout DTensor cannot give as GSPMD does raises `ShardingError`. Then sharded matmuls and
-reductions equal the single-process result. Rank 0 writes the counts and any mismatch to OUT.
+For every spec of the meshes below (1 to 3 axes over N ranks, tensors of rank 1 to 3, even,
+uneven and empty-block shapes, ids in order and in permuted orders): each rank's block equals
+what our pure `NamedSharding.shard_bounds` says (torch_xla's block for that device id),
+`get_sharding` of the DTensor equals `hlo_sharding_for`, and the collectives are right too:
+``full_tensor`` gives the whole value back and a redistribute to another spec gives every rank
+that spec's block. A layout DTensor cannot hold raises `ShardingError`; a permuted mesh on a
+torch that cannot order process groups (2.9) raises `MeshError`. Then sharded matmuls and
+reductions equal the single-process result, on an in-order and a permuted mesh. Rank 0 writes
+the counts and any mismatch to OUT.
 """
 
 import json
@@ -19,55 +23,95 @@ import torch.distributed as dist
 import spmd
 from mesh import Mesh, MeshError
 from spmd import PartitionSpec, ShardingError, get_sharding, hlo_sharding_for, mark_sharding, with_sharding_constraint
+from spmd._backend import torch_compat
 from tests.spmd.specs import all_specs
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-MESH_SHAPES = {4: [(4,), (2, 2)], 8: [(8,), (2, 4), (4, 2), (2, 2, 2)]}[world]
-SHAPES = {1: [(8,), (10,), (3,)], 2: [(8, 12), (10, 6)], 3: [(4, 6, 8), (5, 3, 9)]}
-counts = {"cases": 0, "refused": 0, "mismatches": []}
+MESH_SHAPES = {4: [(4,), (2, 2), (1, 4)], 8: [(8,), (2, 4), (4, 2), (2, 2, 2)]}[world]
+SHAPES = {1: [(8,), (10,), (3,), (1,)], 2: [(8, 12), (10, 6), (1, 3)], 3: [(4, 6, 8), (5, 3, 9)]}
+ORDERED_GROUPS = torch_compat.ordered_groups_supported()
+counts = {"cases": 0, "refused": 0, "permuted_cases": 0, "permuted_refused": 0, "mismatches": [], "refusals": []}
+
+
+def id_orders(mesh_shape):
+    """In order, transposed, reversed and seeded random permutations of the ranks."""
+    n = int(np.prod(mesh_shape))
+    orders = [np.arange(n), np.arange(n)[::-1].copy()]
+    if len(mesh_shape) > 1:
+        orders.append(np.arange(n).reshape(mesh_shape[::-1]).T.reshape(-1))
+    rng = np.random.default_rng(sum(mesh_shape))
+    orders += [rng.permutation(n) for _ in range(2)]
+    return orders if world == 4 else [orders[0], orders[2 if len(mesh_shape) > 1 else 1], orders[-1]]
+
+
+def check_case(mesh, spec, shape, other):
+    """Blocks, get_sharding, full_tensor and a redistribute to ``other`` for one layout."""
+    full = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+    dt = mark_sharding(full, mesh, spec)
+    where = f"{mesh.mesh_shape} ids={mesh.device_ids.tolist()} {spec} {shape}"
+    ours = {b.device: b for b in spmd.NamedSharding(mesh, PartitionSpec(*spec)).shard_bounds(shape)}
+    local = dt.to_local()
+    if tuple(local.shape) != tuple(full[ours[rank].index].shape) or not torch.equal(local, full[ours[rank].index]):
+        counts["mismatches"].append(f"{where}: block")
+    if get_sharding(dt) != hlo_sharding_for(mesh, PartitionSpec(*spec), len(shape), shape):
+        counts["mismatches"].append(f"{where}: get_sharding {get_sharding(dt)}")
+    if not torch.equal(dt.full_tensor(), full):
+        counts["mismatches"].append(f"{where}: full_tensor")
+    if world > 4:  # redistributes are checked on 4 ranks; 8 would double the run
+        return
+    try:
+        moved = with_sharding_constraint(dt, mesh, other)
+    except ShardingError:
+        return
+    theirs = {b.device: b for b in spmd.NamedSharding(mesh, PartitionSpec(*other)).shard_bounds(shape)}
+    if not torch.equal(moved.to_local(), full[theirs[rank].index]):
+        counts["mismatches"].append(f"{where}: redistribute to {other}")
+
 
 for mesh_shape in MESH_SHAPES:
-    for permuted in (False, True) if len(mesh_shape) > 1 else (False,):  # permuted: a transposed mesh
-        ids = np.arange(world).reshape(mesh_shape[::-1]).T.reshape(-1) if permuted else np.arange(world)
+    for ids in id_orders(mesh_shape):
         mesh = Mesh(ids, mesh_shape, tuple("xyz"[: len(mesh_shape)]))
+        permuted = not np.array_equal(ids, np.arange(len(ids)))
         for tensor_rank, shapes in SHAPES.items():
-            for spec in all_specs(len(mesh_shape), tensor_rank):
+            specs = list(all_specs(len(mesh_shape), tensor_rank))
+            for i, spec in enumerate(specs):
                 for shape in shapes:
-                    full = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
                     try:
-                        dt = mark_sharding(full, mesh, spec)
-                    except ShardingError:
+                        check_case(mesh, spec, shape, specs[(i + 1) % len(specs)])
+                    except (ShardingError, MeshError) as e:
                         counts["refused"] += 1
+                        counts["permuted_refused"] += permuted
+                        if len(counts["refusals"]) < 400:
+                            counts["refusals"].append(f"{type(e).__name__}: {str(e)[:400]}")
                         continue
                     counts["cases"] += 1
-                    ours = {b.device: b for b in spmd.NamedSharding(mesh, PartitionSpec(*spec)).shard_bounds(shape)}
-                    expected = full[ours[rank].index]
-                    local = dt.to_local()
-                    if tuple(local.shape) != tuple(expected.shape) or not torch.equal(local, expected):
-                        counts["mismatches"].append(f"{mesh_shape} ids={ids.tolist()} {spec} {shape}: block")
-                    if get_sharding(dt) != hlo_sharding_for(mesh, PartitionSpec(*spec), len(shape), shape):
-                        counts["mismatches"].append(f"{mesh_shape} {spec} {shape}: get_sharding {get_sharding(dt)}")
+                    counts["permuted_cases"] += permuted
 
-# A mesh whose ids decrease along an axis is refused (DTensor would hand blocks out by rank).
+# A reversed mesh: laid out in mesh order where torch can order groups, refused (saying why) where not.
 try:
-    mark_sharding(torch.zeros(8), Mesh(np.arange(world)[::-1].copy(), (world,), ("x",)), ("x",))
-    counts["mismatches"].append("a reversed mesh was accepted")
+    reversed_mesh = Mesh(np.arange(world)[::-1].copy(), (world,), ("x",))
+    got = mark_sharding(torch.arange(float(world)), reversed_mesh, ("x",))
+    counts["reversed_mesh"] = {"local": got.to_local().tolist(), "full": got.full_tensor().tolist()}
 except MeshError as e:
-    counts["reversed_mesh_error"] = str(e)[:80]
+    counts["reversed_mesh_error"] = str(e)
 
 # Numerics: sharded operands, the DTensor result equals the single-process one.
 torch.manual_seed(0)
 a, b = torch.randn(16, 24), torch.randn(24, 8)
-mesh = Mesh(np.arange(world), (2, world // 2), ("data", "model"))
-for a_spec, b_spec in [
-    (("data", None), (None, "model")),
-    (("data", "model"), ("model", None)),
-    ((None, ("data", "model")), (("data", "model"), None)),
-]:
-    out = mark_sharding(a, mesh, a_spec) @ mark_sharding(b, mesh, b_spec)
-    if not torch.allclose(out.full_tensor(), a @ b, rtol=1e-5, atol=1e-5):
-        counts["mismatches"].append(f"matmul {a_spec} @ {b_spec}")
+meshes = [Mesh(np.arange(world), (2, world // 2), ("data", "model"))]
+if ORDERED_GROUPS:  # a 2-D mesh whose ids decrease along both axes
+    meshes.append(Mesh(np.arange(world)[::-1].copy(), (2, world // 2), ("data", "model")))
+for mesh in meshes:
+    for a_spec, b_spec in [
+        (("data", None), (None, "model")),
+        (("data", "model"), ("model", None)),
+        ((None, ("data", "model")), (("data", "model"), None)),
+    ]:
+        out = mark_sharding(a, mesh, a_spec) @ mark_sharding(b, mesh, b_spec)
+        if not torch.allclose(out.full_tensor(), a @ b, rtol=1e-5, atol=1e-5):
+            counts["mismatches"].append(f"matmul {a_spec} @ {b_spec} on ids {mesh.device_ids.tolist()}")
+mesh = meshes[0]
 x = mark_sharding(a, mesh, ("model", "data"))
 for name, got, want in [
     ("sum0", x.sum(dim=0), a.sum(dim=0)),
@@ -145,5 +189,5 @@ except spmd.DeviceCountError as e:
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:
-        json.dump({"world": world, **counts}, f)
+        json.dump({"world": world, "ordered_groups": ORDERED_GROUPS, **counts}, f)
 dist.destroy_process_group()

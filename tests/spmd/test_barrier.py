@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -15,6 +17,31 @@ def test_barrier_appears_in_hlo_and_keeps_values(xla):
 
 
 def test_barrier_rejects_cpu_tensors(xla):
-    with pytest.raises(NotAnXlaTensorError, match="argument 1 is on 'cpu'"):
+    with pytest.raises(NotAnXlaTensorError, match=r"argument 1 \(tensor of shape \(2,\)\): it is on device 'cpu'"):
         optimization_barrier(torch.ones(2).to(xla), torch.ones(2))
     assert optimization_barrier() == ()
+
+
+def test_on_dtensor_torchtpus_barrier_runs_where_torchtpu_is_loaded(monkeypatch):
+    from spmd._backend.dtensor_backend import DTensorBackend
+
+    passed = []
+
+    def tpu_barrier(tensors):  # TorchTPU's torch.tpu.ops.optimization_barrier: a list in, a list out
+        passed.append(len(tensors))
+        return [t.clone() for t in tensors]
+
+    monkeypatch.setattr(
+        torch, "tpu", SimpleNamespace(ops=SimpleNamespace(optimization_barrier=tpu_barrier)), raising=False
+    )
+    a, b = torch.ones(2), torch.arange(3.0)
+    out = DTensorBackend().barrier([a, b])
+    assert passed == [2] and out[0] is not a and torch.equal(out[0], a) and torch.equal(out[1], b)
+
+
+def test_on_dtensor_without_torchtpu_the_barrier_returns_the_tensors():
+    from spmd._backend.dtensor_backend import DTensorBackend
+
+    assert getattr(torch, "tpu", None) is None  # TorchTPU registers torch.tpu only on a TPU
+    a = torch.ones(2)
+    assert DTensorBackend().barrier([a])[0] is a

@@ -26,6 +26,7 @@ def test_visualize_tensor_sharding_prints_what_torch_xla_prints(xla, capsys):
         debugging.visualize_tensor_sharding(torch.zeros(2).to(xla))
 
 
+@pytest.mark.torch_xla
 def test_torch_xla_submodule_names_are_here():
     import torch_xla.distributed.spmd as xs
 

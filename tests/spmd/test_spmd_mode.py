@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,6 +24,7 @@ def run(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.torch_xla
 def test_late_spmd_raises_clear_error():
     r = run(
         """
@@ -39,6 +42,7 @@ def test_late_spmd_raises_clear_error():
     assert "spmd.enable_spmd()" in r.stdout
 
 
+@pytest.mark.torch_xla
 def test_mark_sharding_turns_spmd_on_when_nothing_is_on_device():
     r = run(
         """

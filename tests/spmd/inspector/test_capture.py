@@ -204,6 +204,7 @@ def test_report_is_unavailable_inside_the_block(xla):
             report.table()
 
 
+@pytest.mark.torch_xla
 def test_dumps_requested_too_late_name_the_cli(tmp_path):
     script = tmp_path / "late.py"
     script.write_text(

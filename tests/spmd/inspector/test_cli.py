@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.torch_xla  # the inspector reads XLA's dumps of torch_xla's programs
 
 
 @pytest.fixture(scope="module")

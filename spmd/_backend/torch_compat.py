@@ -1,0 +1,138 @@
+"""What differs between the torch releases we run on, in one place.
+
+The torch_xla lane runs torch 2.9 (torch_xla's last release); the current lane runs torch 2.11 to
+2.15 (TorchTPU's range). Every difference the product depends on is answered here, by feature
+detection rather than version numbers, so nothing else asks which torch it is on:
+
+- ``_StridedShard`` subclasses ``Shard`` in 2.9 but not in 2.15: `is_shard` and `is_strided_shard`.
+- ``dist.new_group(ranks, sort_ranks=False)`` exists in 2.15, not in 2.9. Without it every group
+  orders its members by rank, so a DeviceMesh whose ids do not increase along an axis gets groups
+  whose order differs from the mesh's coordinates, and DTensor's collectives put blocks in the
+  wrong places (measured on 2.15: ``full_tensor`` of a correct ``from_local`` comes back with its
+  blocks reversed on ``[3, 2, 1, 0]``). `ordered_groups_supported` says whether groups can follow
+  the mesh's order; `device_mesh_from_ids` builds such a mesh.
+- torch 2.9 redistributes a ``_StridedShard`` DTensor to another split wrongly (measured: from
+  ``P(('y', 'x'))`` to ``P('x', 'y')`` on a 2x2 mesh two ranks hold the wrong rows) though its
+  way to ``Replicate`` is right; 2.15 does both right. `redistribute` goes through ``Replicate``
+  where the direct way is wrong.
+- torch 2.9's ``distribute_tensor`` fails (``F.pad`` of a block with an empty dim) when a tensor
+  split on several mesh axes gives some device an empty block (shape (1, 3) as ``P('y', 'x')``
+  on a 4 x 2 mesh); 2.15 lays it out. `splits_empty_blocks` says whether this torch does.
+- TorchTPU (``torch-tpu``, torch 2.11 to 2.15) adds ``torch.tpu.ops.optimization_barrier``:
+  `tpu_optimization_barrier` finds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "TORCH_VERSION",
+    "device_mesh_from_ids",
+    "is_shard",
+    "is_strided_shard",
+    "ordered_groups_supported",
+    "redistribute",
+    "splits_empty_blocks",
+    "strided_shard",
+    "tpu_optimization_barrier",
+]
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+TORCH_VERSION: tuple[int, int] = _release(torch.__version__)
+"""(major, minor) of the torch in this process, for messages only."""
+
+
+def is_shard(placement: Any) -> bool:
+    """Whether a DTensor placement splits a dim (``Shard`` or ``_StridedShard``)."""
+    from torch.distributed.tensor import Shard
+
+    return isinstance(placement, Shard) or is_strided_shard(placement)
+
+
+def is_strided_shard(placement: Any) -> bool:
+    """Whether a DTensor placement is a ``_StridedShard`` (a dim split against mesh order)."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(placement, _StridedShard)
+
+
+def strided_shard(dim: int, split_factor: int) -> Any:
+    """DTensor's ``_StridedShard(dim, split_factor)``."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+@functools.cache
+def ordered_groups_supported() -> bool:
+    """Whether this torch can make a process group whose members keep the order given
+    (``new_group(..., sort_ranks=False)``, torch 2.15; torch 2.9 always sorts them)."""
+    import torch.distributed as dist
+
+    return "sort_ranks" in inspect.signature(dist.new_group).parameters
+
+
+def device_mesh_from_ids(device_type: str, ids: np.ndarray, names: tuple[str, ...]) -> Any:
+    """A ``DeviceMesh`` over the ranks ``ids`` (an array shaped like the mesh) whose every axis
+    group lists its ranks in mesh-coordinate order, so DTensor's blocks and collectives follow
+    the mesh as given, however its ids are permuted.
+
+    Collective: every rank builds every group, in the same order (``new_group`` requires it).
+    Needs `ordered_groups_supported`.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    rank = dist.get_rank()
+    mine = []
+    for axis in range(ids.ndim):
+        lines = np.moveaxis(ids, axis, -1).reshape(-1, ids.shape[axis])
+        group = None
+        for line in lines:
+            made = dist.new_group([int(i) for i in line], sort_ranks=False)
+            if rank in line:
+                group = made
+        mine.append(group)
+    mesh = torch.as_tensor(ids)
+    if ids.ndim == 1:
+        return DeviceMesh.from_group(mine[0], device_type, mesh=mesh, mesh_dim_names=names)
+    return DeviceMesh.from_group(mine, device_type, mesh=mesh, mesh_dim_names=names)
+
+
+# The first releases measured to do these right (2.9 does not; see the docstring).
+_STRIDED_REDISTRIBUTE_EXACT_FROM = (2, 15)
+_SPLITS_EMPTY_BLOCKS_FROM = (2, 15)
+
+
+def splits_empty_blocks() -> bool:
+    """Whether DTensor here lays out empty blocks of a tensor split on several mesh axes."""
+    return TORCH_VERSION >= _SPLITS_EMPTY_BLOCKS_FROM
+
+
+def redistribute(t: Any, device_mesh: Any, placements: tuple[Any, ...]) -> Any:
+    """``t.redistribute(device_mesh, placements)``, through ``Replicate`` where this torch would
+    move a strided shard to the wrong ranks (differentiable either way)."""
+    strided = any(is_strided_shard(p) for p in (*t.placements, *placements))
+    if strided and TORCH_VERSION < _STRIDED_REDISTRIBUTE_EXACT_FROM:
+        from torch.distributed.tensor import Replicate
+
+        t = t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+    return t.redistribute(device_mesh, placements)
+
+
+def tpu_optimization_barrier() -> Any:
+    """TorchTPU's ``torch.tpu.ops.optimization_barrier`` (a list of tensors in, the list to use
+    out), or ``None`` where TorchTPU is not loaded (it registers ``torch.tpu`` only on a TPU)."""
+    ops = getattr(getattr(torch, "tpu", None), "ops", None)
+    return getattr(ops, "optimization_barrier", None)
