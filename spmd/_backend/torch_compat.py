@@ -1,11 +1,12 @@
 """What differs between the torch releases we run on, in one place.
 
 The torch_xla lane runs torch 2.9 (torch_xla's last release); the current lane runs torch 2.11 to
-2.15 (TorchTPU's range). Every difference the product depends on is answered here, by feature
-detection rather than version numbers, so nothing else asks which torch it is on:
+2.15 (TorchTPU's range). Every difference the product depends on is answered here, so nothing
+else asks which torch it is on: by feature detection where the feature can be seen, by release
+where only a measured bug tells them apart (measured on 2.9, 2.13 and 2.15):
 
 - ``_StridedShard`` subclasses ``Shard`` in 2.9 but not in 2.15: `is_shard` and `is_strided_shard`.
-- ``dist.new_group(ranks, sort_ranks=False)`` exists in 2.15, not in 2.9. Without it every group
+- ``dist.new_group(ranks, sort_ranks=False)`` exists in 2.13 and 2.15, not in 2.9. Without it every group
   orders its members by rank, so a DeviceMesh whose ids do not increase along an axis gets groups
   whose order differs from the mesh's coordinates, and DTensor's collectives put blocks in the
   wrong places (measured on 2.15: ``full_tensor`` of a correct ``from_local`` comes back with its
@@ -13,11 +14,11 @@ detection rather than version numbers, so nothing else asks which torch it is on
   the mesh's order; `device_mesh_from_ids` builds such a mesh.
 - torch 2.9 redistributes a ``_StridedShard`` DTensor to another split wrongly (measured: from
   ``P(('y', 'x'))`` to ``P('x', 'y')`` on a 2x2 mesh two ranks hold the wrong rows) though its
-  way to ``Replicate`` is right; 2.15 does both right. `redistribute` goes through ``Replicate``
+  way to ``Replicate`` is right; 2.13 and 2.15 do both right. `redistribute` goes through ``Replicate``
   where the direct way is wrong.
 - torch 2.9's ``distribute_tensor`` fails (``F.pad`` of a block with an empty dim) when a tensor
   split on several mesh axes gives some device an empty block (shape (1, 3) as ``P('y', 'x')``
-  on a 4 x 2 mesh); 2.15 lays it out. `splits_empty_blocks` says whether this torch does.
+  on a 4 x 2 mesh); 2.13 and 2.15 lay it out. `splits_empty_blocks` says whether this torch does.
 - TorchTPU (``torch-tpu``, torch 2.11 to 2.15) adds ``torch.tpu.ops.optimization_barrier``:
   `tpu_optimization_barrier` finds it.
 """
@@ -77,7 +78,7 @@ def strided_shard(dim: int, split_factor: int) -> Any:
 @functools.cache
 def ordered_groups_supported() -> bool:
     """Whether this torch can make a process group whose members keep the order given
-    (``new_group(..., sort_ranks=False)``, torch 2.15; torch 2.9 always sorts them)."""
+    (``new_group(..., sort_ranks=False)``, torch 2.13 and later; torch 2.9 always sorts them)."""
     import torch.distributed as dist
 
     return "sort_ranks" in inspect.signature(dist.new_group).parameters
@@ -110,9 +111,10 @@ def device_mesh_from_ids(device_type: str, ids: np.ndarray, names: tuple[str, ..
     return DeviceMesh.from_group(mine, device_type, mesh=mesh, mesh_dim_names=names)
 
 
-# The first releases measured to do these right (2.9 does not; see the docstring).
-_STRIDED_REDISTRIBUTE_EXACT_FROM = (2, 15)
-_SPLITS_EMPTY_BLOCKS_FROM = (2, 15)
+# The oldest releases measured to do these right (2.13 and 2.15 do, 2.9 does not; releases between
+# are treated as 2.9 is: the safe way round, or a clear refusal).
+_STRIDED_REDISTRIBUTE_EXACT_FROM = (2, 13)
+_SPLITS_EMPTY_BLOCKS_FROM = (2, 13)
 
 
 def splits_empty_blocks() -> bool:
