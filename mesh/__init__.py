@@ -1,6 +1,19 @@
-"""Logical device meshes with named axes: `Mesh`, `HybridMesh` (ICI x DCN), and the global mesh."""
+"""Logical device meshes with named axes: `Mesh`, `HybridMesh` (ICI x DCN), and the global mesh.
 
-from mesh._context import get_1d_mesh, get_global_mesh, mesh_or_global, set_global_mesh, use_mesh
+The ground floor: values only. Nothing here imports ``spmd`` or ``fsdp_xla`` or asks a runtime;
+where a runtime fact is needed (the device count, device attributes), it is handed in.
+"""
+
+from mesh._context import (
+    GlobalMeshFollower,
+    as_mesh,
+    follow_global_mesh,
+    get_1d_mesh,
+    get_global_mesh,
+    mesh_or_global,
+    set_global_mesh,
+    use_mesh,
+)
 from mesh._hybrid import DeviceInfo, HybridMesh, hybrid_device_order
 from mesh._mesh import AxisRef, Mesh
 from mesh.errors import DeviceCountError, MeshError, MeshTypeError, NoMeshError
@@ -9,11 +22,14 @@ __all__ = [
     "AxisRef",
     "DeviceCountError",
     "DeviceInfo",
+    "GlobalMeshFollower",
     "HybridMesh",
     "Mesh",
     "MeshError",
     "MeshTypeError",
     "NoMeshError",
+    "as_mesh",
+    "follow_global_mesh",
     "get_1d_mesh",
     "get_global_mesh",
     "hybrid_device_order",

@@ -1,21 +1,58 @@
-"""The global mesh: a process-wide default plus a thread-local stack of scoped meshes."""
+"""The global mesh: a process-wide default plus a thread-local stack of scoped meshes.
+
+Runtimes that keep a global mesh of their own (torch_xla's, which its FSDPv2 and the Hugging
+Face Trainer read) follow ours through a `GlobalMeshFollower` that the runtime's package
+registers (`follow_global_mesh`): this module imports nothing above it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
 from mesh._mesh import Mesh
 from mesh.errors import MeshTypeError, NoMeshError
 
-__all__ = ["set_global_mesh", "get_global_mesh", "use_mesh", "get_1d_mesh", "mesh_or_global"]
+__all__ = [
+    "GlobalMeshFollower",
+    "as_mesh",
+    "follow_global_mesh",
+    "get_1d_mesh",
+    "get_global_mesh",
+    "mesh_or_global",
+    "set_global_mesh",
+    "use_mesh",
+]
 
-# The only module-level mutable state in the product, by design: the explicit global mesh.
+
+class GlobalMeshFollower(Protocol):
+    """A runtime's own global mesh, kept equal to ours."""
+
+    def set(self, mesh: Mesh | None) -> None:
+        """Make the runtime's global mesh ``mesh`` (``None`` clears it)."""
+        ...
+
+    def current(self) -> Mesh | None:
+        """The runtime's global mesh as a `Mesh`, or ``None`` when it has none."""
+        ...
+
+
+# The only module-level mutable state in the product, by design: the explicit global mesh
+# (and the runtimes that follow it, registered once at import).
 _process_default: Mesh | None = None
 _scoped = threading.local()
+_followers: list[GlobalMeshFollower] = []
+
+
+def follow_global_mesh(follower: GlobalMeshFollower) -> None:
+    """Keep ``follower``'s global mesh equal to ours from now on."""
+    if follower not in _followers:
+        _followers.append(follower)
+        follower.set(_process_default)
 
 
 def _stack() -> list[Mesh]:
@@ -27,32 +64,29 @@ def _stack() -> list[Mesh]:
 def set_global_mesh(mesh: Mesh | None) -> None:
     """Set (or with ``None`` clear) the process-wide default mesh.
 
-    torch_xla's global mesh becomes the same object, so torch_xla code that reads it (its FSDPv2
-    ``SpmdFullyShardedDataParallel``, the Hugging Face Trainer's ``xla_fsdp_v2`` path) sees it.
+    Runtimes that follow it (torch_xla's global mesh, once ``spmd`` is imported) are set too, so
+    torch_xla code that reads its global mesh (FSDPv2, the Trainer's ``xla_fsdp_v2`` path) sees it.
     """
     global _process_default
     if mesh is not None:
-        mesh = _as_mesh(mesh, "set_global_mesh")
+        mesh = as_mesh(mesh, "set_global_mesh")
     _process_default = mesh
-    from spmd._backend import backend  # torch_xla's global mesh: a torch_xla-only operation
-
-    backend.mirror_global_mesh(mesh)
+    for follower in _followers:
+        follower.set(mesh)
 
 
 def get_global_mesh() -> Mesh | None:
-    """The innermost `use_mesh` mesh of this thread, else the process default, else torch_xla's
-    global mesh (set by torch_xla's ``xs.set_global_mesh``, as our `Mesh`), else ``None``."""
+    """The innermost `use_mesh` mesh of this thread, else the process default, else a
+    following runtime's global mesh set there after ours (torch_xla's ``xs.set_global_mesh``:
+    the latest call wins), else ``None``."""
     stack = _stack()
     if stack:
         return stack[-1]
-    from spmd._backend import backend
-
-    # One global mesh: ours is mirrored into torch_xla's, so when theirs is another object,
-    # torch_xla's own set_global_mesh was called after ours, and the latest call wins.
-    theirs = backend.global_mesh()
-    if theirs is None or theirs is _process_default:
-        return _process_default
-    return Mesh.from_torch_xla(theirs)
+    for follower in _followers:
+        theirs = follower.current()
+        if theirs is not None and theirs != _process_default:
+            return theirs
+    return _process_default
 
 
 @contextlib.contextmanager
@@ -64,7 +98,7 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
         >>> with use_mesh(Mesh(np.arange(8), (8,), ("data",))) as m:
         ...     assert get_global_mesh() is m
     """
-    mesh = _as_mesh(mesh, "use_mesh")
+    mesh = as_mesh(mesh, "use_mesh")
     stack = _stack()
     stack.append(mesh)
     try:
@@ -74,25 +108,32 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
 
 
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh over all devices (``num_devices``, default: the runtime's count)."""
-    if num_devices is None:
-        from spmd._backend import backend_for  # the one home of the device count
+    """A one-axis mesh over ``num_devices`` devices (``spmd.get_1d_mesh`` takes the runtime's
+    count when it is not given).
 
-        num_devices = backend_for().device_count()
-    n = int(num_devices)
-    return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
+    Raises:
+        MeshTypeError: ``num_devices`` is not given, or not an int.
+    """
+    if num_devices is None:
+        raise MeshTypeError(
+            "mesh.get_1d_mesh needs num_devices (a Mesh is a value; it does not ask a runtime). "
+            "spmd.get_1d_mesh(axis_name) takes the runtime's device count."
+        )
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int):
+        raise MeshTypeError(f"num_devices must be an int, got {num_devices!r} ({type(num_devices).__name__}).")
+    return Mesh(np.arange(num_devices), (num_devices,), None if axis_name is None else (axis_name,))
 
 
 def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
     """``mesh``, or the current global mesh when it is ``None``.
 
     Args:
-        mesh: the mesh the caller was given.
+        mesh: the mesh the caller was given (a `Mesh`, torch_xla's, or a ``DeviceMesh``).
         what: the call, for the message (``"mark_sharding(tensor of shape (8, 4), P('x'))"``).
 
     Raises:
         NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
-        MeshTypeError: ``mesh`` is not a `Mesh`.
+        MeshTypeError: ``mesh`` is not a mesh.
     """
     if mesh is None:
         mesh = get_global_mesh()
@@ -101,15 +142,24 @@ def mesh_or_global(mesh: Mesh | None, what: str) -> Mesh:
                 f"{what} got no mesh and no global mesh is set. Pass one (e.g. mesh=Mesh(np.arange(n), (n,), "
                 "('data',))), or call mesh.set_global_mesh(...) / use `with use_mesh(...)`."
             )
-    return _as_mesh(mesh, what)
+    return as_mesh(mesh, what)
 
 
-def _as_mesh(mesh: object, what: str) -> Mesh:
-    """``mesh`` as our `Mesh` (a torch_xla mesh is converted: same ids, shape and names)."""
+def as_mesh(mesh: object, what: str) -> Mesh:
+    """``mesh`` as our `Mesh`: ours as it is; torch_xla's ``Mesh`` and torch.distributed's
+    ``DeviceMesh`` converted (the same ids, shape and names).
+
+    Raises:
+        MeshTypeError: none of those.
+    """
+    if isinstance(mesh, Mesh):
+        return mesh
     ours = Mesh.from_torch_xla(mesh)
-    if ours is None:
-        raise MeshTypeError(
-            f"{what} expects a mesh.Mesh (or a torch_xla Mesh), got {type(mesh).__module__}.{type(mesh).__name__}. "
-            "Build one: Mesh(np.arange(n), (n,), ('data',))."
-        )
-    return ours
+    if ours is not None:
+        return ours
+    if hasattr(mesh, "mesh_dim_names") and hasattr(getattr(mesh, "mesh", None), "tolist"):
+        return Mesh.from_device_mesh(mesh)
+    raise MeshTypeError(
+        f"{what} expects a mesh.Mesh (or a torch_xla Mesh, or a torch.distributed DeviceMesh), got "
+        f"{type(mesh).__module__}.{type(mesh).__name__}. Build one: Mesh(np.arange(n), (n,), ('data',))."
+    )

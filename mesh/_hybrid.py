@@ -181,8 +181,9 @@ class HybridMesh(Mesh):
         ici_mesh_shape: the logical mesh within one slice.
         dcn_mesh_shape: the logical mesh of slices; default all 1s (one slice).
         axis_names: one name per axis.
-        devices: the devices to lay out; default: the runtime's (``coords``,
-            ``core_on_chip`` and ``slice_index`` from torch_xla's device attributes).
+        devices: the devices to lay out (``spmd.HybridMesh`` takes the runtime's when they are
+            not given: ``coords``, ``core_on_chip`` and ``slice_index`` from torch_xla's device
+            attributes).
 
     Example:
         >>> devs = [DeviceInfo(i, slice_index=i // 4) for i in range(8)]  # 2 slices of 4
@@ -205,9 +206,10 @@ class HybridMesh(Mesh):
         ici = shape_arg(ici_mesh_shape, "ici_mesh_shape")
         dcn = shape_arg(dcn_mesh_shape, "dcn_mesh_shape") if dcn_mesh_shape is not None else (1,) * len(ici)
         if devices is None:
-            from spmd._backend import backend  # the runtime's device attributes: torch_xla only
-
-            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(backend.device_attributes())]
+            raise MeshTypeError(
+                "mesh.HybridMesh needs devices= (a Mesh is a value; it does not ask a runtime). spmd.HybridMesh "
+                "takes the runtime's devices, or describe them: [DeviceInfo(id, coords=..., slice_index=...), ...]."
+            )
         devices = list(devices) if isinstance(devices, (list, tuple)) else devices
         if not isinstance(devices, list) or not all(isinstance(d, DeviceInfo) for d in devices):
             raise MeshTypeError(f"devices must be a list of mesh.DeviceInfo, got {devices!r:.200}.")

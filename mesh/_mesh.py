@@ -230,8 +230,8 @@ class Mesh:
     # torch_xla's methods ---------------------------------------------------------------------
     @property
     def memo(self) -> dict:
-        """A per-object cache for what backends derive from this mesh (torch_xla's
-        ``OpSharding`` objects); not part of the mesh's value, never compared or pickled."""
+        """A per-object cache for what runtimes derive from this mesh (torch_xla's ``OpSharding``
+        objects, a ``DeviceMesh``); not part of the mesh's value, never compared or pickled."""
         return self._memo
 
     def get_axis_name_idx(self, name: str) -> int | None:
@@ -240,31 +240,6 @@ class Mesh:
         if self._axis_names is None or name not in self._axis_names:
             return None
         return self._axis_names.index(name)
-
-    def get_op_sharding(self, partition_spec: Sequence[object]) -> object:
-        """torch_xla's ``OpSharding`` for a tensor of rank ``len(partition_spec)`` sharded as
-        ``partition_spec`` (what ``torch_xla._XLAC`` functions take). Needs torch_xla.
-
-        Raises:
-            ShardingError: the spec does not fit this mesh (the message says why).
-        """
-        from spmd._backend import backend
-
-        return backend.op_sharding(self._hlo_sharding(partition_spec), self._memo)
-
-    def _get_op_sharding_args(self, partition_spec: Sequence[object]) -> tuple[list, list, list, int]:
-        """torch_xla's ``(tile_assignment, group_assignment, replication_groups, sharding_type)``
-        for ``partition_spec``: the arguments of ``OpSharding`` giving the same sharding."""
-        from spmd._backend import backend
-
-        return backend.sharding_args(self._hlo_sharding(partition_spec))
-
-    def _hlo_sharding(self, partition_spec: Sequence[object]) -> object:
-        from spmd.named_sharding import hlo_sharding_for
-        from spmd.partition_spec import PartitionSpec
-
-        spec = PartitionSpec.from_value(partition_spec)
-        return hlo_sharding_for(self, spec, len(spec))
 
     def __str__(self) -> str:
         """torch_xla's text of a mesh, which `from_str` reads back."""

@@ -1,17 +1,32 @@
-"""SPMD sharding for PyTorch/XLA: partition specs, named shardings, `mark_sharding` and tools.
+"""SPMD sharding for PyTorch on XLA devices: partition specs, named shardings, `mark_sharding`,
+DTensor's vocabulary on either runtime, and tools.
 
 Importing ``spmd`` does not start the XLA runtime; call `configure_default_devices` first
 if you want virtual CPU devices. ``import spmd as xs`` stands in for
-``import torch_xla.distributed.spmd as xs``: every name of torch_xla's module is here.
+``import torch_xla.distributed.spmd as xs``: every name of torch_xla's module is here
+(`spmd.compat`).
 """
 
+import sys
 from typing import Any
 
-from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh, use_mesh
-from spmd import api, debugging, xla_sharded_tensor, xla_sharding
+from mesh import follow_global_mesh, get_global_mesh, set_global_mesh, use_mesh
+from spmd import compat
 from spmd._backend import BACKENDS, ShardingBackend, backend_for, use_backend
 from spmd.barrier import apply_backward_optimization_barrier, optimization_barrier
+from spmd.compat import api, debugging, sharding_spec, xla_sharded_tensor, xla_sharding
+from spmd.compat.api import auto_policy, xla_distribute_module, xla_distribute_tensor
+from spmd.compat.sharding_spec import ShardingSpec
+from spmd.compat.xla_mesh import HybridMesh, Mesh, TorchXlaGlobalMesh, get_1d_mesh
 from spmd.devices import configure_default_devices, enable_spmd
+from spmd.distribute import (
+    device_count,
+    device_mesh,
+    distribute_module,
+    distribute_tensor,
+    init_device_mesh,
+    step,
+)
 from spmd.errors import (
     AxisIndexError,
     DeviceCountError,
@@ -44,8 +59,14 @@ from spmd.mark_sharding import (
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.parameters import shard_parameters
 from spmd.partition_spec import P, PartitionSpec
+from spmd.placements import (
+    PartialPlacementError,
+    PlacementDimError,
+    PlacementError,
+    placements_from_spec,
+    spec_from_placements,
+)
 from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
-from spmd.sharding_spec import ShardingSpec
 from spmd.sharding_type import ShardingType
 from spmd.visualize import visualize_sharding
 
@@ -95,6 +116,18 @@ __all__ = [
     "backend_for",
     "BACKENDS",
     "ShardingBackend",
+    # DTensor's vocabulary, on either runtime
+    "PartialPlacementError",
+    "PlacementDimError",
+    "PlacementError",
+    "device_count",
+    "device_mesh",
+    "distribute_module",
+    "distribute_tensor",
+    "init_device_mesh",
+    "placements_from_spec",
+    "spec_from_placements",
+    "step",
     # torch_xla's names (see docs/migration.md)
     "MarkShardingFunction",
     "NoMeshError",
@@ -114,10 +147,22 @@ __all__ = [
     "debugging",
     "xla_sharded_tensor",
     "xla_sharding",
+    "sharding_spec",
+    "compat",
+    "auto_policy",
+    "xla_distribute_module",
+    "xla_distribute_tensor",
     *(name for name in xla_sharding.TORCH_XLA_REEXPORTS if name in xla_sharding.__all__),
 ]
 
 _mark_manual_sharding = mark_manual_sharding  # torch_xla's private-looking name, used by its scripts
+
+# torch_xla's submodule paths keep importing (``import spmd.xla_sharding``), from spmd.compat.
+for _name in compat.OLD_PATHS:
+    sys.modules[f"{__name__}.{_name}"] = getattr(compat, _name)
+
+# torch_xla's global mesh follows ours (its FSDPv2 and the Hugging Face Trainer read it).
+follow_global_mesh(TorchXlaGlobalMesh())
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
+from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
 from spmd.errors import (
     PartitionSpecTypeError,
     ShardingError,
@@ -19,10 +19,12 @@ from spmd.errors import (
 from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import NamedSharding, hlo_sharding_for
 from spmd.partition_spec import PartitionSpec, SpecEntry
+from spmd.placements import is_placements, spec_from_placements
 from spmd.sharded_tensor import XLAShardedTensor
 
 __all__ = [
     "mark_sharding",
+    "resolve_sharding",
     "annotate_custom_sharding",
     "with_sharding_constraint",
     "mark_sharding_with_gradients",
@@ -43,20 +45,26 @@ def _unwrap(t: object) -> torch.Tensor:
     return t
 
 
-def _resolve(
-    t: torch.Tensor, mesh: Mesh | None, spec: SpecLike, what: str, runtime: ShardingBackend | None = None
+def resolve_sharding(
+    t: torch.Tensor,
+    mesh: Mesh | None,
+    spec: SpecLike,
+    what: str,
+    runtime: ShardingBackend | None = None,
+    *,
+    check_tensor: bool = True,
 ) -> tuple[NamedSharding, HloSharding]:
-    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the runtime's devices."""
+    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the runtime's devices.
+
+    ``mesh`` may be a `Mesh`, torch_xla's mesh or a ``DeviceMesh`` (``None``: the global mesh);
+    ``spec`` a `PartitionSpec`, a tuple, or DTensor placements (one per mesh axis). With
+    ``check_tensor=False`` the runtime need not accept ``t`` as it is (it will be moved).
+    """
     runtime = runtime or backend_for(t)
-    try:
-        spec = PartitionSpec.from_value(spec)
-    except (ShardingError, PartitionSpecTypeError) as e:  # say which call, tensor and mesh
-        where = mesh.describe() if isinstance(mesh, Mesh) else "the global mesh"
-        raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
-    mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
+    spec, mesh = _spec_and_mesh(t, mesh, spec, what)
     hlo = hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))  # spec errors first: pure checks
     context = f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r}, {mesh.describe()})"
-    if not runtime.accepts(t):
+    if check_tensor and not runtime.accepts(t):
         raise runtime.refusal(t, context)
     available = runtime.device_count()
     try:
@@ -64,6 +72,18 @@ def _resolve(
     except DeviceCountError as e:
         raise DeviceCountError(f"{context}: {e}") from None
     return NamedSharding(mesh, spec), hlo
+
+
+def _spec_and_mesh(t: torch.Tensor, mesh: object, spec: object, what: str) -> tuple[PartitionSpec, Mesh]:
+    if is_placements(spec):  # DTensor's vocabulary: one placement per mesh axis
+        mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, placements {list(spec)})")
+        return spec_from_placements(spec, mesh, t.dim()), mesh
+    try:
+        spec = PartitionSpec.from_value(spec)
+    except (ShardingError, PartitionSpecTypeError) as e:  # say which call, tensor and mesh
+        where = mesh.describe() if isinstance(mesh, Mesh) else "the global mesh"
+        raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
+    return spec, mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
 
 
 def mark_sharding(
@@ -81,9 +101,10 @@ def mark_sharding(
 
     Args:
         t: a tensor on an XLA device (parameters included).
-        mesh: the mesh; ``None`` uses the global mesh.
+        mesh: the mesh (ours, torch_xla's, or a ``DeviceMesh``); ``None`` uses the global mesh.
         partition_spec: a `PartitionSpec` or a torch_xla-style tuple; it may be shorter than
-            ``t.dim()`` (trailing dims replicated).
+            ``t.dim()`` (trailing dims replicated). Or DTensor's placements, one per mesh axis
+            (``[Shard(0), Replicate()]``; `spmd.placements`).
         replace: if ``t`` already has a different non-replicated sharding, replace it instead
             of raising. A replicated ``t`` (explicitly, or as every step's output is) is
             resharded without it, as torch_xla does.
@@ -112,7 +133,7 @@ def mark_sharding(
     """
     tensor = _unwrap(t)
     runtime = backend_for(tensor)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding", runtime)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", runtime)
     return runtime.shard(tensor, sharding, hlo, replace=replace)
 
 
@@ -124,7 +145,7 @@ def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec:
     conflict. Returns ``t`` as an `XLAShardedTensor`.
     """
     tensor = _unwrap(t)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "annotate_custom_sharding")
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "annotate_custom_sharding")
     backend.ensure_spmd()
     backend.attach_sharding_constraint(tensor, hlo, sharding.mesh.memo)
     return XLAShardedTensor._view(tensor, sharding)
@@ -138,41 +159,8 @@ def with_sharding_constraint(x: torch.Tensor, mesh: Mesh | None, partition_spec:
     """
     tensor = _unwrap(x)
     runtime = backend_for(tensor)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "with_sharding_constraint", runtime)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "with_sharding_constraint", runtime)
     return runtime.constrain(tensor, sharding, hlo)
-
-
-@torch.library.custom_op("spmd::sharding_constraint", mutates_args=())
-def _sharding_constraint_op(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
-    # Mesh and spec travel as text: AOTAutograd (torch.compile, functorch's aot_function) can
-    # only record a custom op whose arguments are tensors and plain values.
-    spec = PartitionSpec(*ast.literal_eval(partition_spec))
-    the_mesh = Mesh.from_str(mesh)
-    if the_mesh is None:
-        raise ShardingError(f"spmd::sharding_constraint: {mesh[:200]!r} is not the text of a Mesh (str(mesh)).")
-    return with_sharding_constraint(t, the_mesh, spec)
-
-
-@_sharding_constraint_op.register_fake
-def _sharding_constraint_fake(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
-    return torch.empty_like(t)
-
-
-class MarkShardingFunction(torch.autograd.Function):
-    """A sharding constraint on a value and, in backward, on its gradient (torch_xla's name).
-
-    ``MarkShardingFunction.apply(x, mesh, spec)`` is `mark_sharding_with_gradients` without the
-    argument checks; it records as one custom op, so AOTAutograd keeps both constraints.
-    """
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor, mesh: Mesh, partition_spec: SpecLike) -> torch.Tensor:  # type: ignore[override]
-        ctx.args = (str(mesh), repr(tuple(PartitionSpec.from_value(partition_spec))))
-        return _sharding_constraint_op(t, *ctx.args)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return _sharding_constraint_op(grad, *ctx.args), None, None
 
 
 def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> torch.Tensor:
@@ -183,11 +171,8 @@ def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_s
     """
     tensor = _unwrap(x)
     runtime = backend_for(tensor)
-    sharding, hlo = _resolve(tensor, mesh, partition_spec, "mark_sharding_with_gradients", runtime)
-    if runtime.name != "torch_xla":  # DTensor's redistribute already lays the gradient out alike
-        return runtime.constrain(tensor, sharding, hlo)
-    backend.ensure_spmd()
-    return MarkShardingFunction.apply(tensor, sharding.mesh, sharding.spec)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding_with_gradients", runtime)
+    return runtime.constrain_with_gradient(tensor, sharding, hlo)
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:

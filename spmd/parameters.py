@@ -16,7 +16,7 @@ import torch
 from mesh import Mesh
 from spmd._backend import backend_for
 from spmd.errors import ShardingError, SpmdTypeError
-from spmd.mark_sharding import SpecLike, mark_sharding
+from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.partition_spec import PartitionSpec
 
 __all__ = ["shard_parameters"]
@@ -66,21 +66,19 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
     params = list(module.named_parameters())
     if not params:
         return module
-    replaces = backend_for(params[0][1]).name == "dtensor"
+    runtime = backend_for(params[0][1])
     new: dict[int, torch.nn.Parameter] = {}
     for name, p in params:  # each parameter once, under its first name
         spec = spec_of(name, p)
-        if spec is None and not replaces:
-            continue
-        sharded = mark_sharding(p, mesh, PartitionSpec() if spec is None else spec)
-        if replaces:
-            new[id(p)] = torch.nn.Parameter(sharded, requires_grad=p.requires_grad)
-    if replaces:
-        for sub in module.modules():
-            for attr, p in sub._parameters.items():
-                if p is not None:
-                    sub._parameters[attr] = new[id(p)]
-            for attr, b in sub._buffers.items():
-                if b is not None:
-                    sub._buffers[attr] = mark_sharding(b, mesh, PartitionSpec())
+        sharding, hlo = resolve_sharding(
+            p, mesh, PartitionSpec() if spec is None else spec, "shard_parameters", runtime
+        )
+        new[id(p)] = runtime.parameter(p, sharding, hlo, specified=spec is not None)
+    for sub in module.modules():
+        for attr, p in sub._parameters.items():
+            if p is not None and new[id(p)] is not p:
+                sub._parameters[attr] = new[id(p)]
+        for attr, b in sub._buffers.items():
+            if b is not None:
+                sub._buffers[attr] = runtime.buffer(b, sharding.mesh)
     return module

@@ -4,7 +4,7 @@
 
 examples/train_fsdp.py and examples/train_spmd.py with ``--backend dtensor`` (train_spmd on a
 (2, 2) data x model mesh), train_spmd's model trained eagerly in one process on the same data
-as the reference, and examples/mfu_benchmark.py on a one-block GPT-2. Rank 0 writes results.json
+as the reference, and examples/mfu_benchmark.py on a one-block GPT-2, and examples/one_script.py. Rank 0 writes results.json
 (and the benchmark's mfu.json) into OUT_DIR.
 """
 
@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from examples import mfu_benchmark, train_fsdp, train_spmd  # noqa: E402
+from examples import mfu_benchmark, one_script, train_fsdp, train_spmd  # noqa: E402
 
 dist.init_process_group("gloo")
 out = Path(sys.argv[1])
@@ -50,9 +50,11 @@ if dist.get_rank() == 0:
 dist.barrier()
 bench_args = ["--backend", "dtensor", "--config", str(config), "--batch", "8", "--seq", "32"]  # strategy: fsdp
 bench = mfu_benchmark.main([*bench_args, "--steps", "2", "--warmup", "1", "--json", str(out / "mfu.json")])
+one_losses = one_script.main(["--steps", "5"])  # DTensor's vocabulary; also run on torch_xla by the test
 
 if dist.get_rank() == 0:
     result = {"fsdp_losses": fsdp_losses, "spmd_losses": spmd_losses, "spmd_eager_losses": eager_losses}
+    result["one_script_losses"] = one_losses
     result["torch_xla_imported"] = "torch_xla" in sys.modules
     (out / "results.json").write_text(json.dumps(result))
 dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """The blog's snippets and examples/train_spmd.py run and train; sharded equals unsharded."""
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
@@ -116,3 +117,23 @@ def test_mfu_benchmark_runs_fsdp_on_the_dtensor_backend(dtensor_examples):
     t = row["step_seconds"]
     assert row["step_seconds_min"] <= t <= row["step_seconds_max"]
     assert data["peak_flops_per_chip"] > 1e8  # measured: this machine's matmul peak
+
+
+def test_one_script_gives_one_process_losses_on_both_runtimes(dtensor_examples, tmp_path):
+    """examples/one_script.py, written in DTensor's terms, unchanged: DTensor under torchrun (4
+    processes, a (2, 2) mesh) and, where torch_xla is installed, GSPMD in one process (8 devices,
+    (2, 4)); both give the losses of plain torch in one process."""
+    one_script = load("one_script")
+    reference = one_script.one_process_losses(5)
+    _, result, _ = dtensor_examples
+    assert result["one_script_losses"] == pytest.approx(reference, rel=1e-5)
+    if importlib.util.find_spec("torch_xla") is None:
+        return  # the current lane: no torch_xla run to compare
+    out = tmp_path / "xla.json"
+    command = [sys.executable, str(ROOT / "examples" / "one_script.py"), "--steps", "5", "--json", str(out)]
+    run = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    on_xla = json.loads(out.read_text())
+    assert on_xla["backend"] == "torch_xla"
+    assert on_xla["losses"] == pytest.approx(result["one_script_losses"], rel=1e-5)
+    assert on_xla["losses"] == pytest.approx(reference, rel=1e-5)

@@ -36,11 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from spmd._backend import torch_compat
+from spmd import _torch_compat as torch_compat
 from spmd.errors import ShardingConflictError, ShardingError
 from spmd.hlo_sharding import HloSharding, ShardingKind
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.partition_spec import PartitionSpec
+from spmd.placements import placements_from_spec, spec_from_placements
 
 __all__ = ["DTensorBackend", "device_mesh", "placements_for", "process_device_type", "spec_of"]
 
@@ -155,32 +156,21 @@ def _gspmd_blocks_in(start: int, stop: int, ways: int) -> list[tuple[int, int]]:
 
 
 def placements_for(mesh: Any, spec: PartitionSpec, shape: tuple[int, ...]) -> tuple[Any, ...]:
-    """DTensor placements (one per mesh axis) that lay a tensor of ``shape`` out as ``spec``.
+    """DTensor placements (one per mesh axis) that lay a tensor of ``shape`` out as ``spec``
+    exactly as GSPMD does (`spmd.placements.placements_from_spec`, checked against the shape).
 
     Raises:
         ShardingError: DTensor cannot hold the layout GSPMD gives (see the module docstring).
     """
-    from torch.distributed.tensor import Replicate, Shard
-
     dims = resolve_spec(mesh, spec, len(shape), shape)
-    placements: list[Any] = [Replicate() for _ in range(mesh.ndim)]
+    placements = placements_from_spec(spec, mesh, len(shape))
     for dim, named in enumerate(dims):
-        axes = [a for a in named if mesh.mesh_shape[a] > 1]  # a size-1 axis splits nothing
-        if not axes:
+        axes = [a for a in named if mesh.mesh_shape[a] > 1]
+        if len(axes) < 2:
             continue
         where = f"tensor of shape {tuple(shape)}, spec {spec!r}, {mesh.describe()}"
         sizes = [mesh.mesh_shape[a] for a in axes]
-        if axes == sorted(axes):
-            if _dtensor_blocks(shape[dim], sizes) != _gspmd_blocks(shape[dim], math.prod(sizes)):
-                raise ShardingError(
-                    f"{where}: dim {dim} ({shape[dim]}) is split over {len(axes)} mesh axes ({math.prod(sizes)} "
-                    "ways), and DTensor would cut it differently from GSPMD (it splits axis by axis, rounding up "
-                    f"each time; GSPMD once). Pad dim {dim} to a multiple of {math.prod(sizes)}, or split it over "
-                    "one mesh axis."
-                )
-            for a in axes:
-                placements[a] = Shard(dim)
-        elif len(axes) == 2:  # the later mesh axis is major: DTensor's right-to-left sharding
+        if axes != sorted(axes):
             if shape[dim] % math.prod(sizes):
                 raise ShardingError(
                     f"{where}: dim {dim} ({shape[dim]}) is split over mesh axes "
@@ -188,16 +178,15 @@ def placements_for(mesh: Any, spec: PartitionSpec, shape: tuple[int, ...]) -> tu
                     f"shard only when the dim divides evenly ({math.prod(sizes)} ways). Pad dim {dim}, or list "
                     "the axes in mesh order."
                 )
-            first, second = sorted(axes)
-            placements[first] = torch_compat.strided_shard(dim, mesh.mesh_shape[second])
-            placements[second] = Shard(dim)
-        else:
+        elif _dtensor_blocks(shape[dim], sizes) != _gspmd_blocks(shape[dim], math.prod(sizes)):
             raise ShardingError(
-                f"{where}: dim {dim} is split over mesh axes {[mesh.axis_label(a) for a in axes]}, out of mesh order; "
-                "DTensor can express at most two axes against mesh order. List them in mesh order."
+                f"{where}: dim {dim} ({shape[dim]}) is split over {len(axes)} mesh axes ({math.prod(sizes)} "
+                "ways), and DTensor would cut it differently from GSPMD (it splits axis by axis, rounding up "
+                f"each time; GSPMD once). Pad dim {dim} to a multiple of {math.prod(sizes)}, or split it over "
+                "one mesh axis."
             )
     _check_empty_blocks(placements, dims, mesh, spec, shape)
-    return tuple(placements)
+    return placements
 
 
 def _check_empty_blocks(placements: list[Any], dims: tuple, mesh: Any, spec: PartitionSpec, shape: tuple) -> None:
@@ -218,41 +207,12 @@ def _check_empty_blocks(placements: list[Any], dims: tuple, mesh: Any, spec: Par
 
 
 def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
-    """The `PartitionSpec` of DTensor ``placements`` on ``mesh`` for a tensor of ``rank`` dims.
+    """The `PartitionSpec` of a DTensor's ``placements`` on ``mesh`` (`spmd.placements`).
 
     Raises:
-        ShardingError: a ``Partial`` placement (a pending sum has no layout of its own) or a
-            strided shard that no spec gives.
+        ShardingError: a ``Partial`` placement (a pending sum has no layout of its own).
     """
-    from torch.distributed.tensor import Partial, Replicate
-
-    per_dim: dict[int, list[tuple[int, Any]]] = {}
-    for axis, p in enumerate(placements):
-        label = mesh.axis_label(axis)
-        if torch_compat.is_shard(p):
-            per_dim.setdefault(p.dim, []).append((axis, p))
-        elif isinstance(p, Partial):
-            raise ShardingError(
-                f"The DTensor is Partial ({p}) on mesh axis {label!r}: a pending reduction, not a layout. Redistribute "
-                "it (mark_sharding or with_sharding_constraint) first."
-            )
-        elif not isinstance(p, Replicate):
-            raise ShardingError(f"Placement {p!r} on mesh axis {label!r} has no PartitionSpec.")
-    out: list[Any] = [None] * rank
-    for dim, items in per_dim.items():
-        axes = [a for a, _ in items]
-        if any(torch_compat.is_strided_shard(p) for _, p in items):
-            (first, strided), *rest = items
-            if (
-                not torch_compat.is_strided_shard(strided)
-                or len(rest) != 1
-                or torch_compat.is_strided_shard(rest[0][1])
-            ):
-                raise ShardingError(f"Placements {placements} shard dim {dim} in a way no PartitionSpec gives.")
-            axes = [rest[0][0], first]  # the strided (earlier) mesh axis is the minor one
-        labels = [mesh.axis_label(a) for a in axes]
-        out[dim] = labels[0] if len(labels) == 1 else tuple(labels)
-    return PartitionSpec(*out)
+    return spec_from_placements(placements, mesh, rank)
 
 
 def _no_process_group() -> str:
@@ -333,6 +293,9 @@ class DTensorBackend:
         placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
         return torch_compat.redistribute(t, device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
 
+    def constrain_with_gradient(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
+        return self.constrain(t, sharding, hlo)  # a redistribute's backward lays the gradient out alike
+
     def clear(self, t: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor, Replicate
 
@@ -340,6 +303,42 @@ class DTensorBackend:
             return t  # a plain tensor has no layout to clear
         # A DTensor's layout is its type, not an annotation: the value comes back replicated.
         return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+
+    def place(self, t: torch.Tensor, hlo: HloSharding) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(t, DTensor) or t.device == self.compute_device():
+            return t
+        return t.to(self.compute_device())
+
+    def compute_device(self) -> torch.device:
+        kind = process_device_type()
+        if kind == "cpu":
+            return torch.device("cpu")
+        return torch.device(kind, torch.accelerator.current_device_index())
+
+    def device_mesh(self, mesh: Any) -> Any:
+        return device_mesh(mesh, process_device_type())
+
+    def parameter(
+        self, p: torch.nn.Parameter, sharding: NamedSharding, hlo: HloSharding, *, specified: bool
+    ) -> torch.nn.Parameter:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(p, DTensor) and not specified:  # laid out already: keep it
+            return p
+        return torch.nn.Parameter(self.shard(p, sharding, hlo, replace=False), requires_grad=p.requires_grad)
+
+    def buffer(self, b: torch.Tensor, mesh: Any) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(b, DTensor):
+            return b
+        replicated = NamedSharding(mesh, PartitionSpec())
+        return self.shard(b, replicated, hlo_sharding_for(mesh, PartitionSpec(), b.dim()), replace=False)
+
+    def step(self) -> None:
+        """Eager: every op already ran."""
 
     def barrier(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """TorchTPU's ``torch.tpu.ops.optimization_barrier`` where it exists (a DTensor's local

@@ -9,10 +9,11 @@ the tensor to keep. Everything else in the product speaks `NamedSharding` and `H
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from mesh import Mesh
 from spmd.hlo_sharding import HloSharding
 from spmd.named_sharding import NamedSharding
 
@@ -51,9 +52,47 @@ class ShardingBackend(Protocol):
         is left as it is."""
         ...
 
+    def constrain_with_gradient(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
+        """`constrain`, and the same constraint on the gradient in backward."""
+        ...
+
     def clear(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` with no sharding of its own (torch_xla: the annotation removed, in place;
         DTensor: a replicated DTensor); the tensor to keep."""
+        ...
+
+    def place(self, t: torch.Tensor, hlo: HloSharding) -> torch.Tensor:
+        """``t`` on this runtime's devices, laid out as ``hlo`` where the copy itself can do it
+        (torch_xla sends each device its shard; DTensor keeps the host tensor, every process
+        holding the whole value); `shard` then lays it out. ``t`` as it is when it is there."""
+        ...
+
+    def compute_device(self) -> torch.device:
+        """The device this process computes on (``xla:0``; ``cpu`` with gloo, ``cuda:i``, ``tpu``)."""
+        ...
+
+    def device_mesh(self, mesh: Mesh) -> Any:
+        """``mesh`` as a ``torch.distributed`` ``DeviceMesh`` of this runtime (device type
+        ``xla`` on torch_xla; the process groups' device type on DTensor)."""
+        ...
+
+    def parameter(
+        self, p: torch.nn.Parameter, sharding: NamedSharding, hlo: HloSharding, *, specified: bool
+    ) -> torch.nn.Parameter:
+        """``p`` laid out as ``sharding``; the parameter the module must hold from now on: ``p``
+        itself, sharded in place, on torch_xla (left as it is there when no spec was
+        ``specified``), a new ``nn.Parameter`` holding a DTensor on DTensor (replicated when no
+        spec was ``specified``: DTensor ops refuse to mix plain tensors with DTensors)."""
+        ...
+
+    def buffer(self, b: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+        """The buffer a module sharded over ``mesh`` must hold: ``b`` itself on torch_xla, a
+        replicated DTensor on DTensor (whose ops refuse to mix plain tensors with DTensors)."""
+        ...
+
+    def step(self) -> None:
+        """End a training step: run what was traced (torch_xla's ``torch_xla.sync()``); nothing
+        on an eager runtime, where each op ran when it was called."""
         ...
 
     def barrier(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

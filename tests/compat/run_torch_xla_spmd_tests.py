@@ -1,6 +1,7 @@
 """Run pytorch/xla's own SPMD API tests against our names and print passed/failed.
 
-Takes pytorch/xla's ``test/spmd/test_xla_sharding.py`` (and its base module) at a tag from a
+Takes pytorch/xla's ``test/spmd/test_xla_sharding.py`` and its other SPMD API suites (the DTensor
+ones included; and the base module) at a tag from a
 checkout you give, changes only the imports of ``torch_xla.distributed.spmd`` to ``spmd`` (so
 every ``xs.*`` name, ``XLAShardedTensor`` and ``xla_sharding.MarkShardingFunction`` are ours),
 and runs the file with pytest on 8 virtual CPU devices: once as published (torch_xla) and once
@@ -33,6 +34,8 @@ SUITES = (
     "test/spmd/test_fsdp_v2.py",
     "test/spmd/test_mp_input_sharding.py",
     "test/spmd/test_xla_spmd_python_api_interaction.py",
+    "test/spmd/test_dtensor_redistribute.py",
+    "test/spmd/test_dtensor_convert_mesh.py",
 )
 HELPERS = ("test/spmd/test_xla_sharding_base.py", "test/spmd/args_parse.py")
 

@@ -63,7 +63,7 @@ elif action == "full_disk":
         flush=True,
     )
 elif action == "slow_load":
-    read = ck._Reader.block
+    read = ck._files.Reader.block
     paused = []
 
     def slow(self, file, name):
@@ -73,7 +73,7 @@ elif action == "slow_load":
             time.sleep(3)
         return read(self, file, name)
 
-    ck._Reader.block = slow
+    ck._files.Reader.block = slow
     m = model(3)
     extra = ck.load_sharded(root, m)
     print("LOADED", json.dumps(extra), flush=True)

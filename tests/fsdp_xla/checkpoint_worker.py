@@ -36,7 +36,7 @@ torch.save({k: v.cpu() for k, v in model.state_dict().items()}, out)
 ck.save_sharded(ckpt, model, extra={"devices": devices})
 print("SAVED", flush=True)
 
-write = ck._write_device_file
+write = ck._save.write_device_file
 
 
 def slow(path, tensors):
@@ -45,5 +45,5 @@ def slow(path, tensors):
     time.sleep(600)
 
 
-ck._write_device_file = slow
+ck._save.write_device_file = slow
 ck.save_sharded(ckpt, model, extra={"devices": devices, "killed": True})

@@ -25,7 +25,7 @@ from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
 from fsdp_xla import FSDP, FSDPError, MixedPrecision, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
-from spmd._backend import torch_compat
+from spmd import _torch_compat as torch_compat
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 

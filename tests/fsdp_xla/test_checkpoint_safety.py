@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import CheckpointError
-from fsdp_xla._checkpoint_format import DTYPE_NAMES, check_index
+from fsdp_xla.checkpoint._format import DTYPE_NAMES, check_index
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_race_worker.py")
@@ -39,7 +39,7 @@ def worker(*args, **kw):
 
 
 def test_dtype_names_are_the_readers():
-    assert set(ck._DTYPES) == DTYPE_NAMES
+    assert set(ck._load.DTYPES) == DTYPE_NAMES
 
 
 def test_latest_pointing_outside_is_refused(tmp_path):
@@ -49,12 +49,13 @@ def test_latest_pointing_outside_is_refused(tmp_path):
     (root / "LATEST").write_text("../outside\n")
     target = model(2)
     before = copy.deepcopy(target)
-    with pytest.raises(CheckpointError, match=r"LATEST names '\.\./outside', which is not a checkpoint version"):
+    with pytest.raises(CheckpointError, match=r"LATEST does not hold a checkpoint version name") as e:
         ck.load_sharded(root, target)
+    assert "../outside" not in str(e.value)  # the bytes of an unvalidated file are never shown
     assert same_weights(target, before)  # nothing was read from ../outside
     for bad in ("/etc", "v-20260101T000000-abcdef12/../../outside", "", "v-2026"):
         (root / "LATEST").write_text(bad)
-        with pytest.raises(CheckpointError, match="not a checkpoint version"):
+        with pytest.raises(CheckpointError, match="does not hold a checkpoint version name"):
             ck.consolidate(root)
 
 
@@ -66,7 +67,7 @@ def test_links_out_of_the_checkpoint_are_refused(tmp_path):
     version.symlink_to(outside, target_is_directory=True)  # the version directory links elsewhere
     target = model(2)
     before = copy.deepcopy(target)
-    with pytest.raises(CheckpointError, match="links outside"):
+    with pytest.raises(CheckpointError, match="is a symbolic link; version directories inside the checkpoint"):
         ck.load_sharded(root, target)
     assert same_weights(target, before)
     version.unlink()
@@ -74,7 +75,7 @@ def test_links_out_of_the_checkpoint_are_refused(tmp_path):
     shard = version / "device-00000.safetensors"
     shard.unlink()
     shard.symlink_to(outside / "device-00000.safetensors")  # one shard file links elsewhere
-    with pytest.raises(CheckpointError, match="is not a file of"):
+    with pytest.raises(CheckpointError, match="is a symbolic link; device files inside the checkpoint"):
         ck.load_sharded(root, target)
     assert same_weights(target, before)
 
@@ -194,7 +195,7 @@ def test_a_damaged_index_on_disk_fails_before_reading_tensors(tmp_path, monkeypa
     meta = json.loads((version / "index.json").read_text())
     meta["tensors"]["model/1.bias"]["dtype"] = "complex128"
     (version / "index.json").write_text(json.dumps(meta))
-    monkeypatch.setattr(ck._Reader, "block", lambda *a: pytest.fail("a tensor was read"))
+    monkeypatch.setattr(ck._files.Reader, "block", lambda *a: pytest.fail("a tensor was read"))
     with pytest.raises(CheckpointError, match="'model/1.bias' has dtype 'complex128'"):
         ck.load_sharded(root, model(1))
 
@@ -246,3 +247,98 @@ def test_no_version_is_removed_while_being_loaded(tmp_path):
     assert b'LOADED {"which": "old"}' in out
     assert waited > 1.0  # the save waited for the load to finish before removing it
     assert ck.load_sharded(root, model(2)) == {"which": "new"}
+
+
+def test_no_symlink_is_followed_inside_the_root_but_the_root_may_be_one(tmp_path):
+    root = tmp_path / "ck"
+    version = ck.save_sharded(root, model(0))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("v-20260101T000000-deadbeef password=hunter2\n" * 3)
+    target, before = model(2), None
+    before = copy.deepcopy(target)
+    (root / "LATEST").rename(tmp_path / "LATEST.saved")
+    (root / "LATEST").symlink_to(secret)  # LATEST links to a file outside
+    with pytest.raises(CheckpointError, match="LATEST is a symbolic link") as e:
+        ck.load_sharded(root, target)
+    assert "hunter2" not in str(e.value) and same_weights(target, before)
+    (root / "LATEST").unlink()
+    (tmp_path / "LATEST.saved").rename(root / "LATEST")
+    index = version / "index.json"
+    index.rename(tmp_path / "index.json")
+    index.symlink_to(tmp_path / "index.json")  # the index links out (to a copy of itself)
+    with pytest.raises(CheckpointError, match="index.json is a symbolic link; index files"):
+        ck.load_sharded(root, target)
+    assert same_weights(target, before)
+    index.unlink()
+    (tmp_path / "index.json").rename(index)
+    mounted = tmp_path / "mounted"
+    mounted.symlink_to(root, target_is_directory=True)  # the root itself may be a link (a volume)
+    ck.load_sharded(mounted, target)
+    assert same_weights(target, model(0))
+
+
+def test_a_fifo_or_a_directory_as_latest_is_refused_without_reading(tmp_path):
+    root = tmp_path / "ck"
+    ck.save_sharded(root, model(0))
+    (root / "LATEST").unlink()
+    os.mkfifo(root / "LATEST")  # opening it for reading would wait for a writer forever
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match="LATEST is not a regular file"):
+        ck.load_sharded(root, model(1))
+    assert time.monotonic() - started < 5
+    (root / "LATEST").unlink()
+    (root / "LATEST").mkdir()
+    with pytest.raises(CheckpointError, match="LATEST is not a regular file"):
+        ck.consolidate(root)
+
+
+def test_a_corrupted_byte_in_any_block_of_any_shard_changes_nothing(tmp_path):
+    """Every block is verified before anything is written: model and optimizer stay bit-identical."""
+    saved = model(0)
+    opt = torch.optim.AdamW(saved.parameters(), lr=1e-2)
+    saved(torch.ones(2, 8)).sum().backward()
+    opt.step()
+    version = ck.save_sharded(tmp_path / "ck", saved, opt)
+    meta = json.loads((version / "index.json").read_text())
+    keys = sorted(meta["tensors"])
+    assert len(keys) == 16  # 4 parameters, and AdamW's step, exp_avg and exp_avg_sq of each
+    for key in (keys[0], keys[len(keys) // 2], keys[-1]):  # the first, a middle and the last block read
+        shutil.copytree(version.parent, tmp_path / "damaged", dirs_exist_ok=False)
+        shard = tmp_path / "damaged" / version.name / "device-00000.safetensors"
+        header = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+        offsets = json.loads(shard.read_bytes()[8:header])[key]["data_offsets"]
+        raw = bytearray(shard.read_bytes())
+        raw[header + offsets[1] - 1] ^= 0x5A  # the last byte of this block's data
+        shard.write_bytes(bytes(raw))
+        target = model(3)
+        target_opt = torch.optim.AdamW(target.parameters(), lr=1e-2)
+        target(torch.ones(2, 8)).sum().backward()
+        target_opt.step()
+        before_model, before_opt = copy.deepcopy(target.state_dict()), copy.deepcopy(target_opt.state_dict())
+        with pytest.raises(CheckpointError, match="checksum"):
+            ck.load_sharded(tmp_path / "damaged", target, target_opt)
+        assert all(torch.equal(before_model[k], v) for k, v in target.state_dict().items()), key
+        after = target_opt.state_dict()["state"]
+        assert all(torch.equal(before_opt["state"][i][f], after[i][f]) for i in after for f in after[i]), key
+        shutil.rmtree(tmp_path / "damaged")
+
+
+def test_a_block_stored_in_another_dtype_than_the_index_says_is_refused_not_cast(tmp_path):
+    version = ck.save_sharded(tmp_path / "ck", model(0))
+    shard = version / "device-00000.safetensors"
+    from safetensors.torch import load_file
+
+    blocks = load_file(str(shard))
+    blocks["model/0.weight"] = blocks["model/0.weight"].to(torch.int64)  # the index still says float32
+    save_file(blocks, str(shard))
+    target = model(1)
+    before = copy.deepcopy(target)
+    with pytest.raises(CheckpointError, match="is stored as int64 where the index says float32: refused, not cast"):
+        ck.load_sharded(tmp_path / "ck", target)
+    assert same_weights(target, before)
+
+
+def test_files_a_save_writes_have_the_documented_mode(tmp_path):
+    version = ck.save_sharded(tmp_path / "ck", model(0))
+    for path in [tmp_path / "ck" / "LATEST", version / "index.json", *version.glob("*.safetensors")]:
+        assert path.stat().st_mode & 0o777 == 0o644, path

@@ -13,7 +13,8 @@ import torch
 from fsdp_xla import FSDP, FSDPError, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
-from spmd._backend import torch_compat, use_backend
+from spmd import _torch_compat as torch_compat
+from spmd._backend import use_backend
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
 from tests.torchrun import torchrun
 

@@ -53,5 +53,10 @@ def test_get_1d_mesh_explicit_count():
     assert get_1d_mesh(num_devices=2).axis_names is None
 
 
-def test_get_1d_mesh_from_runtime(xla):
-    assert get_1d_mesh("fsdp").mesh_shape == (8,)
+def test_get_1d_mesh_needs_the_count_here_and_spmd_reads_the_runtime(xla):
+    import spmd
+
+    with pytest.raises(TypeError, match="mesh.get_1d_mesh needs num_devices.*spmd.get_1d_mesh"):
+        get_1d_mesh("fsdp")
+    assert spmd.get_1d_mesh("fsdp").mesh_shape == (8,)
+    assert spmd.get_1d_mesh("fsdp") == get_1d_mesh("fsdp", 8)  # the same value

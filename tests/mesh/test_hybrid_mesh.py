@@ -123,5 +123,10 @@ def test_errors():
 
 
 def test_runtime_devices_on_cpu(xla):
-    m = HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
+    import spmd
+
+    with pytest.raises(TypeError, match="mesh.HybridMesh needs devices=.*spmd.HybridMesh"):
+        HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
+    m = spmd.HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
+    assert isinstance(m, HybridMesh) and m.get_op_sharding(("data",)) is not None
     assert m.device_ids.tolist() == list(range(8))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import spmd
 from mesh import Mesh, MeshError
 from spmd import PartitionSpec, ShardingError, get_sharding, hlo_sharding_for, mark_sharding, with_sharding_constraint
-from spmd._backend import torch_compat
+from spmd import _torch_compat as torch_compat
 from tests.spmd.specs import all_specs
 
 dist.init_process_group("gloo")
@@ -180,6 +180,20 @@ except ShardingError as e:
 cleared = spmd.clear_sharding(mark_sharding(a, mesh, ("data", "model")))
 if not (get_sharding(cleared).is_replicated and torch.equal(cleared.to_local(), a)):
     counts["mismatches"].append("clear_sharding")
+# DTensor's vocabulary through spmd: DeviceMesh <-> Mesh, placements where a spec goes.
+vocab_mesh = Mesh(np.arange(world), (2, world // 2), ("data", "model"))
+dm = spmd.device_mesh(vocab_mesh)
+from torch.distributed.tensor import Replicate, Shard  # noqa: E402
+
+by_placements = spmd.distribute_tensor(a, dm, [Replicate(), Shard(1)])
+if not (
+    Mesh.from_device_mesh(dm) == vocab_mesh
+    and spmd.init_device_mesh((2, world // 2), ("data", "model")).mesh.tolist() == dm.mesh.tolist()
+    and get_sharding(by_placements) == get_sharding(mark_sharding(a, vocab_mesh, (None, "model")))
+    and torch.equal(by_placements.full_tensor(), a)
+):
+    counts["mismatches"].append("device_mesh / distribute_tensor with placements")
+
 # A mesh of more devices than processes: the fix is more processes.
 try:
     mark_sharding(torch.zeros(8), Mesh(np.arange(2 * world), (2 * world,), ("x",)), ("x",))

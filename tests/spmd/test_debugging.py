@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-import spmd
 from spmd import Mesh, SpmdTypeError, mark_sharding
 
 
@@ -26,17 +25,18 @@ def test_visualize_tensor_sharding_prints_what_torch_xla_prints(xla, capsys):
         debugging.visualize_tensor_sharding(torch.zeros(2).to(xla))
 
 
-@pytest.mark.torch_xla
 def test_torch_xla_submodule_names_are_here():
-    import torch_xla.distributed.spmd as xs
-
-    from spmd.api import xla_distribute_tensor
+    """torch_xla's submodule paths import from spmd.compat, whose helpers are ours."""
+    import spmd.api
+    import spmd.compat
+    from spmd.api import convert_to_xla_mesh, xla_distribute_tensor
     from spmd.xla_sharded_tensor import XLAShard, XLAShardedTensor
-    from spmd.xla_sharding import PartitionSpec
+    from spmd.xla_sharding import Mesh, PartitionSpec
 
     assert XLAShardedTensor is spmd.XLAShardedTensor and XLAShard is spmd.XLAShard
-    assert PartitionSpec is spmd.PartitionSpec
-    assert xla_distribute_tensor is xs.xla_distribute_tensor
-    assert spmd.api.auto_policy is xs.auto_policy and spmd.debugging and spmd.xla_sharded_tensor
+    assert PartitionSpec is spmd.PartitionSpec and Mesh is spmd.Mesh
+    assert xla_distribute_tensor is spmd.xla_distribute_tensor is spmd.compat.api.xla_distribute_tensor
+    assert spmd.api is spmd.compat.api and spmd.debugging is spmd.compat.debugging
+    assert convert_to_xla_mesh.__module__ == "spmd.compat.api"
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         spmd.api.nothing  # noqa: B018

@@ -2,8 +2,9 @@
 
 Scripts that import from torch_xla's submodule (``from torch_xla.distributed.spmd.xla_sharding
 import MarkShardingFunction``) switch by changing ``torch_xla.distributed.spmd`` to ``spmd``.
-The model-code helpers of torch_xla that involve no mesh (the einsum ``nn.Linear`` patch) and its
-DTensor-style ``xla_distribute_*`` helpers are torch_xla's own objects, imported on first use.
+The model-code helpers of torch_xla that involve no mesh (the einsum ``nn.Linear`` patch) are
+torch_xla's own objects, imported on first use; its DTensor-style ``xla_distribute_*`` helpers are
+ours (`spmd.compat.api`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
+from mesh import get_global_mesh, set_global_mesh
 from spmd.barrier import apply_backward_optimization_barrier
+from spmd.compat.sharding_spec import ShardingSpec
+from spmd.compat.xla_mesh import HybridMesh, Mesh, get_1d_mesh
 from spmd.manual import disable_manual_sharding, enable_manual_sharding, mark_manual_sharding
 from spmd.mark_sharding import (
     MarkShardingFunction,
@@ -30,7 +33,6 @@ from spmd.sharded_tensor import (
     wrap_as_sharded_tensor,
     wrap_if_sharded,
 )
-from spmd.sharding_spec import ShardingSpec
 from spmd.sharding_type import ShardingType
 
 _mark_manual_sharding = mark_manual_sharding
@@ -41,9 +43,6 @@ TORCH_XLA_REEXPORTS: dict[str, tuple[str, str]] = {
     "xla_patched_nn_linear_forward": ("torch_xla.distributed.spmd.xla_sharding", "xla_patched_nn_linear_forward"),
     "apply_xla_patch_to_nn_linear": ("torch_xla.distributed.spmd.xla_sharding", "apply_xla_patch_to_nn_linear"),
     "EinsumLinear": ("torch_xla.distributed.spmd.xla_sharding", "EinsumLinear"),
-    "xla_distribute_tensor": ("torch_xla.distributed.spmd.api", "xla_distribute_tensor"),
-    "xla_distribute_module": ("torch_xla.distributed.spmd.api", "xla_distribute_module"),
-    "auto_policy": ("torch_xla.distributed.spmd.api", "auto_policy"),
 }
 
 __all__ = [

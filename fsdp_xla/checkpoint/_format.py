@@ -77,9 +77,11 @@ def check_version_name(text: str, latest: Path) -> str:
     """
     name = text.strip()
     if not _VERSION.fullmatch(name):
+        # Its bytes are not shown: they are not a version name, so nothing vouches for them.
         raise CheckpointError(
-            f"{latest} names {name[:200]!r}, which is not a checkpoint version (v-YYYYMMDDTHHMMSS-xxxxxxxx inside "
-            "the checkpoint directory). The file is damaged or was edited; restore it or point it at a version."
+            f"{latest} does not hold a checkpoint version name ({len(text)} characters; a version is "
+            "v-YYYYMMDDTHHMMSS-xxxxxxxx inside the checkpoint directory). The file is damaged or was edited; restore "
+            "it or write a version's name into it."
         )
     return name
 

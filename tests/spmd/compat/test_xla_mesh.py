@@ -1,10 +1,11 @@
-"""torch_xla's Mesh methods on our Mesh, and one global mesh shared with torch_xla."""
+"""torch_xla's mesh methods on spmd.Mesh (spmd.compat.xla_mesh), and one global mesh shared with torch_xla."""
 
 import numpy as np
 import pytest
 import torch
 
-from mesh import HybridMesh, Mesh, get_global_mesh, set_global_mesh
+from mesh import get_global_mesh, set_global_mesh
+from spmd import HybridMesh, Mesh
 from spmd.errors import UnknownAxisError
 
 MESH = Mesh(np.arange(8)[::-1], (2, 2, 2), ("x", "y", "z"))
@@ -82,7 +83,10 @@ def test_a_torch_xla_mesh_is_taken_where_a_mesh_is(xla):
     set_global_mesh(theirs)
     assert get_global_mesh() == MESH
     set_global_mesh(None)
-    with pytest.raises(TypeError, match=r"expects a mesh.Mesh \(or a torch_xla Mesh\), got builtins.dict"):
+    with pytest.raises(
+        TypeError,
+        match=r"expects a mesh.Mesh \(or a torch_xla Mesh, or a torch.distributed DeviceMesh\), got builtins.dict",
+    ):
         set_global_mesh({"device_ids": [0]})
 
 

@@ -1,0 +1,242 @@
+"""The files of a checkpoint directory: the lock, ``LATEST``, version directories, ``index.json``
+and the device files, written atomically and read without leaving the checkpoint.
+
+Inside the checkpoint root nothing is followed through a symbolic link: ``LATEST``, a version
+directory, its ``index.json`` and its device files must each be what they seem (a regular file,
+a directory), or they are refused before they are opened for reading. The root itself may be a
+link (a mounted volume). Small files are read with a size bound and without blocking (a FIFO
+named ``LATEST`` does not hang a load), and an error never shows the bytes of a file that has
+not been validated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
+from fsdp_xla.errors import CheckpointError
+from spmd.atomic_file import atomic_write
+
+__all__ = [
+    "FILE_MODE",
+    "INDEX",
+    "LATEST",
+    "Reader",
+    "checkpoint_version",
+    "commit",
+    "is_disk_full",
+    "locked",
+    "new_version_name",
+    "prune",
+    "read_index",
+    "write_device_file",
+    "write_index",
+]
+
+INDEX = "index.json"
+LATEST = "LATEST"
+_LOCK = ".lock"
+FILE_MODE = 0o644
+"""The mode of every file a save writes (docs/fsdp.md): readable by all, written by the owner."""
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_MAX_LATEST_BYTES = 256  # a version name and a newline
+_MAX_INDEX_BYTES = 1 << 30
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_device_file(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """One device's blocks as a safetensors file, synced, mode `FILE_MODE` (safetensors creates
+    its files 0600)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+    os.chmod(path, FILE_MODE)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def write_index(work: Path, meta: dict[str, Any]) -> None:
+    """The version's index.json, synced, then the directory synced: all before the commit."""
+    fd = os.open(work / INDEX, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(work)
+
+
+def new_version_name() -> str:
+    return version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
+
+
+def commit(root: Path, work: Path, version: str) -> None:
+    """Make the written version ``work`` the checkpoint: rename it, then replace ``LATEST``."""
+    os.rename(work, root / version)
+    _fsync_dir(root)
+    try:
+        with atomic_write(root / LATEST) as tmp:  # its rename is the commit point
+            tmp.write_text(version + "\n")
+    except BaseException:
+        shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
+        raise
+    _fsync_dir(root)
+
+
+def prune(root: Path, version: str, keep: int) -> None:
+    """Remove all but the newest ``keep`` versions, and what killed saves left (under the lock).
+
+    Only what a save writes is touched: version directories (a writer's name, holding an
+    index.json) and the save's temp files; anything else in the directory stays. Versions are
+    ordered by when their index was written (several saves in one second included)."""
+    versions = [
+        p
+        for p in root.iterdir()
+        if is_version_name(p.name) and not p.is_symlink() and p.is_dir() and (p / INDEX).is_file()
+    ]
+    versions.sort(key=lambda p: ((p / INDEX).stat().st_mtime_ns, p.name))
+    for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for partial in root.glob(".v-*.partial"):
+        if is_version_name(partial.name[1 : -len(".partial")]) and not partial.is_symlink():
+            shutil.rmtree(partial, ignore_errors=True)
+    for stale in root.glob(f".{LATEST}.*.tmp"):  # a save killed while replacing LATEST
+        stale.unlink(missing_ok=True)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """An OSError for a full disk or a file size limit; safetensors reports its own as text."""
+    if isinstance(e, OSError) and e.errno in _DISK_FULL:
+        return True
+    text = str(e)
+    return any(f"os error {code}" in text for code in _DISK_FULL) or "No space left" in text or "too large" in text
+
+
+@contextlib.contextmanager
+def locked(root: Path, *, shared: bool) -> Iterator[None]:
+    """Hold ``root/.lock``: exclusive while saving, shared while loading. A checkpoint on a
+    read-only location is read without the lock (nobody can write there)."""
+    try:
+        fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+    except OSError:
+        if not shared:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_regular_file(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, which must be a regular file (not a link, FIFO, device or
+    directory) of at most ``limit`` bytes; checked on the opened file, so nothing can swap it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{path} is a symbolic link; {what} must be a file inside the checkpoint.") from None
+        raise CheckpointError(f"Cannot open {path} ({e.strerror}): the checkpoint is damaged.") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{path} is not a regular file; {what} must be one. It is not read.")
+        if info.st_size > limit:
+            raise CheckpointError(f"{path} has {info.st_size} bytes, more than {what} can ({limit}); it is not read.")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise CheckpointError(f"{path} is a symbolic link; {what} inside the checkpoint are never followed.")
+
+
+def checkpoint_version(path: str | os.PathLike[str]) -> Path:
+    """The complete version directory ``path/LATEST`` names.
+
+    Raises:
+        CheckpointError: no checkpoint there; ``LATEST`` is a link, not a regular file, or names
+            anything but a version directory of this checkpoint; that version is a link, or
+            has no regular ``index.json``.
+    """
+    root = Path(path)
+    latest = root / LATEST
+    if not latest.exists() and not latest.is_symlink():
+        raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")
+    text = _read_regular_file(latest, _MAX_LATEST_BYTES, "LATEST").decode("utf-8", errors="replace")
+    version = root / check_version_name(text, latest)
+    _refuse_link(version, "version directories")
+    if not version.is_dir():
+        raise CheckpointError(f"{latest} names {version.name}, which is not a directory: the checkpoint is damaged.")
+    index = version / INDEX
+    _refuse_link(index, "index files")
+    if not index.is_file():
+        raise CheckpointError(f"{latest} names {version.name}, which has no {INDEX}: the checkpoint is damaged.")
+    return version
+
+
+def read_index(version: Path) -> dict[str, Any]:
+    """The version's index, checked entry by entry (and every device file it names: a regular
+    file of the version, no link) before any tensor is read."""
+    raw = _read_regular_file(version / INDEX, _MAX_INDEX_BYTES, "an index")
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{version / INDEX} is not valid JSON ({e}): the checkpoint is damaged.") from None
+    except RecursionError:
+        raise CheckpointError(
+            f"{version / INDEX} nests too deeply to be an index: the checkpoint is damaged."
+        ) from None
+    check_index(meta, version / INDEX)
+    for file in sorted({b["file"] for entry in meta["tensors"].values() for b in entry["blocks"]}):
+        path = version / file
+        _refuse_link(path, "device files")
+        if not path.exists():
+            raise CheckpointError(f"{version / INDEX} names {file!r}, which is missing: the checkpoint is damaged.")
+        if not path.is_file():
+            raise CheckpointError(f"{path} is not a regular file; a device file must be one. It is not read.")
+    return meta
+
+
+class Reader:
+    """Reads blocks from a version's safetensors files, opening each once."""
+
+    def __init__(self, version: Path) -> None:
+        self.version = version
+        self._open: dict[str, Any] = {}
+
+    def block(self, file: str, name: str) -> torch.Tensor:
+        """Block ``name`` of device file ``file`` (a name `read_index` checked)."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.version / file
+        try:
+            if file not in self._open:
+                self._open[file] = safe_open(str(path), framework="pt")
+            return self._open[file].get_tensor(name)
+        except (SafetensorError, OSError, KeyError) as e:
+            raise CheckpointError(f"Cannot read {name!r} from {path}: {e}. The checkpoint is damaged.") from None

@@ -1,0 +1,194 @@
+"""Loading: `load_sharded` into a model (and optimizer) laid out any way, and `consolidate` to
+one host state dict.
+
+A refused load changes nothing. Everything the index can tell (names, shapes, the optimizer's
+groups) is checked first; then every block the load needs is read and verified (its shape
+against the index's bounds, its stored dtype against the index's, its CRC-32) before any
+parameter or optimizer state is written; only then are the tensors assembled, laid out as the
+model's are now, and set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsdp_xla.checkpoint._dtensor import is_dtensor, place_dtensor
+from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
+from fsdp_xla.checkpoint._format import checksum
+from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
+from fsdp_xla.checkpoint._save import check_arguments
+from fsdp_xla.errors import CheckpointError
+from spmd._backend import backend
+from spmd.hlo_sharding import HloSharding
+
+__all__ = ["consolidate", "load_sharded"]
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict[str, Any]) -> torch.Tensor:
+    """One block of tensor ``name`` as stored, refused unless it is what the index says."""
+    data = reader.block(block["file"], name)
+    where = f"{name!r}: the block in {reader.version / block['file']}"
+    expected = tuple(b - a for a, b in block["index"])
+    if tuple(data.shape) != expected:
+        raise CheckpointError(f"{where} has shape {tuple(data.shape)}, the index says {expected}.")
+    if data.dtype != DTYPES[entry["dtype"]]:
+        raise CheckpointError(
+            f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry['dtype']}: "
+            "refused, not cast. The checkpoint is damaged or was edited."
+        )
+    if "crc32" in block and checksum(data) != block["crc32"]:  # checkpoints before checksums have none
+        raise CheckpointError(
+            f"{where} does not have the checksum the index recorded when it was saved: the file's data is damaged. "
+            "Restore the checkpoint from a copy, or load an older version."
+        )
+    return data
+
+
+def _verify(reader: Reader, name: str, entry: dict[str, Any]) -> None:
+    """Read and check every block of ``name``, keeping none (bounded memory)."""
+    for block in entry["blocks"]:
+        _checked_block(reader, name, entry, block)
+
+
+def _assemble(reader: Reader, name: str, entry: dict[str, Any]) -> torch.Tensor:
+    """Tensor ``name`` whole, on the host, from its checked blocks."""
+    full = torch.empty(tuple(entry["shape"]), dtype=DTYPES[entry["dtype"]])
+    covered = 0
+    for block in entry["blocks"]:
+        data = _checked_block(reader, name, entry, block)
+        full[tuple(slice(a, b) for a, b in block["index"])] = data
+        covered += data.numel()
+    if covered != full.numel():
+        raise CheckpointError(f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}.")
+    return full
+
+
+def _place(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (of ``target``'s shape: callers check it from the index first) laid out as ``target``."""
+    value = value.to(target.dtype)
+    if is_dtensor(target):
+        return place_dtensor(target, value)
+    if backend.is_xla_tensor(target):
+        sharding = backend.sharding_of(target) or HloSharding.replicated()
+        return backend.to_device_sharded(value, sharding)
+    return value.to(target.device)
+
+
+def _set(target: torch.Tensor, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        if is_dtensor(target):  # FSDP2 keeps its parameters' storage: copy into the local block
+            target.to_local().copy_(value.to_local())
+        else:
+            target.data = value
+
+
+def _model_targets(model: torch.nn.Module, meta: dict, version: Path, strict: bool) -> list[tuple[str, torch.Tensor]]:
+    """(index key, model tensor) of every tensor to load, checked by name and shape."""
+    index, aliases = meta["tensors"], meta.get("aliases", {})
+    state = model.state_dict(keep_vars=True)
+    wanted = {f"model/{k}" for k in state}
+    stored = {k for k in list(index) + list(aliases) if k.startswith("model/")}
+    if strict and wanted != stored:
+        missing = sorted(k.removeprefix("model/") for k in wanted - stored)
+        unexpected = sorted(k.removeprefix("model/") for k in stored - wanted)
+        raise CheckpointError(
+            f"Checkpoint {version} does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}. "
+            "Load it into the model it was saved from, or pass strict=False."
+        )
+    todo: list[tuple[str, torch.Tensor]] = []
+    done: set[int] = set()
+    for name, target in state.items():
+        key = aliases.get(f"model/{name}", f"model/{name}")
+        if key not in index or id(target) in done:
+            continue
+        if tuple(index[key]["shape"]) != tuple(target.shape):
+            raise CheckpointError(
+                f"{name!r} has shape {tuple(index[key]['shape'])} in the checkpoint but {tuple(target.shape)} in the "
+                "model. Nothing was loaded."
+            )
+        todo.append((key, target))
+        done.add(id(target))
+    if not todo:
+        raise CheckpointError(
+            f"Checkpoint {version} holds none of the model's {len(state)} tensors (strict=False loads the ones whose "
+            "names match, and no name matches). Nothing was loaded."
+        )
+    return todo
+
+
+def load_sharded(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``), in place, laid out as
+    the model's tensors are now (any mesh, any device count). A refused load changes nothing.
+
+    Returns:
+        The ``extra`` values saved with it.
+
+    Raises:
+        CheckpointError: missing or damaged checkpoint (a block whose checksum, dtype or shape is
+            not the index's included), a missing or unexpected key (when ``strict``), or a
+            shape that does not match; the message names the key.
+    """
+    check_arguments("load_sharded", path, model, optimizer)
+    latest = Path(path) / LATEST
+    if not latest.exists() and not latest.is_symlink():  # no checkpoint: say so, and leave no lock file
+        checkpoint_version(path)  # raises, naming the path (the version is read under the lock below)
+    with locked(Path(path), shared=True):  # no save removes this version meanwhile
+        version = checkpoint_version(path)
+        meta = read_index(version)
+        reader = Reader(version)
+        index = meta["tensors"]
+        todo = _model_targets(model, meta, version, strict)
+        plan = optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
+        keys = [key for key, _ in todo] + ([key for key, _, _ in plan.tensors] if plan is not None else [])
+        for key in keys:  # every block verified before anything is written
+            _verify(reader, key, index[key])
+        for key, target in todo:
+            _set(target, _place(target, _assemble(reader, key, index[key])))
+        if plan is not None:
+            load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
+        return dict(meta.get("extra", {}))
+
+
+def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict of the checkpoint at ``path``, on the host.
+
+    With ``optimizer=True`` the optimizer tensors are included as ``optim/<param>/<field>``.
+    Tied weights appear under each of their names, as in ``model.state_dict()``.
+    """
+    with locked(Path(path), shared=True):
+        version = checkpoint_version(path)
+        meta = read_index(version)
+        reader = Reader(version)
+        out: dict[str, torch.Tensor] = {}
+        for key, entry in meta["tensors"].items():
+            if key.startswith("model/"):
+                out[key.removeprefix("model/")] = _assemble(reader, key, entry)
+            elif optimizer:
+                out[key] = _assemble(reader, key, entry)
+        for alias, target in meta.get("aliases", {}).items():
+            if alias.startswith("model/") and target.removeprefix("model/") in out:
+                out[alias.removeprefix("model/")] = out[target.removeprefix("model/")]
+        return out

@@ -1,0 +1,268 @@
+"""Saving: `save_sharded` writes each device's blocks (or, on DTensor, each rank's) into a new
+version directory, then commits it with the ``LATEST`` rename (`fsdp_xla.checkpoint._files`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor
+from fsdp_xla.checkpoint._files import (
+    LATEST,
+    commit,
+    is_disk_full,
+    locked,
+    new_version_name,
+    prune,
+    write_device_file,
+    write_index,
+)
+from fsdp_xla.checkpoint._format import FORMAT, checksum, device_file_name
+from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from spmd._backend import backend
+from spmd.hlo_sharding import HloSharding
+
+__all__ = ["check_arguments", "save_sharded"]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class _Block:
+    device: int
+    index: tuple[tuple[int, int], ...]
+    data: torch.Tensor
+
+
+def _blocks(t: torch.Tensor) -> list[_Block]:
+    """One host copy of each distinct block of ``t`` (replicas are written once); ``t`` must
+    hold data already (`save_sharded` computes all pending tensors in one graph first)."""
+    if not backend.is_xla_tensor(t):
+        return [_Block(0, tuple((0, n) for n in t.shape), t.detach().cpu().contiguous())]
+    sharding = backend.sharding_of(t) or HloSharding.replicated()
+    shards = backend.local_shards(t)
+    bounds = {b.device: b for b in sharding.shard_bounds(tuple(t.shape), [d for d, _ in shards])}
+    out = []
+    for device, padded in shards:
+        b = bounds[device]
+        if b.replica_id != 0:
+            continue
+        data = padded[tuple(slice(0, n) for n in b.shape)].contiguous()
+        out.append(_Block(device, tuple((s.start, s.stop) for s in b.index), data))
+    return out
+
+
+def _named_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict, dict]:
+    """(tensors by checkpoint name, aliases {name: name it shares storage with}, optimizer JSON)."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = f"model/{name}"
+        if id(t) in seen:
+            aliases[key] = seen[id(t)]
+            continue
+        seen[id(t)] = key
+        tensors[key] = t
+    optim_json: dict[str, Any] = {}
+    if optimizer is not None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        state = optimizer.state_dict()
+        index_to_name = {}
+        groups = []
+        flat = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(flat):
+            if id(p) not in names:
+                raise CheckpointError(
+                    f"The optimizer holds a parameter of shape {tuple(p.shape)} that the model does not: build "
+                    "the optimizer from this model's parameters (after wrapping it with FSDP)."
+                )
+            index_to_name[i] = names[id(p)]
+        for group in state["param_groups"]:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [index_to_name[i] for i in group["params"]]
+            groups.append(g)
+        scalars: dict[str, dict[str, Any]] = {}
+        for i, pstate in state["state"].items():
+            pname = index_to_name[i]
+            for key, value in pstate.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optim/{pname}/{key}"] = value
+                else:
+                    scalars.setdefault(pname, {})[key] = value
+        optim_json = {"param_groups": groups, "scalars": scalars}
+    return tensors, aliases, optim_json
+
+
+def save_sharded(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    extra: dict[str, Any] | None = None,
+    keep: int = 1,
+) -> Path:
+    """Save ``model`` (and ``optimizer``) as per-device shards under ``path``, atomically.
+
+    Args:
+        path: the checkpoint directory (created if needed).
+        model: the model, FSDP-wrapped or not; names are its ``state_dict()`` keys.
+        optimizer: its optimizer; state is saved by parameter name, sharded like the params.
+        extra: JSON-serializable values to keep beside (step, epoch, ...).
+        keep: complete versions to keep (the newest ``keep``; at least 1).
+
+    Returns:
+        The version directory written.
+    """
+    check_arguments("save_sharded", path, model, optimizer)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise CheckpointError(f"save_sharded: keep must be an int >= 1 (versions to keep), got {keep!r}.")
+    try:
+        json.dumps(extra or {})
+    except (TypeError, ValueError) as e:
+        raise CheckpointTypeError(
+            f"save_sharded: extra={extra!r} is not JSON-serializable ({e}); give plain numbers and strings "
+            "(e.g. {'step': int(step)}, not a tensor). Nothing was written."
+        ) from None
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"save_sharded: {root} is a file; a checkpoint is a directory. Give another path.")
+    root.mkdir(parents=True, exist_ok=True)
+    tensors, aliases, optim_json = _named_tensors(model, optimizer)
+    if distributed(tensors):
+        return _save_distributed(root, tensors, aliases, optim_json, extra, keep)
+    pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
+    if pending:
+        backend.sync_tensors(pending)
+    with locked(root, shared=False):
+        version = new_version_name()
+        work = root / f".{version}.partial"
+        work.mkdir()
+        try:
+            _write_version(work, tensors, aliases, optim_json, extra)
+            commit(root, work, version)
+        except BaseException as e:
+            shutil.rmtree(work, ignore_errors=True)
+            if is_disk_full(e):
+                raise CheckpointError(
+                    f"Saving to {root} failed, the disk is full or a file size limit was hit ({e}). Nothing of "
+                    f"this save remains; {root / LATEST} still names the previous checkpoint. Free space and "
+                    "save again."
+                ) from e
+            raise
+        prune(root, version, keep)
+    return root / version
+
+
+def check_arguments(what: str, path: object, model: object, optimizer: object) -> None:
+    """TypeErrors naming the argument, before anything is read or written."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointTypeError(
+            f"{what}: path must be a str or os.PathLike (the checkpoint directory), got {path!r}."
+        )
+    if not isinstance(model, torch.nn.Module):
+        hint = " (model and optimizer swapped?)" if isinstance(model, torch.optim.Optimizer) else ""
+        raise CheckpointTypeError(
+            f"{what}: model must be an nn.Module, got {type(model).__name__}{hint}. Pass the model itself, not its "
+            "state_dict()."
+        )
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise CheckpointTypeError(
+            f"{what}: optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}."
+        )
+
+
+def _save_distributed(
+    root: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None, keep: int
+) -> Path:
+    """`save_sharded` of a DTensor model: each rank writes its blocks, rank 0 commits."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    lock = locked(root, shared=False) if rank == 0 else contextlib.nullcontext()
+    with lock:
+        version = broadcast(new_version_name() if rank == 0 else None)
+        work = root / f".{version}.partial"
+        if rank == 0:
+            work.mkdir()
+        dist.barrier()
+        reports = agree(_write_rank_blocks(work, tensors, rank))  # every rank reaches this, or the others wait
+        errors = [e for e, _ in reports if e]
+        if errors:
+            if rank == 0:
+                shutil.rmtree(work, ignore_errors=True)
+            full = any(is_disk_full(OSError(e)) for e in errors)
+            kind = "the disk is full or a file size limit was hit" if full else "a rank failed to write"
+            raise CheckpointError(
+                f"Saving to {root} failed, {kind} ({errors[0]}); LATEST still names the previous checkpoint."
+            )
+        if rank == 0:
+            index = {
+                name: {
+                    "shape": list(t.shape),
+                    "dtype": dtype_name(t.dtype),
+                    "blocks": [b for _, entries in reports for b in entries.get(name, [])],
+                }
+                for name, t in tensors.items()
+            }
+            meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json}
+            write_index(work, {**meta, "extra": extra or {}})
+            commit(root, work, version)
+            prune(root, version, keep)
+        dist.barrier()
+    return root / version
+
+
+def _write_rank_blocks(work: Path, tensors: dict[str, torch.Tensor], rank: int) -> tuple[str, dict[str, list]]:
+    """This rank's device file (the blocks it holds; rank 0 also the plain tensors every rank
+    holds alike) and its index entries; or the error, as text, for the ranks to agree on."""
+    mine: dict[str, torch.Tensor] = {}
+    entries: dict[str, list] = {}
+    try:
+        for name, t in tensors.items():
+            if is_dtensor(t):
+                block = dtensor_block(t)
+            elif rank == 0:
+                block = (0, tuple((0, n) for n in t.shape), t.detach().cpu().contiguous())
+            else:
+                continue
+            if block is None:  # a replica another rank writes
+                continue
+            mine[name] = block[2]
+            entries[name] = [
+                {"file": device_file_name(block[0]), "index": [list(b) for b in block[1]], "crc32": checksum(block[2])}
+            ]
+        if mine:
+            write_device_file(work / device_file_name(rank), mine)
+    except Exception as e:
+        return f"rank {rank}: {type(e).__name__}: {e}", {}
+    return "", entries
+
+
+def _write_version(
+    work: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None
+) -> None:
+    per_device: dict[int, dict[str, torch.Tensor]] = {}
+    index: dict[str, Any] = {}
+    for name, t in tensors.items():
+        entry = {"shape": list(t.shape), "dtype": dtype_name(t.dtype), "blocks": []}
+        for block in _blocks(t):
+            per_device.setdefault(block.device, {})[name] = block.data
+            entry["blocks"].append(
+                {"file": device_file_name(block.device), "index": block.index, "crc32": checksum(block.data)}
+            )
+        index[name] = entry
+    for device, content in sorted(per_device.items()):
+        write_device_file(work / device_file_name(device), content)
+    write_index(
+        work, {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
+    )

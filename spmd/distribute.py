@@ -1,0 +1,126 @@
+"""DTensor's entry points on either runtime: `init_device_mesh`, `device_mesh`, `distribute_tensor`,
+`distribute_module`.
+
+A script written in DTensor's terms (a ``DeviceMesh``, placements, ``redistribute``,
+``full_tensor``) runs unchanged on torch_xla's GSPMD in one process and on ``torch.distributed``
+under torchrun: these functions take the runtime from the tensors (`spmd.backend_for`), and the
+values they return answer DTensor's methods on both (a ``DTensor``; on torch_xla an
+`XLAShardedTensor`, which has ``placements``, ``redistribute`` and ``full_tensor``). A mesh
+argument may be a ``DeviceMesh``, our `Mesh` or torch_xla's; placements may be a `PartitionSpec`.
+``examples/one_script.py`` is such a script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mesh import Mesh, as_mesh
+from spmd._backend import backend_for
+from spmd.errors import SpmdTypeError
+from spmd.mark_sharding import SpecLike, resolve_sharding
+from spmd.parameters import shard_parameters
+from spmd.partition_spec import PartitionSpec
+
+__all__ = ["device_count", "device_mesh", "distribute_module", "distribute_tensor", "init_device_mesh", "step"]
+
+MeshLike = Any  # a Mesh, a torch_xla Mesh, or a torch.distributed DeviceMesh
+
+
+def device_count() -> int:
+    """The devices a mesh covers on the runtime in use (torch_xla's devices; torchrun's world)."""
+    return backend_for().device_count()
+
+
+def step() -> None:
+    """End a training step on the runtime in use: torch_xla runs what it traced
+    (``torch_xla.sync()``); DTensor, eager, has nothing to run."""
+    backend_for().step()
+
+
+def device_mesh(mesh: MeshLike) -> Any:
+    """``mesh`` as a ``DeviceMesh`` of the runtime in use (``xla`` on torch_xla; the process
+    groups' device type on DTensor), with its ids, order and axis names."""
+    return backend_for().device_mesh(as_mesh(mesh, "device_mesh"))
+
+
+def init_device_mesh(mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None = None) -> Any:
+    """A ``DeviceMesh`` of ``mesh_shape`` over every device of the runtime in use, in id order
+    (torch's ``init_device_mesh``, with the device type of the runtime).
+
+    Raises:
+        MeshError: the shape does not hold the runtime's device count.
+    """
+    count = device_count()
+    mesh = Mesh(np.arange(count), tuple(mesh_shape), None if mesh_dim_names is None else tuple(mesh_dim_names))
+    return device_mesh(mesh)
+
+
+def distribute_tensor(
+    tensor: torch.Tensor, device_mesh: MeshLike | None = None, placements: SpecLike | Sequence[Any] | None = None
+) -> torch.Tensor:
+    """A copy of ``tensor`` (every process's same global value, on the host or on the device)
+    laid out over ``device_mesh`` as ``placements`` (DTensor's ``Shard(d)``/``Replicate()``, one
+    per mesh axis, or a `PartitionSpec`; ``None`` replicates). On torch_xla each device receives
+    only its block; the result is an `XLAShardedTensor`. On DTensor, a ``DTensor``.
+
+    Raises:
+        ShardingError: the placements or spec do not fit the mesh or the tensor.
+        DeviceCountError: the mesh does not use exactly the runtime's devices.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise SpmdTypeError(f"distribute_tensor takes a torch.Tensor, got {type(tensor).__name__}.")
+    runtime = backend_for(tensor)
+    spec = PartitionSpec() if placements is None else placements
+    sharding, hlo = resolve_sharding(tensor, device_mesh, spec, "distribute_tensor", runtime, check_tensor=False)
+    placed = runtime.place(tensor, hlo)
+    return runtime.shard(placed, sharding, hlo, replace=True)
+
+
+PartitionFn = Callable[[str, torch.nn.Module, Any], None]
+InputFn = Callable[[torch.nn.Module, Any, Any], Any]
+OutputFn = Callable[[torch.nn.Module, Any, Any], Any]
+
+
+def distribute_module(
+    module: torch.nn.Module,
+    device_mesh: MeshLike | None = None,
+    partition_fn: PartitionFn | None = None,
+    input_fn: InputFn | None = None,
+    output_fn: OutputFn | None = None,
+) -> torch.nn.Module:
+    """Move ``module`` to the runtime's device and lay its parameters out (torch's
+    ``distribute_module``): ``partition_fn(name, submodule, device_mesh)`` for every submodule
+    (it shards what it wants, e.g. with `shard_parameters` or `distribute_tensor`); every
+    parameter left unsharded is replicated. ``input_fn(module, inputs, device_mesh)`` and
+    ``output_fn(module, outputs, device_mesh)`` run around each forward. Returns ``module``.
+
+    Build the optimizer after this call: on DTensor each parameter becomes a new ``DTensor``.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise SpmdTypeError(f"distribute_module takes an nn.Module, got {type(module).__name__}.")
+    first = next(iter(module.parameters()), None)
+    runtime = backend_for(first if first is not None else torch.empty(0))
+    module.to(runtime.compute_device())
+    if partition_fn is not None:
+        for name, sub in list(module.named_modules()):
+            partition_fn(name, sub, device_mesh)
+    shard_parameters(module, device_mesh, _replicate_the_rest(runtime))
+    if input_fn is not None:
+        module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
+    if output_fn is not None:
+        module.register_forward_hook(lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh))
+    return module
+
+
+def _replicate_the_rest(runtime: Any) -> Callable[[str, torch.nn.Parameter], PartitionSpec | None]:
+    """Specs for `shard_parameters`: a parameter ``partition_fn`` already laid out keeps its
+    layout; every other one is replicated."""
+
+    def spec(name: str, p: torch.nn.Parameter) -> PartitionSpec | None:
+        return None if runtime.sharding_of(p) is not None else PartitionSpec()
+
+    return spec

@@ -1,0 +1,80 @@
+"""DTensor's vocabulary on torch_xla (spmd.distribute, XLAShardedTensor's DTensor methods); the
+same calls on DTensor run in examples/one_script.py under torchrun (tests/test_examples.py)."""
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.tensor import Replicate, Shard
+
+import spmd
+from mesh import Mesh
+from spmd import P, XLAShardedTensor, get_sharding, mark_sharding
+
+MESH = Mesh(np.arange(8), (2, 4), ("data", "model"))
+
+
+def test_init_device_mesh_and_mesh_conversions_both_ways(xla):
+    dm = spmd.init_device_mesh((2, 4), ("data", "model"))
+    assert dm.device_type == "xla" and tuple(dm.mesh.shape) == (2, 4) and dm.mesh_dim_names == ("data", "model")
+    assert Mesh.from_device_mesh(dm) == MESH
+    assert Mesh.from_device_mesh(spmd.device_mesh(MESH)) == MESH
+    assert spmd.device_count() == 8
+
+
+def test_distribute_tensor_with_placements_equals_mark_sharding_with_the_spec(xla):
+    host = torch.arange(64.0).reshape(8, 8)
+    dm = spmd.init_device_mesh((2, 4), ("data", "model"))
+    x = spmd.distribute_tensor(host, dm, [Shard(0), Replicate()])
+    assert isinstance(x, XLAShardedTensor) and x.device.type == "xla"
+    y = mark_sharding(host.clone().to(xla), MESH, P("data"))
+    assert get_sharding(x) == get_sharding(y)
+    assert x.placements == (Shard(0), Replicate())
+    assert torch.equal(x.full_tensor().cpu(), host)
+    z = mark_sharding(host.clone().to(xla), MESH, [Replicate(), Shard(1)])  # placements where a spec goes
+    assert z.sharding.spec == P(None, "model") and z.placements == (Replicate(), Shard(1))
+
+
+def test_redistribute_constrains_and_keeps_the_value(xla):
+    x = spmd.distribute_tensor(torch.arange(64.0).reshape(8, 8), MESH, P("data"))
+    y = x.redistribute(MESH, [Replicate(), Shard(1)])
+    assert y.partition_spec == (None, 1) and y.mesh_shape == (2, 4)  # torch_xla's integer entries
+    assert y.global_tensor is x.global_tensor  # the same tensor, constrained (torch_xla's rule)
+    z = x.redistribute(MESH, [Shard(1), Replicate()], async_op=True)
+    assert z.global_tensor is not x.global_tensor and torch.equal(z.full_tensor().cpu(), x.cpu())
+    spmd.step()
+    assert "devices=[1,2,4]" in z.sharding_spec
+
+
+def test_constructor_and_repr_are_torch_xlas(xla):
+    t = torch.ones(4, 2).to(xla)
+    wrapped = XLAShardedTensor(t, (2, 4), (0, None))
+    assert wrapped.global_tensor is t and wrapped.mesh_shape == (2, 4) and wrapped.partition_spec == (0, None)
+    assert wrapped.placements == (Shard(0), Replicate())
+    assert repr(wrapped) == f"XLAShardedTensor({t})"
+    with pytest.raises(ValueError, match="Placements not available"):
+        _ = XLAShardedTensor(t).placements
+
+
+def test_distribute_module_replicates_what_partition_fn_leaves(xla):
+    calls = []
+
+    def partition(name, module, mesh):
+        calls.append(name)
+        if name == "0":
+            spmd.shard_parameters(module, mesh, {"weight": [Replicate(), Shard(0)]})
+
+    seen = []
+    model = spmd.distribute_module(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)),
+        MESH,
+        partition,
+        input_fn=lambda mod, inputs, mesh: seen.append("in") or inputs,
+        output_fn=lambda mod, outputs, mesh: seen.append("out") or outputs,
+    )
+    assert calls == ["", "0", "1"] and model[0].weight.device.type == "xla"
+    assert get_sharding(model[0].weight) == get_sharding(mark_sharding(torch.zeros(16, 8).to(xla), MESH, P("model")))
+    assert get_sharding(model[1].weight).is_replicated
+    model(torch.ones(2, 8).to(xla))
+    assert seen == ["in", "out"]
+    with pytest.raises(TypeError, match="auto-sharding pass is not supported"):
+        spmd.xla_distribute_module(torch.nn.Linear(2, 2), MESH, spmd.auto_policy)

@@ -1,0 +1,84 @@
+"""The layering holds: mesh -> spec and sharding math -> backends -> API -> torch_xla compatibility
+-> FSDP and tools (import-linter's layers contract in pyproject.toml), with no import cycle, and
+torch_xla imported only by the torch_xla backend."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("mesh", "spmd", "fsdp_xla")
+
+
+def test_the_layers_contract_is_kept():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    run = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "1 kept, 0 broken" in run.stdout, run.stdout[-3000:]
+
+
+def _strongly_connected(graph) -> list[set[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            found.append(component)
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_among_our_modules():
+    graph = grimp.build_graph(*PACKAGES)
+    cycles = [sorted(c) for c in _strongly_connected(graph) if len(c) > 1]
+    assert cycles == []
+
+
+def test_mesh_imports_nothing_of_ours_above_it():
+    graph = grimp.build_graph(*PACKAGES)
+    upward = sorted(
+        (m, imported)
+        for m in graph.modules
+        if m.split(".")[0] == "mesh"
+        for imported in graph.find_modules_directly_imported_by(m)
+        if imported.split(".")[0] != "mesh"
+    )
+    assert upward == []
+
+
+def test_only_the_torch_xla_backend_imports_torch_xla():
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("spmd/_backend/torch_xla_backend/"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                found += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == "torch_xla"]
+    assert found == []
