@@ -121,6 +121,8 @@ class MixedPrecision:
     cast_inputs: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cast_inputs, bool):  # a string such as 'no' is truthy
+            raise FSDPTypeError(f"MixedPrecision.cast_inputs must be True or False, got {self.cast_inputs!r:.60}.")
         for name in ("compute_dtype", "buffer_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value is None and name != "compute_dtype":

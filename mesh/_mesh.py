@@ -13,6 +13,8 @@ from mesh.errors import DeviceCountError, MeshError, MeshTypeError
 
 __all__ = ["Mesh", "AxisRef"]
 
+MAX_AXES = 32  # numpy arrays have at most 64 dims; no device layout needs more than a few axes
+
 AxisRef = str | int
 """A mesh axis, by name or by index (torch_xla accepts both)."""
 
@@ -24,6 +26,15 @@ def _as_int_tuple(values: Iterable[object], what: str) -> tuple[int, ...]:
             raise MeshTypeError(f"{what} must hold integers, got {v!r} ({type(v).__name__}).")
         out.append(int(v))
     return tuple(out)
+
+
+def summarize_ids(ids: Iterable[int], limit: int = 16) -> str:
+    """A list of ids for a message, bounded: the first ``limit`` and how many more (a mesh of
+    100,000 ids made a 689,017-character error)."""
+    ids = list(ids)
+    if len(ids) <= limit:
+        return str(ids)
+    return f"[{', '.join(map(str, ids[:limit]))}, ... ({len(ids) - limit} more, {len(ids)} in all)]"
 
 
 def shape_arg(value: object, what: str) -> tuple[int, ...]:
@@ -40,6 +51,8 @@ def shape_arg(value: object, what: str) -> tuple[int, ...]:
     shape = _as_int_tuple(value, what)
     if not shape:
         raise MeshError(f"{what} must have at least one axis, got (); a 1-D mesh of n devices is (n,).")
+    if len(shape) > MAX_AXES:
+        raise MeshError(f"{what} has {len(shape)} axes; a mesh has at most {MAX_AXES}.")
     if any(s < 1 for s in shape):
         raise MeshError(f"Every size in {what} must be >= 1, got {shape}.")
     return shape
@@ -102,16 +115,20 @@ class Mesh:
         if math.prod(shape) != len(ids):
             raise MeshError(
                 f"mesh_shape {shape} holds {math.prod(shape)} devices but {len(ids)} device ids "
-                f"were given ({list(ids)}). Pass a mesh_shape whose product is {len(ids)}, "
+                f"were given ({summarize_ids(ids)}). Pass a mesh_shape whose product is {len(ids)}, "
                 f"e.g. ({len(ids)},)."
             )
         if any(i < 0 or i >= 2**31 for i in ids):
-            raise MeshError(f"Device ids must be >= 0 and below 2**31 (runtime device ordinals), got {list(ids)[:32]}.")
+            bad = [i for i in ids if i < 0 or i >= 2**31]
+            raise MeshError(
+                f"Device ids must be >= 0 and below 2**31 (runtime device ordinals), got {summarize_ids(bad)} in "
+                f"{summarize_ids(ids)}."
+            )
         if len(set(ids)) != len(ids):
             seen: set[int] = set()
             dup = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
             raise MeshError(
-                f"Device ids {dup} appear more than once in {list(ids)}; each device must "
+                f"Device ids {summarize_ids(dup)} appear more than once in {summarize_ids(ids)}; each device must "
                 "appear exactly once in a mesh."
             )
 
@@ -126,7 +143,12 @@ class Mesh:
             names = tuple(axis_names)
             for n in names:
                 if not isinstance(n, str):
-                    raise MeshTypeError(f"axis_names must be strings, got {n!r} in {names!r}.")
+                    raise MeshTypeError(f"axis_names must be strings, got {n!r:.60} in axis_names.")
+                if not n.isidentifier():
+                    raise MeshError(
+                        f"Mesh axis name {n!r:.60} is not a name: give a non-empty identifier (letters, digits and "
+                        "'_', not starting with a digit), e.g. 'data' or 'fsdp'."
+                    )
             if len(names) != len(shape):
                 raise MeshError(
                     f"axis_names {names} has {len(names)} names but mesh_shape {shape} has "

@@ -10,7 +10,11 @@ from __future__ import annotations
 import glob
 import os
 
-__all__ = ["configure_default_devices", "enable_spmd", "has_tpu"]
+__all__ = ["MAX_DEVICES", "configure_default_devices", "enable_spmd", "has_tpu"]
+
+MAX_DEVICES = 4096
+"""The most virtual CPU devices asked for (a TPU pod's largest slice has 9,216 Ironwood chips;
+more virtual devices than this on one host is a typo)."""
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 MEMORY_AWARE_CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -41,7 +45,22 @@ def configure_default_devices(num_cpu_devices: int = 8) -> str:
 
     Returns:
         The ``PJRT_DEVICE`` in effect (``"CPU"``, ``"TPU"``, ...).
+
+    Raises:
+        DeviceCountError: ``num_cpu_devices`` is not an int from 1 to `MAX_DEVICES` (torch_xla
+            takes 0 and crashes at the first device use).
     """
+    if (
+        isinstance(num_cpu_devices, bool)
+        or not isinstance(num_cpu_devices, int)
+        or not 1 <= num_cpu_devices <= MAX_DEVICES
+    ):
+        from mesh.errors import DeviceCountError
+
+        raise DeviceCountError(
+            f"configure_default_devices(num_cpu_devices={num_cpu_devices!r:.40}): give a whole number of virtual CPU "
+            f"devices from 1 to {MAX_DEVICES} (8 is the default)."
+        )
     if "PJRT_DEVICE" not in os.environ:
         if has_tpu():
             os.environ["PJRT_DEVICE"] = "TPU"

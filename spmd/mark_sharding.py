@@ -75,6 +75,11 @@ def resolve_sharding(
 
 
 def _spec_and_mesh(t: torch.Tensor, mesh: object, spec: object, what: str) -> tuple[PartitionSpec, Mesh]:
+    if _looks_like_a_spec(mesh) and _looks_like_a_mesh(spec):
+        raise SpmdTypeError(
+            f"{what}(tensor of shape {tuple(t.shape)}, {mesh!r:.80}, {type(spec).__name__}): the mesh and the spec "
+            f"are swapped; the order is {what}(t, mesh, partition_spec)."
+        )
     if is_placements(spec):  # DTensor's vocabulary: one placement per mesh axis
         mesh = mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, placements {list(spec)})")
         return spec_from_placements(spec, mesh, t.dim()), mesh
@@ -84,6 +89,14 @@ def _spec_and_mesh(t: torch.Tensor, mesh: object, spec: object, what: str) -> tu
         where = mesh.describe() if isinstance(mesh, Mesh) else "the global mesh"
         raise type(e)(f"{what}(tensor of shape {tuple(t.shape)}, over {where}): {e}") from None
     return spec, mesh_or_global(mesh, f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r})")
+
+
+def _looks_like_a_spec(value: object) -> bool:
+    return isinstance(value, (PartitionSpec, tuple, list)) or is_placements(value)
+
+
+def _looks_like_a_mesh(value: object) -> bool:
+    return isinstance(value, Mesh) or hasattr(value, "mesh_shape") or hasattr(value, "mesh_dim_names")
 
 
 def mark_sharding(

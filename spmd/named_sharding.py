@@ -136,9 +136,14 @@ class NamedSharding:
     spec: PartitionSpec
 
     def __post_init__(self) -> None:
+        if isinstance(self.spec, Mesh) and isinstance(self.mesh, (PartitionSpec, tuple, list)):
+            raise MeshTypeError(
+                "NamedSharding(spec, mesh): the two are swapped; the order is NamedSharding(mesh, spec)."
+            )
         if not isinstance(self.mesh, Mesh):
             raise MeshTypeError(f"NamedSharding needs a Mesh, got {type(self.mesh).__name__}.")
         object.__setattr__(self, "spec", PartitionSpec.from_value(self.spec))
+        hlo_sharding_for(self.mesh, self.spec, len(self.spec))  # checked when built (JAX's rule), not at first use
 
     def hlo_sharding(self, rank: int, shape: Sequence[int] | None = None) -> HloSharding:
         """The XLA sharding for a tensor of ``rank`` dims (see `hlo_sharding_for`)."""

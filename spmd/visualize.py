@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -71,8 +71,9 @@ def visualize_sharding(
     sharding: NamedSharding | None = None,
     *,
     console: Console | None = None,
-) -> Table:
-    """Print (and return) a rich table of which devices hold which block of ``tensor``.
+) -> Table | None:
+    """Print (and return) a rich table of which devices hold which block of ``tensor``; for a
+    traced value whose layout the compiler has not assigned yet, print that and return ``None``.
 
     Args:
         tensor: a `ShardedTensor`, or a tensor plus its ``sharding``; any object with a
@@ -80,7 +81,6 @@ def visualize_sharding(
         sharding: the sharding, when ``tensor`` is not a `ShardedTensor`.
         console: a ``rich.console.Console`` to print to (default: stdout).
     """
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -89,6 +89,10 @@ def visualize_sharding(
         sharding = tensor.sharding
         if sharding is None:  # computed from a sharded tensor: the runtime's sharding, no mesh
             hlo = tensor.hlo_sharding
+            if hlo is None:  # pytorch/xla#7846: a traced value's layout is the compiler's to choose
+                console = console or _console()
+                console.print(f"{tuple(shape)}: not assigned yet (the compiler decides)", soft_wrap=True)
+                return None
             bounds, title = tensor.shard_bounds, f"{tuple(shape)} sharded as computed"
     else:
         if sharding is None:
@@ -106,8 +110,14 @@ def visualize_sharding(
         table.add_column(justify="center")
     for row in layout.cells:
         table.add_row(*[escape(f"[{r}{', ' + c if c else ''}]") + f"\ndev {', '.join(map(str, d))}" for r, c, d in row])
-    console = console or Console()
+    console = console or _console()
     console.print(title, soft_wrap=True)
     console.print(table)
     console.print(str(hlo), soft_wrap=True, markup=False, highlight=False)
     return table
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()

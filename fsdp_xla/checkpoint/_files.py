@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import shutil
-import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import torch
 from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
+from spmd.regular_file import read_regular_file
 
 __all__ = [
     "FILE_MODE",
@@ -150,24 +150,8 @@ def locked(root: Path, *, shared: bool) -> Iterator[None]:
 
 
 def _read_regular_file(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of ``path``, which must be a regular file (not a link, FIFO, device or
-    directory) of at most ``limit`` bytes; checked on the opened file, so nothing can swap it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CheckpointError(f"{path} is a symbolic link; {what} must be a file inside the checkpoint.") from None
-        raise CheckpointError(f"Cannot open {path} ({e.strerror}): the checkpoint is damaged.") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"{path} is not a regular file; {what} must be one. It is not read.")
-        if info.st_size > limit:
-            raise CheckpointError(f"{path} has {info.st_size} bytes, more than {what} can ({limit}); it is not read.")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit + 1)
-    finally:
-        os.close(fd)
+    """The bytes of ``path``: a regular file inside the checkpoint, not a link (`read_regular_file`)."""
+    return read_regular_file(path, limit=limit, what=what, error=CheckpointError, follow_links=False)
 
 
 def _refuse_link(path: Path, what: str) -> None:

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from fsdp_xla.errors import FSDPError, WrapPolicyError
+from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
+from spmd.regular_file import read_regular_file
 
 __all__ = ["HFConfigError", "HFFSDPConfig", "read_fsdp_config", "IGNORED_KEYS", "IGNORED_XLA_SETTINGS"]
 
@@ -30,70 +32,11 @@ class HFConfigError(FSDPError):
     """An ``fsdp_config`` key that is unknown, of the wrong type, or cannot be honoured."""
 
 
-# Top-level keys (after the Trainer strips the ``fsdp_`` prefix) that configure PyTorch's
-# CUDA FSDP through accelerate and mean nothing for XLA FSDP on GSPMD.
-IGNORED_KEYS: dict[str, str] = {
-    "version": "selects torch FSDP1/FSDP2 on GPUs; fsdp_xla is one implementation",
-    "cpu_offload": "offloads to CPU memory on GPUs; not supported on XLA devices",
-    "cpu_ram_efficient_loading": "loads pretrained weights on rank 0 only; use fsdp_xla.deferred_init to build "
-    "models larger than host memory",
-    "state_dict_type": "torch FSDP state-dict mode; fsdp_xla keeps parameter names, and sharded checkpoints are "
-    "fsdp_xla.checkpoint.save_sharded",
-    "backward_prefetch": "CUDA stream prefetching; XLA schedules collectives itself",
-    "forward_prefetch": "CUDA stream prefetching; XLA schedules collectives itself",
-    "limit_all_gathers": "CUDA caching-allocator throttle; XLA plans memory at compile time",
-    "use_orig_params": "fsdp_xla always keeps the original parameters",
-    "sync_module_states": "GSPMD runs one program over all devices: there is nothing to broadcast",
-    "xla_fsdp_v2": "fsdp_xla is built on GSPMD; there is no v1/v2 choice to make",
-}
-
-# Settings of torch_xla's XlaFullyShardedDataParallel (``xla_fsdp_settings``) that describe
-# hand-written collectives or flattening, which GSPMD does not have.
-IGNORED_XLA_SETTINGS: dict[str, str] = {
-    "flatten_parameters": "GSPMD shards each parameter as it is; nothing is flattened",
-    "execute_sharding_on_init": "fsdp_xla shards parameters when it wraps the model",
-    "pin_layout_in_collective_ops": "GSPMD inserts the collectives and XLA chooses their layouts",
-    "disable_reshard_on_root": "the root unit is resharded like the others (reshard_after_forward)",
-    "sharding_groups": "the fsdp mesh axis defines the groups",
-    "sharding_rank": "the fsdp mesh axis defines the groups",
-    "sharding_world_size": "the fsdp mesh axis defines the groups",
-    "reduce_scatter_bucket_size_mb": "XLA combines collectives itself",
-    "coalesce_all_gather_ops": "XLA combines collectives itself",
-    "_shard_size_multiple": "GSPMD pads shards itself",
-    "_use_xla_patched_linear": "fsdp_xla regathers weights for backward through saved-tensor hooks",
-    "_debug_dummy_forward_pass": "a torch_xla FSDP v1 debugging switch",
-    "_debug_msg": "a torch_xla FSDP v1 debugging switch",
-    "_debug_print": "a torch_xla FSDP v1 debugging switch",
-    "_debug_dummy_all_gather_op": "a torch_xla FSDP v1 debugging switch",
-    "_debug_dummy_all_reduce_op": "a torch_xla FSDP v1 debugging switch",
-    "_debug_dummy_reduce_scatter_op": "a torch_xla FSDP v1 debugging switch",
-    "_debug_dummy_optimization_barrier_op": "a torch_xla FSDP v1 debugging switch",
-}
-
-_MAPPED_KEYS = {
-    "xla",
-    "xla_fsdp_settings",
-    "xla_fsdp_grad_ckpt",
-    "transformer_layer_cls_to_wrap",
-    "min_num_params",
-    "auto_wrap_policy",
-    "reshard_after_forward",
-    "activation_checkpointing",
-}
-_MAPPED_SETTINGS = {
-    "compute_dtype",
-    "buffer_dtype",
-    "fp32_reduce_scatter",
-    "reshard_after_forward",
-    "optimization_barrier_in_forward",
-    "optimization_barrier_in_backward",
-    "shard_param_on_dim_0",
-    "sync_on_finalization",
-}
 _CALLABLE_SETTINGS = {"auto_wrap_policy", "auto_wrapper_callable", "param_init_fn"}
 _OFF = (False, None, 0, "", "false", "False")
 _WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MAX_CONFIG_BYTES = 1 << 20  # an fsdp_config is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -182,17 +125,15 @@ def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
         return dict(config)
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
+        if "\x00" in str(path):
+            raise HFConfigError(f"fsdp_config path {str(config)[:200]!r} holds a NUL character; pass a file's path.")
+        raw = read_regular_file(path, limit=_MAX_CONFIG_BYTES, what="fsdp_config file", error=HFConfigError)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError as e:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
             raise HFConfigError(
-                f"fsdp_config file {path} does not exist; pass the path of a JSON file or a dict."
-            ) from e
-        except (OSError, ValueError) as e:  # a directory, no permission, a NUL in the path, not UTF-8
-            raise HFConfigError(
-                f"fsdp_config {str(config)!r:.200} cannot be read as a UTF-8 text file ({type(e).__name__}: {e}); "
-                "pass the path of a JSON file or a dict."
-            ) from e
+                f"fsdp_config file {path} is not UTF-8 text (byte {e.start}); pass the path of a JSON file or a dict."
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -232,15 +173,53 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
     """Read a Trainer ``fsdp_config`` (path or dict, ``fsdp_``-prefixed keys or not).
 
     Args:
-        config: the JSON file path or the dict (not modified).
+        config: the JSON file path (a regular file) or the dict (not modified).
         warn: emit one ``UserWarning`` per key that has no meaning on GSPMD.
 
     Raises:
         HFConfigError: unknown key, wrong type, ``min_num_params`` together with
             ``transformer_layer_cls_to_wrap``, ``xla_fsdp_grad_ckpt`` without a wrap policy,
-            or a callable setting in JSON.
+            a callable setting in JSON, or a path that is not a regular JSON file.
     """
-    raw = _load(config)
+    cfg = _normalized_keys(_load(config))
+    ignored = _ignored_keys(cfg)
+    layer_classes = _layer_classes(cfg)
+    min_num_params = _min_num_params(cfg, layer_classes)
+    wrap = _wrap(cfg, min_num_params)
+    checkpointing = _bool("xla_fsdp_grad_ckpt", cfg.get("xla_fsdp_grad_ckpt", False))
+    checkpointing = _bool("activation_checkpointing", cfg.get("activation_checkpointing", False)) or checkpointing
+    if checkpointing and wrap == "none":
+        raise HFConfigError(
+            "fsdp_config 'xla_fsdp_grad_ckpt' checkpoints each nested unit, but auto_wrap_policy is NO_WRAP: there are "
+            "none. Set transformer_layer_cls_to_wrap or min_num_params."
+        )
+    settings = _xla_settings(cfg, ignored)
+    reshard = _bool("reshard_after_forward", cfg.get("reshard_after_forward", True))
+    if "reshard_after_forward" in settings:
+        reshard = _bool("xla_fsdp_settings.reshard_after_forward", settings["reshard_after_forward"])
+    if warn:
+        for key, why in ignored:
+            warnings.warn(
+                f"fsdp_config {key!r} has no meaning on GSPMD and is ignored: {why}.", UserWarning, stacklevel=2
+            )
+    return HFFSDPConfig(
+        layer_classes=layer_classes,
+        min_num_params=min_num_params,
+        wrap=wrap,
+        mixed_precision=_precision(settings),
+        reshard_after_forward=reshard,
+        gradient_checkpointing=checkpointing,
+        optimization_barriers=_barriers(settings),
+        sync_after_backward=_bool("sync_on_finalization", settings["sync_on_finalization"])
+        if "sync_on_finalization" in settings
+        else None,
+        shard_param_on_dim_0=_bool("shard_param_on_dim_0", settings.get("shard_param_on_dim_0", False)),
+        ignored=tuple(ignored),
+    )
+
+
+def _normalized_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """The keys without their ``fsdp_`` prefix, each given once, each one the Trainer knows."""
     cfg: dict[str, Any] = {}
     for key, value in raw.items():
         if not isinstance(key, str):
@@ -252,7 +231,7 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
         if name in cfg:
             raise HFConfigError(f"fsdp_config gives {name!r} twice (with and without the 'fsdp_' prefix); keep one.")
         cfg[name] = value
-    known = _MAPPED_KEYS | set(IGNORED_KEYS)
+    known = MAPPED_KEYS | set(IGNORED_KEYS)
     unknown = sorted(set(cfg) - known)
     if unknown:
         hints = [
@@ -260,66 +239,78 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
         ]
         hint = f" Closest: {', '.join(hints)}." if hints else ""
         raise HFConfigError(f"fsdp_config has unknown key(s) {unknown}.{hint} The Trainer's keys are {sorted(known)}.")
+    return cfg
 
-    # A key left off (false, 0, empty) asks for nothing fsdp_xla would do differently; the
-    # Trainer itself fills some in (xla_fsdp_v2=false), so only keys that ask for something count.
-    ignored: list[tuple[str, str]] = [(k, IGNORED_KEYS[k]) for k in cfg if k in IGNORED_KEYS and cfg[k] not in _OFF]
+
+def _ignored_keys(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """The keys that ask for something GSPMD has no use for, with why.
+
+    A key left off (false, 0, empty) asks for nothing fsdp_xla would do differently; the Trainer
+    itself fills some in (xla_fsdp_v2=false), so only keys that ask for something count.
+    """
+    ignored = [(k, IGNORED_KEYS[k]) for k in cfg if k in IGNORED_KEYS and cfg[k] not in _OFF]
     if "xla" in cfg and not _bool("xla", cfg["xla"]):
         ignored.append(("xla", "false selects CUDA FSDP in the Trainer; fsdp_xla always runs XLA FSDP"))
+    return ignored
 
+
+def _layer_classes(cfg: dict[str, Any]) -> tuple[str, ...] | None:
     layer_classes = cfg.get("transformer_layer_cls_to_wrap")
-    if layer_classes is not None:
-        if isinstance(layer_classes, str):
-            layer_classes = [c.strip() for c in layer_classes.split(",") if c.strip()]
-        if not isinstance(layer_classes, list) or not all(isinstance(c, str) and c for c in layer_classes):
-            raise HFConfigError(
-                f"fsdp_config 'transformer_layer_cls_to_wrap' must be a list of class names, got {layer_classes!r}."
-            )
-        if not layer_classes:
-            raise HFConfigError(
-                "fsdp_config 'transformer_layer_cls_to_wrap' names no class; give the model's block class "
-                "(e.g. ['GPT2Block']), or leave the key out to use the model's _no_split_modules."
-            )
-        layer_classes = tuple(layer_classes)
+    if layer_classes is None:
+        return None
+    if isinstance(layer_classes, str):
+        layer_classes = [c.strip() for c in layer_classes.split(",") if c.strip()]
+    if not isinstance(layer_classes, list) or not all(isinstance(c, str) and c for c in layer_classes):
+        raise HFConfigError(
+            f"fsdp_config 'transformer_layer_cls_to_wrap' must be a list of class names, got {layer_classes!r:.200}."
+        )
+    if not layer_classes:
+        raise HFConfigError(
+            "fsdp_config 'transformer_layer_cls_to_wrap' names no class; give the model's block class "
+            "(e.g. ['GPT2Block']), or leave the key out to use the model's _no_split_modules."
+        )
+    return tuple(layer_classes)
+
+
+def _min_num_params(cfg: dict[str, Any], layer_classes: tuple[str, ...] | None) -> int:
     min_num_params = cfg.get("min_num_params", 0)
     if isinstance(min_num_params, bool) or not isinstance(min_num_params, int) or min_num_params < 0:
-        raise HFConfigError(f"fsdp_config 'min_num_params' must be an integer >= 0, got {min_num_params!r}.")
+        raise HFConfigError(f"fsdp_config 'min_num_params' must be an integer >= 0, got {min_num_params!r:.100}.")
     if min_num_params > 0 and layer_classes:
         raise HFConfigError(
             "fsdp_config sets both 'min_num_params' and 'transformer_layer_cls_to_wrap'; they are mutually exclusive "
             "wrap policies. Keep transformer_layer_cls_to_wrap for transformer models (tied embeddings stay in one unit)."
         )
+    return min_num_params
+
+
+def _wrap(cfg: dict[str, Any], min_num_params: int) -> str:
+    """The wrap policy: ``transformer``, ``size`` or ``none``."""
     wrap = "size" if min_num_params > 0 else "transformer"
     policy_name = cfg.get("auto_wrap_policy")
-    if policy_name is not None:
-        if policy_name not in _WRAP_POLICIES:
-            raise HFConfigError(
-                f"fsdp_config 'auto_wrap_policy' must be one of {list(_WRAP_POLICIES)}, got {policy_name!r}."
-            )
-        if policy_name == "NO_WRAP":
-            wrap = "none"
-        elif policy_name == "SIZE_BASED_WRAP":
-            if min_num_params <= 0:
-                raise HFConfigError("fsdp_config 'auto_wrap_policy' SIZE_BASED_WRAP needs 'min_num_params' > 0.")
-            wrap = "size"
-        elif min_num_params > 0:
-            raise HFConfigError(
-                "fsdp_config 'auto_wrap_policy' TRANSFORMER_BASED_WRAP contradicts 'min_num_params' > 0."
-            )
-
-    checkpointing = _bool("xla_fsdp_grad_ckpt", cfg.get("xla_fsdp_grad_ckpt", False))
-    checkpointing = _bool("activation_checkpointing", cfg.get("activation_checkpointing", False)) or checkpointing
-    if checkpointing and wrap == "none":
+    if policy_name is None:
+        return wrap
+    if not isinstance(policy_name, str) or policy_name not in _WRAP_POLICIES:
         raise HFConfigError(
-            "fsdp_config 'xla_fsdp_grad_ckpt' checkpoints each nested unit, but auto_wrap_policy is NO_WRAP: there are "
-            "none. Set transformer_layer_cls_to_wrap or min_num_params."
+            f"fsdp_config 'auto_wrap_policy' must be one of {list(_WRAP_POLICIES)}, got {policy_name!r:.100}."
         )
-    reshard = _bool("reshard_after_forward", cfg.get("reshard_after_forward", True))
+    if policy_name == "NO_WRAP":
+        return "none"
+    if policy_name == "SIZE_BASED_WRAP":
+        if min_num_params <= 0:
+            raise HFConfigError("fsdp_config 'auto_wrap_policy' SIZE_BASED_WRAP needs 'min_num_params' > 0.")
+        return "size"
+    if min_num_params > 0:
+        raise HFConfigError("fsdp_config 'auto_wrap_policy' TRANSFORMER_BASED_WRAP contradicts 'min_num_params' > 0.")
+    return wrap
 
+
+def _xla_settings(cfg: dict[str, Any], ignored: list[tuple[str, str]]) -> Mapping[str, Any]:
+    """``xla_fsdp_settings``, each key checked; the ones GSPMD ignores are added to ``ignored``."""
     settings = cfg.get("xla_fsdp_settings", {})
     if not isinstance(settings, Mapping):
         raise HFConfigError(f"fsdp_config 'xla_fsdp_settings' must be an object, got {type(settings).__name__}.")
-    allowed = _MAPPED_SETTINGS | set(IGNORED_XLA_SETTINGS)
+    allowed = MAPPED_SETTINGS | set(IGNORED_XLA_SETTINGS)
     for key in settings:
         if key in _CALLABLE_SETTINGS:
             raise HFConfigError(
@@ -328,20 +319,24 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
             )
         if key not in allowed:
             raise HFConfigError(
-                f"xla_fsdp_settings has unknown key {key!r}; torch_xla's XlaFullyShardedDataParallel settings are "
+                f"xla_fsdp_settings has unknown key {key!r:.100}; torch_xla's XlaFullyShardedDataParallel settings are "
                 f"{sorted(allowed | _CALLABLE_SETTINGS)}."
             )
         if key in IGNORED_XLA_SETTINGS and settings[key] not in _OFF:
             ignored.append((f"xla_fsdp_settings.{key}", IGNORED_XLA_SETTINGS[key]))
+    return settings
 
-    precision = None
-    if any(k in settings for k in ("compute_dtype", "buffer_dtype", "fp32_reduce_scatter")):
-        compute = _dtype("compute_dtype", settings.get("compute_dtype", "float32"))
-        buffer = _dtype("buffer_dtype", settings["buffer_dtype"]) if "buffer_dtype" in settings else None
-        fp32_reduce = _bool("fp32_reduce_scatter", settings.get("fp32_reduce_scatter", False))
-        precision = MixedPrecision(compute, buffer, torch.float32 if fp32_reduce else None)
-    if "reshard_after_forward" in settings:
-        reshard = _bool("xla_fsdp_settings.reshard_after_forward", settings["reshard_after_forward"])
+
+def _precision(settings: Mapping[str, Any]) -> MixedPrecision | None:
+    if not any(k in settings for k in ("compute_dtype", "buffer_dtype", "fp32_reduce_scatter")):
+        return None
+    compute = _dtype("compute_dtype", settings.get("compute_dtype", "float32"))
+    buffer = _dtype("buffer_dtype", settings["buffer_dtype"]) if "buffer_dtype" in settings else None
+    fp32_reduce = _bool("fp32_reduce_scatter", settings.get("fp32_reduce_scatter", False))
+    return MixedPrecision(compute, buffer, torch.float32 if fp32_reduce else None)
+
+
+def _barriers(settings: Mapping[str, Any]) -> bool:
     barrier_fwd = _bool("optimization_barrier_in_forward", settings.get("optimization_barrier_in_forward", True))
     barrier_bwd = _bool("optimization_barrier_in_backward", settings.get("optimization_barrier_in_backward", True))
     if barrier_fwd != barrier_bwd:
@@ -350,25 +345,4 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
             "off; fsdp_xla's barriers work as a pair (one keeps the forward gather, the other the backward one "
             "from being merged). Set both to the same value."
         )
-    sync = None
-    if "sync_on_finalization" in settings:
-        sync = _bool("sync_on_finalization", settings["sync_on_finalization"])
-    dim0 = _bool("shard_param_on_dim_0", settings.get("shard_param_on_dim_0", False))
-
-    if warn:
-        for key, why in ignored:
-            warnings.warn(
-                f"fsdp_config {key!r} has no meaning on GSPMD and is ignored: {why}.", UserWarning, stacklevel=2
-            )
-    return HFFSDPConfig(
-        layer_classes=layer_classes,
-        min_num_params=min_num_params,
-        wrap=wrap,
-        mixed_precision=precision,
-        reshard_after_forward=reshard,
-        gradient_checkpointing=checkpointing,
-        optimization_barriers=barrier_fwd,
-        sync_after_backward=sync,
-        shard_param_on_dim_0=dim0,
-        ignored=tuple(ignored),
-    )
+    return barrier_fwd

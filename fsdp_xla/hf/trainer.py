@@ -3,7 +3,8 @@
 ``FSDPTrainer(model=..., args=TrainingArguments(fsdp="full_shard", fsdp_config="fsdp_config.json"))``
 reads the same ``fsdp_config`` the Trainer documents (`read_fsdp_config`), shards the model with
 `fsdp_xla.FSDP` when the trainer is built (a model from `fsdp_xla.deferred_init` is
-initialized straight into its shards), shards each batch over the ``fsdp`` axis, and otherwise
+initialized straight into its shards), shards each batch key on its batch dim over the data
+axes (``data``/``fsdp``; `batch_sharding`, per-key specs where given), and otherwise
 leaves the Trainer alone: its optimizer, scheduler, logging, evaluation and ``save_model``.
 
 What it changes in the Trainer, and why (transformers 5.23):
@@ -20,7 +21,9 @@ What it changes in the Trainer, and why (transformers 5.23):
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,17 +33,67 @@ from fsdp_xla.api import FSDP
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
 from mesh import Mesh, set_global_mesh
 from spmd._backend import backend
+from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
 from spmd.errors import SpmdModeError
 from spmd.sharding_plan import ShardingPlan
-from spmd.sharding_spec import ShardingSpec
 
 try:
     from transformers import Trainer
 except ImportError as e:  # pragma: no cover - transformers is an optional dependency
     raise ImportError("fsdp_xla.hf.trainer needs transformers: pip install 'xla-spmd[hf]'.") from e
 
-__all__ = ["FSDPTrainer"]
+__all__ = ["FSDPTrainer", "batch_axes", "batch_sharding"]
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes a batch is split over: ``data`` and ``fsdp``, those the mesh has, in mesh order."""
+    return tuple(a for a in mesh.axis_names or () if a in ("data", "fsdp"))
+
+
+def batch_sharding(mesh: Mesh, specs: Mapping[str, Any] | None = None) -> Any:
+    """How the dataloader lays each batch key out: the batch dim (dim 0) over the data axes, the
+    rest replicated, for every key of any rank (a 0-d tensor is replicated); a key of ``specs``
+    takes its own spec. A spec that splits a dim its tensor lacks raises `ShardingError` when
+    the batch is sent: nothing is replicated silently.
+
+    Raises:
+        HFConfigError: ``specs`` is not a mapping of key to spec.
+    """
+    default = ShardingSpec(mesh, (batch_axes(mesh),))
+    if specs is None:
+        return default
+    if not isinstance(specs, Mapping) or not all(isinstance(k, str) for k in specs):
+        raise HFConfigError(
+            f"batch_specs must map batch keys to specs, e.g. {{'pixel_values': P('fsdp')}}; got {specs!r:.200}."
+        )
+    return _KeyedSharding(default, {k: ShardingSpec(mesh, v) for k, v in specs.items()})
+
+
+class _KeyedSharding(dict):
+    """torch_xla's loaders take a dict of ShardingSpec per batch key and refuse a key it lacks;
+    this one answers every key: its own spec, else the default."""
+
+    def __init__(self, default: ShardingSpec, specs: dict[str, ShardingSpec]) -> None:
+        super().__init__(specs)
+        self.default = default
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> ShardingSpec:
+        return self.default
+
+
+def _replace_the_fused_adamw_default(training_args: Any) -> None:
+    """``adamw_torch_fused`` (the Trainer's default) does not run on XLA tensors."""
+    if (
+        training_args is not None
+        and str(getattr(training_args.optim, "value", training_args.optim)) == "adamw_torch_fused"
+    ):
+        from transformers.training_args import OptimizerNames
+
+        training_args.optim = OptimizerNames.ADAMW_TORCH
 
 
 def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
@@ -97,8 +150,13 @@ class FSDPTrainer(Trainer):
         *args: Any,
         mesh: Mesh | None = None,
         sharding_plan: ShardingPlan | None = None,
+        batch_specs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``mesh``: the mesh (default: all devices on one ``fsdp`` axis); ``sharding_plan``: a 2-D
+        plan for the parameters (`spmd.sharding_plan`); ``batch_specs``: a spec per batch key
+        where the default (the batch dim over the data axes) does not fit, e.g.
+        ``{"pixel_values": P("fsdp", None, None, None)}``."""
         try:
             enable_spmd()
         except SpmdModeError as e:
@@ -108,13 +166,7 @@ class FSDPTrainer(Trainer):
             ) from e
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         _check_before_the_trainer(training_args, mesh)
-        if (
-            training_args is not None
-            and str(getattr(training_args.optim, "value", training_args.optim)) == "adamw_torch_fused"
-        ):
-            from transformers.training_args import OptimizerNames
-
-            training_args.optim = OptimizerNames.ADAMW_TORCH
+        _replace_the_fused_adamw_default(training_args)
         super().__init__(*args, **kwargs)
         if not self.args.fsdp:
             raise HFConfigError(
@@ -126,25 +178,31 @@ class FSDPTrainer(Trainer):
         self.is_fsdp_xla_enabled = False
         self.is_fsdp_xla_v1_enabled = False
         self.is_fsdp_xla_v2_enabled = False
+        self._set_mesh(mesh)
+        self._batch_sharding = batch_sharding(self.fsdp_mesh, batch_specs)
+        self._shard_model(sharding_plan)
 
+    def _set_mesh(self, mesh: Mesh | None) -> None:
+        """The mesh (the global one from now on), and the batch size it needs."""
         n = backend.device_count()
         self.fsdp_mesh = mesh or Mesh(np.arange(n), (n,), ("fsdp",))
         set_global_mesh(self.fsdp_mesh)
-        fsdp_size = self.fsdp_mesh.axis_size("fsdp")  # a mesh without the axis was refused above
+        ways = math.prod(self.fsdp_mesh.axis_size(a) for a in batch_axes(self.fsdp_mesh))
         batch = self.args.per_device_train_batch_size
-        if batch % fsdp_size:
+        if batch % ways:
             raise HFConfigError(
-                f"per_device_train_batch_size={batch} is the global batch under SPMD and must divide by the fsdp axis "
-                f"({fsdp_size} devices of {self.fsdp_mesh.describe()}). Use a multiple of {fsdp_size}."
+                f"per_device_train_batch_size={batch} is the global batch under SPMD and must divide by the data axes "
+                f"({ways} devices of {self.fsdp_mesh.describe()}). Use a multiple of {ways}."
             )
         if not self.args.dataloader_drop_last:
             warnings.warn(
-                "FSDPTrainer sets dataloader_drop_last=True: every batch must divide by the fsdp axis.",
+                "FSDPTrainer sets dataloader_drop_last=True: every batch must divide by the data axes.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             self.args.dataloader_drop_last = True
 
+    def _shard_model(self, sharding_plan: ShardingPlan | None) -> None:
         model = self.model
         if self.fsdp_xla_config.gradient_checkpointing and getattr(getattr(model, "config", None), "use_cache", False):
             model.config.use_cache = False  # a KV cache is meaningless while recomputing
@@ -159,7 +217,7 @@ class FSDPTrainer(Trainer):
 
     def _shard_batches(self, loader: Any) -> Any:
         if hasattr(loader, "_parallel_loader_kwargs"):
-            loader._parallel_loader_kwargs["input_sharding"] = ShardingSpec(self.fsdp_mesh, ("fsdp", None))
+            loader._parallel_loader_kwargs["input_sharding"] = self._batch_sharding
         return loader
 
     def get_train_dataloader(self) -> Any:

@@ -14,6 +14,7 @@ import torch
 
 from mesh import Mesh, MeshTypeError
 from spmd._backend import backend
+from spmd.errors import ShardingError
 from spmd.named_sharding import hlo_sharding_for
 from spmd.partition_spec import PartitionSpec
 
@@ -26,17 +27,21 @@ class ShardingSpec:
 
     Args:
         mesh: the mesh.
-        partition_spec: one entry per dim of the tensors it applies to; tensors of another
-            rank are sent replicated (torch_xla's rule, so labels of rank 1 and inputs of
-            rank 2 can share one loader).
+        partition_spec: the spec of the batch's tensors, read as `mark_sharding` reads one: it
+            may be shorter than a tensor's rank (the leading dims are split, the rest
+            replicated), and its trailing ``None`` entries beyond a tensor's rank are dropped,
+            so ``('data', None)`` splits 2-D inputs, 1-D labels and 4-D attention masks alike
+            on their batch dim. A 0-d tensor is sent replicated (it has no dim to split). A
+            spec that names a dim a tensor does not have raises `ShardingError` (torch_xla
+            sends such a tensor replicated, silently).
         minibatch: each host loads only its part of the global batch (multi-host input
             pipelines); dim 0 of a host's tensor is then its slice of the global batch.
 
     Example:
         >>> import numpy as np
         >>> spec = ShardingSpec(Mesh(np.arange(8), (8,), ("data",)), ("data", None))
-        >>> spec.can_apply(torch.zeros(16, 4)), spec.can_apply(torch.zeros(16))
-        (True, False)
+        >>> spec.can_apply(torch.zeros(16, 4)), spec.can_apply(torch.zeros(16)), spec.can_apply(torch.zeros(()))
+        (True, True, False)
     """
 
     mesh: Mesh
@@ -44,25 +49,56 @@ class ShardingSpec:
     minibatch: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.partition_spec, Mesh) and isinstance(self.mesh, (PartitionSpec, tuple, list)):
+            raise MeshTypeError("ShardingSpec(spec, mesh): the two are swapped; the order is ShardingSpec(mesh, spec).")
         if not isinstance(self.mesh, Mesh):
             raise MeshTypeError(f"ShardingSpec needs a mesh.Mesh, got {type(self.mesh).__name__}.")
         spec = PartitionSpec.from_value(self.partition_spec)
         hlo_sharding_for(self.mesh, spec, len(spec))  # a spec that cannot fit this mesh fails here, not per batch
         object.__setattr__(self, "partition_spec", spec)
 
+    def spec_for(self, t: torch.Tensor) -> PartitionSpec | None:
+        """The spec ``t`` is sent with (trailing ``None`` entries beyond its rank dropped), or
+        ``None`` for a 0-d tensor (sent replicated).
+
+        Raises:
+            ShardingError: the spec splits a dim ``t`` does not have.
+        """
+        if t.dim() == 0:
+            return None
+        entries = list(self.partition_spec)
+        while len(entries) > t.dim() and entries[-1] is None:
+            entries.pop()
+        if len(entries) > t.dim():
+            raise ShardingError(
+                f"ShardingSpec {self.partition_spec!r} over {self.mesh.describe()} splits dim {len(entries) - 1}, but "
+                f"a batch tensor has shape {tuple(t.shape)}: it would be sent replicated. Give that key a spec of its "
+                "own (a dict of ShardingSpec per key), or a spec that fits every tensor of the batch."
+            )
+        return PartitionSpec(*entries)
+
     def can_apply(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` has exactly one dim per spec entry."""
-        return len(t.shape) == len(self.partition_spec)
+        """Whether the spec splits ``t`` (it has a dim, and every dim the spec splits)."""
+        try:
+            return self.spec_for(t) is not None
+        except ShardingError:
+            return False
 
     def xla_spec(self, t: torch.Tensor) -> Any:
-        """torch_xla's ``XlaShardingSpec`` for ``t``, or ``None`` when the spec does not apply."""
-        if not self.can_apply(t):
+        """torch_xla's ``XlaShardingSpec`` for ``t``, or ``None`` for a 0-d tensor (replicated).
+
+        Raises:
+            ShardingError: the spec splits a dim ``t`` does not have.
+        """
+        spec = self.spec_for(t)
+        if spec is None:
             return None
-        hlo = hlo_sharding_for(self.mesh, self.partition_spec, t.dim())
+        hlo = hlo_sharding_for(self.mesh, spec, t.dim(), tuple(t.shape))
         return backend.xla_sharding_spec(t, hlo, self.minibatch)
 
     def apply(self, t: torch.Tensor) -> torch.Tensor:
         """Shard XLA tensor ``t`` in place (`mark_sharding`) and return it."""
         from spmd.mark_sharding import mark_sharding
 
-        return mark_sharding(t, self.mesh, self.partition_spec)
+        spec = self.spec_for(t)
+        return t if spec is None else mark_sharding(t, self.mesh, spec)

@@ -247,16 +247,31 @@ def capture(
         except BaseException as e:  # noqa: BLE001 - report what compiled, then re-raise it
             error = e
     compiled = backend.compile_count() - compiled_before
+    _finish(handle, recorder, dump_dir, scopes.name_parameter if name_modules else None, options, compiled, error)
+    if error is not None:
+        raise error
+
+
+def _finish(
+    handle: Capture,
+    recorder: _StepRecorder,
+    dump_dir: Path,
+    namer: Any,
+    options: CheckOptions,
+    compiled: int,
+    error: BaseException | None,
+) -> None:
+    """Read the graphs the block compiled into ``handle``'s report (or its failure)."""
     prefixes = list_modules(dump_dir)
     graph_steps = {m: step for step, modules in recorder.steps.items() for m in modules}
     if not graph_steps:
         handle._failure = _NOT_DUMPING.format(compiled=compiled, dump_dir=dump_dir) if compiled else _NOTHING_COMPILED
         if error is not None:
-            raise error
+            return
         raise InspectorError(handle._failure)
-    namer = scopes.name_parameter if name_modules else None
     graphs = tuple(read_graph(dump_dir, prefixes[m], step=graph_steps[m], namer=namer) for m in sorted(graph_steps))
     steps = {s: tuple(ms) for s, ms in recorder.steps.items()}
+    partial = "" if error is None else f"the block raised {type(error).__name__}" + (f": {error}" if str(error) else "")
     handle._report = Report(
         graphs=graphs,
         warnings=find_issues(graphs, steps, options),
@@ -264,9 +279,5 @@ def capture(
         platform=backend.platform(),
         steps=steps,
         dump_dir=str(dump_dir),
-        partial=""
-        if error is None
-        else f"the block raised {type(error).__name__}" + (f": {error}" if str(error) else ""),
+        partial=partial,
     )
-    if error is not None:
-        raise error

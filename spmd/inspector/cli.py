@@ -12,6 +12,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from spmd.cli_args import input_file, int_in, output_dir, output_file
+from spmd.devices import MAX_DEVICES
 from spmd.inspector.report import WarningCode
 
 __all__ = ["main", "build_parser"]
@@ -32,21 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
             "of the partitioned HLO, with warnings."
         ),
     )
-    parser.add_argument("script", help="the Python script to run")
+    parser.add_argument("script", type=input_file, help="the Python script to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    parser.add_argument("--devices", type=int, default=8, help="virtual CPU devices when no TPU is present (8)")
-    parser.add_argument("--steps", type=int, default=None, help="stop the script after this many steps (syncs)")
-    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON (and the HLO beside it)")
     parser.add_argument(
-        "--dump-dir", type=Path, default=None, help="keep XLA's dumps here (default: a temp dir, removed)"
+        "--devices", type=int_in(1, MAX_DEVICES), default=8, help="virtual CPU devices when no TPU is present (8)"
+    )
+    parser.add_argument("--steps", type=int_in(1), default=None, help="stop the script after this many steps (syncs)")
+    parser.add_argument(
+        "--json", type=output_file, default=None, help="write the report as JSON (and the HLO beside it)"
+    )
+    parser.add_argument(
+        "--dump-dir", type=output_dir, default=None, help="keep XLA's dumps here (default: a temp dir, removed)"
     )
     parser.add_argument(
         "--threshold",
-        type=int,
+        type=int_in(0),
         default=1 << 20,
         help="warn about replicated tensors of at least this many bytes (1 MiB)",
     )
-    parser.add_argument("--warmup-steps", type=int, default=2, help="steps allowed to compile (2)")
+    parser.add_argument("--warmup-steps", type=int_in(0), default=2, help="steps allowed to compile (2)")
     parser.add_argument(
         "--ignore",
         action="append",
@@ -54,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[c.value for c in WarningCode],
         help="leave out a kind of warning (repeatable)",
     )
-    parser.add_argument("--max-collectives", type=int, default=20, help="largest collectives listed per graph (20)")
+    parser.add_argument(
+        "--max-collectives", type=int_in(0), default=20, help="largest collectives listed per graph (20)"
+    )
     return parser
 
 
@@ -84,12 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
     script = Path(args.script)
-    if not script.is_file():
-        print(f"spmd.inspector: no such script: {script}", file=sys.stderr)
-        return 2
-    if args.steps is not None and args.steps < 1:
-        print(f"spmd.inspector: --steps must be >= 1, got {args.steps}", file=sys.stderr)
-        return 2
     from spmd._backend import backend
     from spmd.errors import TorchXlaNotInstalledError
 

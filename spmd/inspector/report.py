@@ -209,73 +209,12 @@ class Report:
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes as ints)."""
-
-        def shape(a: ArrayShape | None) -> str | None:
-            return None if a is None else str(a)
-
-        graphs = []
-        for g in self.graphs:
-            mem = None
-            if g.memory is not None:
-                mem = {
-                    "peak_bytes": g.memory.peak_bytes,
-                    "argument_bytes": g.memory.argument_bytes,
-                    "output_bytes": g.memory.output_bytes,
-                    "alias_bytes": g.memory.alias_bytes,
-                    "temp_bytes": g.memory.temp_bytes,
-                }
-            graphs.append(
-                {
-                    "name": g.name,
-                    "module_id": g.module_id,
-                    "step": g.step,
-                    "num_partitions": g.num_partitions,
-                    "memory_per_device": mem,
-                    "argument_bytes_per_device": g.argument_bytes,
-                    "parameters": [
-                        {
-                            "number": p.number,
-                            "name": p.name,
-                            "shape": shape(p.shape),
-                            "global_shape": shape(p.global_shape),
-                            "sharding": p.sharding,
-                            "bytes_per_device": p.nbytes,
-                        }
-                        for p in g.parameters
-                    ],
-                    "collectives": [
-                        {
-                            "op": c.kind.value,
-                            "name": c.name,
-                            "shape": c.shape,
-                            "dtype": sorted({a.dtype for a in c.arrays}),
-                            "result_bytes": c.result_bytes,
-                            "group_size": c.group_size,
-                            "num_groups": c.num_groups,
-                            "dimensions": list(c.dimensions),
-                            "bytes_sent_per_device": c.bytes_sent_per_device,
-                            "op_type": c.op_type,
-                            "op_name": c.op_name,
-                            "source": c.source,
-                            "source_parameter": c.source_parameter,
-                            "scope": c.scope,
-                            "source_tensor": self._source_tensor(g, c),
-                        }
-                        for c in g.collectives
-                    ],
-                    "totals": {
-                        "collectives": dict(sorted(Counter(c.kind.value for c in g.collectives).items())),
-                        "bytes_sent_per_device": g.bytes_sent_per_device,
-                    },
-                    "hlo_file": g.hlo_path,
-                }
-            )
         return {
             "tool": "spmd.inspector",
             "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,
-            "graphs": graphs,
+            "graphs": [self._graph_dict(g) for g in self.graphs],
             "steps": self.step_totals(),
             "totals": {
                 "graphs": len(self.graphs),
@@ -284,6 +223,61 @@ class Report:
                 "collectives": self.collective_counts(),
             },
             "warnings": [{"code": w.code.value, "graph": w.graph, "message": w.message} for w in self.warnings],
+        }
+
+    def _graph_dict(self, g: GraphReport) -> dict[str, Any]:
+        memory = g.memory
+        return {
+            "name": g.name,
+            "module_id": g.module_id,
+            "step": g.step,
+            "num_partitions": g.num_partitions,
+            "memory_per_device": None
+            if memory is None
+            else {
+                "peak_bytes": memory.peak_bytes,
+                "argument_bytes": memory.argument_bytes,
+                "output_bytes": memory.output_bytes,
+                "alias_bytes": memory.alias_bytes,
+                "temp_bytes": memory.temp_bytes,
+            },
+            "argument_bytes_per_device": g.argument_bytes,
+            "parameters": [
+                {
+                    "number": p.number,
+                    "name": p.name,
+                    "shape": _shape_text(p.shape),
+                    "global_shape": _shape_text(p.global_shape),
+                    "sharding": p.sharding,
+                    "bytes_per_device": p.nbytes,
+                }
+                for p in g.parameters
+            ],
+            "collectives": [self._collective_dict(g, c) for c in g.collectives],
+            "totals": {
+                "collectives": dict(sorted(Counter(c.kind.value for c in g.collectives).items())),
+                "bytes_sent_per_device": g.bytes_sent_per_device,
+            },
+            "hlo_file": g.hlo_path,
+        }
+
+    def _collective_dict(self, g: GraphReport, c: Collective) -> dict[str, Any]:
+        return {
+            "op": c.kind.value,
+            "name": c.name,
+            "shape": c.shape,
+            "dtype": sorted({a.dtype for a in c.arrays}),
+            "result_bytes": c.result_bytes,
+            "group_size": c.group_size,
+            "num_groups": c.num_groups,
+            "dimensions": list(c.dimensions),
+            "bytes_sent_per_device": c.bytes_sent_per_device,
+            "op_type": c.op_type,
+            "op_name": c.op_name,
+            "source": c.source,
+            "source_parameter": c.source_parameter,
+            "scope": c.scope,
+            "source_tensor": self._source_tensor(g, c),
         }
 
     @staticmethod
@@ -365,3 +359,7 @@ class Report:
         for w in self.warnings:
             lines.append(f"warning {w}")
         return "\n".join(lines)
+
+
+def _shape_text(a: ArrayShape | None) -> str | None:
+    return None if a is None else str(a)

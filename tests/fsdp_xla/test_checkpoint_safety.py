@@ -283,12 +283,12 @@ def test_a_fifo_or_a_directory_as_latest_is_refused_without_reading(tmp_path):
     (root / "LATEST").unlink()
     os.mkfifo(root / "LATEST")  # opening it for reading would wait for a writer forever
     started = time.monotonic()
-    with pytest.raises(CheckpointError, match="LATEST is not a regular file"):
+    with pytest.raises(CheckpointError, match="LATEST is a FIFO; it must be a regular file"):
         ck.load_sharded(root, model(1))
     assert time.monotonic() - started < 5
     (root / "LATEST").unlink()
     (root / "LATEST").mkdir()
-    with pytest.raises(CheckpointError, match="LATEST is not a regular file"):
+    with pytest.raises(CheckpointError, match="LATEST is a directory; it must be a regular file"):
         ck.consolidate(root)
 
 

@@ -33,7 +33,11 @@ def test_the_result_is_a_tensor_the_model_can_use(xla):
     assert type(host) is torch.Tensor  # a host copy is a plain tensor
     torch.testing.assert_close(host, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close((x + 1).cpu(), data + 1)
-    assert out.sharding is None and out.hlo_sharding is not None  # not marked, but the runtime knows
+    import torch_xla
+
+    assert out.sharding is None and out.hlo_sharding is None  # traced: the compiler decides its layout
+    torch_xla.sync()
+    assert out.hlo_sharding is not None  # computed: not marked, but the runtime knows
 
 
 def test_gradients_flow_to_the_marked_tensor(xla):
@@ -128,7 +132,10 @@ def test_visualize_a_computed_sharded_tensor(xla):
     from spmd import visualize_sharding
 
     x = mark_sharding(torch.ones(8, 4).to(xla), MESH, ("data", None))
-    out = x * 2  # no mesh of its own: drawn from the runtime's sharding
+    import torch_xla
+
+    out = x * 2  # no mesh of its own: drawn from the runtime's sharding, once computed
+    torch_xla.sync()
     buffer = io.StringIO()
     visualize_sharding(out, console=Console(file=buffer, width=120))
     text = buffer.getvalue()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "is_pending",
     "checkpoint",
     "compile_count",
     "device_attributes",
@@ -234,3 +235,9 @@ def shard_alike(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.T
     from jax.experimental.shard_alike import shard_alike as jax_shard_alike
 
     return xb.call_jax(jax_shard_alike, (x, y))
+
+
+def is_pending(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a traced value not computed yet (its layout is the compiler's to choose
+    until it runs), rather than data on the devices."""
+    return bool(_xlac()._check_tensor_need_materialization([t])[0])

@@ -143,6 +143,12 @@ class XLAShardedTensor(torch.Tensor):
         # marked tensor), so C++ code handed the view (torch_xla's FSDPv2 marks outputs with
         # _XLAC calls) and the ops after it see one tensor. Results stay sharded tensors while
         # on the XLA device (torch_xla's behaviour); a host copy is a plain tensor.
+        if torch.compiler.is_compiling() or torch._guards.TracingContext.try_get() is not None:
+            # Under torch.compile the view is the tensor it views: Dynamo traces the plain op.
+            # (Rewrapping here, Dynamo wrapped each rewrapped result again, without end; and it
+            # cannot trace the C helper below, so the context manager it knows does the same.)
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
         out = _call_as_plain_tensors(func, types, args, kwargs or {})
         if type(out) is torch.Tensor:  # the common case first: one tensor result
             return XLAShardedTensor._view(out, None) if out.device.type == "xla" else out
@@ -240,13 +246,13 @@ class XLAShardedTensor(torch.Tensor):
         Runs the pending computation of this tensor if it has not run yet.
         """
         tensor = self.global_tensor
-        hlo = self.hlo_sharding
+        runtime.sync_tensors([tensor])
+        hlo = self.hlo_sharding or HloSharding.replicated()  # computed now: it holds its layout
         if hlo.kind is ShardingKind.MANUAL:
             raise ShardLoadError(
                 f"The tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}); it has no global "
                 "layout to cut into shards. Call disable_manual_sharding(...) first."
             )
-        runtime.sync_tensors([tensor])
         shards = shardings.local_shard_devices(tensor)
         replicated = hlo.kind is not ShardingKind.TILED
         bounds = {
@@ -267,7 +273,7 @@ class XLAShardedTensor(torch.Tensor):
                 block has the wrong shape. It is also a ``RuntimeError``, as torch_xla raises.
         """
         tensor = self.global_tensor
-        hlo = self.hlo_sharding
+        hlo = self.hlo_sharding or HloSharding.replicated()
         where = f"load_local_shards_ (tensor of shape {tuple(tensor.shape)}, sharding {hlo})"
         if hlo.kind is not ShardingKind.TILED:
             raise ShardLoadError(
@@ -302,9 +308,14 @@ class XLAShardedTensor(torch.Tensor):
         return self.__dict__.get("_spmd_sharding")
 
     @property
-    def hlo_sharding(self) -> HloSharding:
-        """The XLA sharding the runtime holds (replicated when it holds none)."""
-        return shardings.sharding_of(self.global_tensor) or HloSharding.replicated()
+    def hlo_sharding(self) -> HloSharding | None:
+        """The XLA sharding the runtime holds; replicated for data on the devices that holds
+        none; ``None`` for a traced value that holds none: its layout is not assigned yet (the
+        compiler decides it; pytorch/xla#7846, where torch_xla's text is ``''``)."""
+        held = shardings.sharding_of(self.global_tensor)
+        if held is not None:
+            return held
+        return None if runtime.is_pending(self.global_tensor) else HloSharding.replicated()
 
     @property
     def global_shape(self) -> tuple[int, ...]:
@@ -317,7 +328,13 @@ class XLAShardedTensor(torch.Tensor):
         sharding = self.sharding
         if sharding is not None:
             return sharding.shard_bounds(self.global_shape)
-        return self.hlo_sharding.shard_bounds(self.global_shape, list(range(runtime.device_count())))
+        hlo = self.hlo_sharding
+        if hlo is None:
+            raise ShardLoadError(
+                f"The tensor of shape {tuple(self.shape)} is a traced value whose layout is not assigned yet (the "
+                "compiler decides it): it has no blocks to show until it is computed (torch_xla.sync()), or mark it."
+            )
+        return hlo.shard_bounds(self.global_shape, list(range(runtime.device_count())))
 
     @property
     def padding(self) -> tuple[int, ...]:

@@ -139,3 +139,19 @@ def test_the_callers_dict_is_not_modified():
     config = {"fsdp_transformer_layer_cls_to_wrap": "GPT2Block", "xla": True}
     read_fsdp_config(config)
     assert config == {"fsdp_transformer_layer_cls_to_wrap": "GPT2Block", "xla": True}
+
+
+def test_a_config_path_that_is_not_a_regular_file_is_refused_without_reading(tmp_path):
+    import os
+    import time
+
+    fifo = tmp_path / "fsdp_config.json"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    started = time.monotonic()
+    with pytest.raises(HFConfigError, match="fsdp_config file .* is a FIFO; it must be a regular file"):
+        read_fsdp_config(fifo)
+    assert time.monotonic() - started < 5
+    with pytest.raises(HFConfigError, match="is a directory; it must be a regular file"):
+        read_fsdp_config(tmp_path)
+    with pytest.raises(HFConfigError, match="does not exist"):
+        read_fsdp_config(tmp_path / "missing.json")

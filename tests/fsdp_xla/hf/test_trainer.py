@@ -140,3 +140,33 @@ def test_our_training_arguments_name_the_bad_json_line(tmp_path):
         CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(bad), report_to=[])
     good = CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=str(BLOG_JSON), report_to=[])
     assert isinstance(good, TrainingArguments) and good.fsdp_config["xla"] is True
+
+
+def test_every_batch_key_is_split_on_its_batch_dim_or_by_its_own_spec(xla):
+    """pytorch/xla#5768: one 2-D spec used to leave 4-D masks, pixel_values and 1-D labels
+    replicated; each key is now split on its batch dim over the data axes, or by its own spec."""
+    import numpy as np
+    import torch_xla.distributed.parallel_loader as pl
+
+    from fsdp_xla.hf.trainer import batch_sharding
+    from mesh import Mesh
+    from spmd import P, get_sharding
+
+    mesh = Mesh(np.arange(8), (4, 2), ("fsdp", "model"))
+    batch = {
+        "input_ids": torch.zeros(8, 16, dtype=torch.long),
+        "attention_mask": torch.ones(8, 1, 16, 16),
+        "labels": torch.zeros(8, dtype=torch.long),
+        "pixel_values": torch.zeros(8, 3, 4, 4),
+        "num_items": torch.tensor(8),
+    }
+    sharding = batch_sharding(mesh, {"pixel_values": P("fsdp", "model")})
+    (sent,) = list(pl.MpDeviceLoader([batch], xla, input_sharding=sharding))
+    on_batch_dim = "devices=[4,{}2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}}"
+    assert str(get_sharding(sent["input_ids"])) == "{" + on_batch_dim.format("1,")
+    assert str(get_sharding(sent["attention_mask"])) == "{" + on_batch_dim.format("1,1,1,")
+    assert str(get_sharding(sent["labels"])) == "{" + on_batch_dim.format("")
+    assert str(get_sharding(sent["pixel_values"])) == "{devices=[4,2,1,1]0,1,2,3,4,5,6,7}"
+    assert get_sharding(sent["num_items"]) is None or get_sharding(sent["num_items"]).is_replicated  # 0-d
+    with pytest.raises(HFConfigError, match="batch_specs must map batch keys to specs"):
+        batch_sharding(mesh, [("fsdp",)])

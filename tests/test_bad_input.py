@@ -1,0 +1,80 @@
+"""Bad input gets a typed error naming what to change, never a crash, hang or silent wrong value
+(issue: no silent failures). Each case here was reproduced as a crash, a raw traceback or a
+silent wrong value before its fix."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fsdp_xla import FSDPTypeError, MixedPrecision
+from mesh import DeviceCountError, Mesh, MeshError
+from spmd import NamedSharding, P, ShardingSpec, SpmdTypeError, configure_default_devices, mark_sharding
+from tests.torchrun import ROOT, child_env
+
+MESH = Mesh(np.arange(8), (8,), ("data",))
+
+
+@pytest.mark.parametrize("count", [0, -2, True, "8", 10**6])
+def test_a_device_count_that_would_crash_torch_xla_is_refused(count):
+    with pytest.raises(DeviceCountError, match="from 1 to 4096"):
+        configure_default_devices(count)  # torch_xla took 0 and segfaulted at the first device use
+
+
+def test_error_messages_stay_short_for_huge_device_lists():
+    with pytest.raises(MeshError) as e:
+        Mesh(np.arange(100_000), (7,), ("a",))
+    assert len(str(e.value)) < 400 and "99984 more, 100000 in all" in str(e.value)  # was 689,017 characters
+
+
+@pytest.mark.parametrize("name", ["", "a b", "1st", "x-y"])
+def test_axis_names_are_identifiers(name):
+    with pytest.raises(MeshError, match="give a non-empty identifier"):
+        Mesh(np.arange(8), (8,), (name,))
+
+
+def test_swapped_mesh_and_spec_are_named():
+    with pytest.raises(SpmdTypeError, match=r"the mesh and the spec are swapped; the order is mark_sharding\(t, mesh"):
+        mark_sharding(torch.zeros(8), P("data"), MESH)
+    with pytest.raises(TypeError, match="swapped; the order is NamedSharding"):
+        NamedSharding(P("data"), MESH)
+    with pytest.raises(TypeError, match="swapped; the order is ShardingSpec"):
+        ShardingSpec(("data",), MESH)
+
+
+def test_boolean_options_take_bools_only():
+    with pytest.raises(FSDPTypeError, match="cast_inputs must be True or False, got 'no'"):
+        MixedPrecision(torch.bfloat16, cast_inputs="no")  # 'no' is truthy: it turned casting on
+
+
+def inspector(*args, cwd=ROOT):
+    command = [sys.executable, "-m", "spmd.inspector", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--devices", "0"], "argument --devices: 0 is out of range"),
+        (["--devices", "-2"], "argument --devices: -2 is out of range"),
+        (["--devices", "9" * 30], "is not a whole number"),
+        (["--steps", "0"], "argument --steps: 0 is out of range"),
+        (["--threshold", "nan"], "argument --threshold: 'nan' is not a whole number"),
+    ],
+)
+def test_inspector_flags_are_checked_when_parsed(tmp_path, flags, message):
+    script = tmp_path / "script.py"
+    script.write_text("open('ran', 'w').close()\n")
+    run = inspector(*flags, script, cwd=tmp_path)  # --devices 0 / -2 segfaulted with no output
+    assert run.returncode == 2 and message in run.stderr and run.stderr.count("error:") == 1, run.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_inspector_refuses_a_directory_as_json_before_running_the_script(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("open('ran', 'w').close()\n")
+    run = inspector("--json", tmp_path, script, cwd=tmp_path)  # the whole script ran, then the report was lost
+    assert run.returncode == 2 and "is a directory; give a file path" in run.stderr
+    assert not (tmp_path / "ran").exists()
