@@ -13,8 +13,9 @@ import torch
 from fsdp_xla.checkpoint import consolidate
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
+from spmd.cli_args import output_dir, output_file
 
-__all__ = ["main", "write_state_dict"]
+__all__ = ["build_parser", "main", "write_state_dict"]
 
 
 def write_state_dict(state: dict[str, torch.Tensor], output: str | os.PathLike[str]) -> Path:
@@ -37,15 +38,24 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str | os.PathLike[s
     return target
 
 
+def _output(text: str) -> Path:
+    path = output_file(text)
+    if path.suffix not in (".safetensors", ".pt", ".bin"):
+        raise argparse.ArgumentTypeError(f"{text[:200]} does not end in .safetensors, .pt or .bin")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fsdp_xla.consolidate", description=__doc__)
+    parser.add_argument("checkpoint", type=output_dir, help="the sharded checkpoint directory (the one holding LATEST)")
+    parser.add_argument("--output", "-o", type=_output, required=True, help="output file: .safetensors, or .pt/.bin")
+    parser.add_argument("--optimizer", action="store_true", help="include optimizer state (optim/<param>/<field>)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m fsdp_xla.consolidate", description=__doc__)
-    parser.add_argument("checkpoint", help="the sharded checkpoint directory (the one holding LATEST)")
-    parser.add_argument("--output", "-o", required=True, help="output file: .safetensors, or .pt/.bin for torch.save")
-    parser.add_argument("--optimizer", action="store_true", help="include optimizer state (optim/<param>/<field>)")
-    args = parser.parse_args(argv)
-    if Path(args.output).is_dir():
-        parser.error(f"--output {args.output} is a directory; give a file name ending in .safetensors, .pt or .bin.")
+    args = build_parser().parse_args(argv)
     try:
         state = consolidate(args.checkpoint, optimizer=args.optimizer)
     except CheckpointError as e:

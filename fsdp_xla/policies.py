@@ -94,6 +94,10 @@ def transformer_auto_wrap_policy(layer_classes: Iterable[type[torch.nn.Module]])
             f"transformer_auto_wrap_policy takes layer classes, got the string {layer_classes!r}: pass the class "
             f"itself ({{{layer_classes}}}), or name it in an fsdp_config.json's transformer_layer_cls_to_wrap."
         )
+    if not isinstance(layer_classes, Iterable) or isinstance(layer_classes, (bytes, dict)):
+        raise WrapPolicyError(
+            f"transformer_auto_wrap_policy takes a set of layer classes, e.g. {{GPT2Block}}; got {layer_classes!r:.80}."
+        )
     return TransformerWrapPolicy(frozenset(layer_classes))
 
 

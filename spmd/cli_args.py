@@ -53,6 +53,13 @@ def finite_float(low: float, high: float | None = None, *, open_low: bool = Fals
 
 def input_file(text: str) -> Path:
     """An argparse type: an existing regular file (not a directory, FIFO or device)."""
+    try:
+        return _input_file(text)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
+
+
+def _input_file(text: str) -> Path:
     path = Path(text)
     if "\x00" in text:
         raise argparse.ArgumentTypeError("the path holds a NUL character")
@@ -66,6 +73,13 @@ def input_file(text: str) -> Path:
 def output_file(text: str) -> Path:
     """An argparse type: a file to write: not an existing directory or special file, in an
     existing, writable directory."""
+    try:
+        return _output_file(text)
+    except OSError as e:  # a name too long for the file system, ...
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
+
+
+def _output_file(text: str) -> Path:
     path = Path(text)
     if "\x00" in text or not text:
         raise argparse.ArgumentTypeError("give a file path")
@@ -84,6 +98,13 @@ def output_file(text: str) -> Path:
 def output_dir(text: str) -> Path:
     """An argparse type: a directory to write into: an existing directory, or a new path whose
     parent exists (not an existing file)."""
+    try:
+        return _output_dir(text)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
+
+
+def _output_dir(text: str) -> Path:
     path = Path(text)
     if "\x00" in text or not text:
         raise argparse.ArgumentTypeError("give a directory path")

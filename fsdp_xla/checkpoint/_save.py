@@ -167,8 +167,11 @@ def check_arguments(what: str, path: object, model: object, optimizer: object) -
     """TypeErrors naming the argument, before anything is read or written."""
     if not isinstance(path, (str, os.PathLike)):
         raise CheckpointTypeError(
-            f"{what}: path must be a str or os.PathLike (the checkpoint directory), got {path!r}."
+            f"{what}: path must be a str or os.PathLike (the checkpoint directory), got {path!r:.100}."
         )
+    text = os.fspath(path)
+    if not text or "\x00" in str(text):  # "" would be the current directory, silently
+        raise CheckpointError(f"{what}: path {text!r:.100} is not a directory path; give the checkpoint directory.")
     if not isinstance(model, torch.nn.Module):
         hint = " (model and optimizer swapped?)" if isinstance(model, torch.optim.Optimizer) else ""
         raise CheckpointTypeError(
