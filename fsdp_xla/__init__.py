@@ -2,6 +2,7 @@
 gathered per unit for compute, with optimization barriers, deferred init, mixed precision,
 gradient checkpointing and sharded checkpoints."""
 
+from fsdp_xla._options import FSDPOptions
 from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_shard
 from fsdp_xla.deferred import deferred_init
 from fsdp_xla.errors import (
@@ -28,6 +29,7 @@ __all__ = [
     "DeferredInitError",
     "FSDP",
     "FSDPError",
+    "FSDPOptions",
     "FSDPTypeError",
     "FullyShardedDataParallel",
     "MeshAxisError",

@@ -31,17 +31,18 @@ from typing import Any
 
 import torch
 
+from fsdp_xla._options import FSDPOptions
 from fsdp_xla._sharding import SpecFn, spec_from_fn
-from fsdp_xla._units import UnitPlan
+from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
-from spmd._backend.dtensor_backend import device_mesh
+from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
 from spmd.named_sharding import resolve_spec
 from spmd.partition_spec import PartitionSpec
 
-__all__ = ["check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
+__all__ = ["DTensorEngine", "check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
 
 
 def check_output_sharding(shard_output: PartitionSpec | Callable[[Any, Mesh], Any] | None, fsdp_axis: str) -> None:
@@ -165,3 +166,34 @@ def fully_shard_on_dtensor(
             shard_placement_fn=(lambda p, placements=placements: placements.get(id(p))) if placements else None,
         )
     return module
+
+
+class DTensorEngine:
+    """`fsdp_xla._engines.FSDPEngine` on DTensor: torch's ``fully_shard`` per unit."""
+
+    def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
+        """What FSDP2 cannot express (`check_output_sharding`, `fsdp_shard_dims`), and the world
+        the mesh needs; all before anything is sharded."""
+        check_output_sharding(options.shard_output, options.fsdp_axis)
+        fsdp_shard_dims(
+            plan_units(module, options.auto_wrap_policy), options.mesh, options.fsdp_axis, options.param_spec_fn
+        )
+        runtime = DTensorBackend()
+        options.mesh.check_device_count(runtime.device_count(), runtime.more_devices)
+
+    def apply(self, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
+        plans = plan_units(module, options.auto_wrap_policy)
+        first = next(iter(module.parameters()))
+        return fully_shard_on_dtensor(
+            module,
+            plans,
+            fsdp_shard_dims(plans, options.mesh, options.fsdp_axis, options.param_spec_fn),
+            mesh=options.mesh,
+            fsdp_axis=options.fsdp_axis,
+            precision=options.mixed_precision,
+            reshard_after_forward=options.reshard_after_forward,
+            gradient_checkpointing=options.gradient_checkpointing,
+            param_init_fn=options.param_init_fn,
+            init_seed=options.init_seed,
+            device_type=device_type_of(first),
+        )

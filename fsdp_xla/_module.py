@@ -1,0 +1,116 @@
+"""`FullyShardedDataParallel`: the class an FSDP-wrapped module (and each unit) becomes on GSPMD,
+and what its forward does around the wrapped module's own: the root's input check and output
+layout. The wrapped class keeps its name and forward signature (see `fsdp_class`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from fsdp_xla._runtime import UnitRuntime
+from fsdp_xla.errors import FSDPTypeError
+from mesh import Mesh
+from spmd import PartitionSpec, with_sharding_constraint
+
+__all__ = ["FSDP", "FullyShardedDataParallel", "OutputSharding", "fsdp_class"]
+
+OutputSharding = PartitionSpec | Callable[[Any, Mesh], Any] | None
+"""How the root's outputs are laid out: a spec for every tensor output of enough rank, a
+function ``(output, mesh) -> output``, or ``None`` (leave it to GSPMD)."""
+
+
+class FullyShardedDataParallel(torch.nn.Module):
+    """Shard ``module``'s parameters over the ``fsdp`` mesh axis and train it as ZeRO-3.
+
+    ``FSDP(module, ...)`` modifies ``module`` in place and returns it (see the module
+    docstring). Each unit (the root, and each submodule the auto-wrap policy picks) gathers
+    its parameters for its forward, drops them after, and gathers them again for its
+    backward; gradients are reduced to the sharded layout. Plain ``optimizer.step()`` then
+    updates the shards. Tensor-parallel layouts compose: give ``param_spec_fn`` specs naming
+    other mesh axes too, and those stay in place when the FSDP axis is gathered.
+
+    The arguments are those of `fully_shard`, which this calls.
+    """
+
+    _fsdp_runtime: UnitRuntime
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: ``__new__`` wrapped the module in place."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's own forward, with this unit's parameters gathered."""
+        if "_fsdp_specs" in self.__dict__:  # the root (it alone holds the specs): the model's own inputs
+            _check_inputs_on_device(type(self).__name__, args, kwargs)
+        inner = super().forward
+        out = self._fsdp_runtime.run(inner, args, kwargs)
+        shard_output = getattr(self, "_fsdp_shard_output", None)
+        if shard_output is not None:
+            out = _apply_output_sharding(out, shard_output, self._fsdp_mesh)
+        return out
+
+    @property
+    def fsdp_units(self) -> list[str]:
+        """Paths of the units under this root ('' is the root)."""
+        return [u.plan.path for u in self._fsdp_runtime.registry.units]
+
+    @property
+    def fsdp_mesh(self) -> Mesh:
+        """The mesh the parameters are sharded over."""
+        return self._fsdp_mesh
+
+    def fsdp_param_specs(self) -> dict[str, PartitionSpec]:
+        """The stored layout of every parameter, by qualified name."""
+        return dict(self._fsdp_specs)
+
+
+FSDP = FullyShardedDataParallel
+
+
+def _check_inputs_on_device(model: str, args: tuple, kwargs: dict) -> None:
+    """A host tensor given to a model whose parameters are on the XLA device: say which and how
+    to move it (torch_xla would fail deep inside the model with "Expected XLA tensor")."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"{k}=", v) for k, v in kwargs.items()]
+    for where, value in named:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device.type == "cpu":
+            raise FSDPTypeError(
+                f"{model} (FSDP on XLA) got {where} of shape {tuple(value.shape)} on the CPU; its parameters are on "
+                "the XLA device. Move inputs there first: x = x.to(torch_xla.device()) (or load batches with "
+                "torch_xla's MpDeviceLoader)."
+            )
+
+
+@functools.cache
+def fsdp_class(cls: type[torch.nn.Module]) -> type:
+    # Same name as the wrapped class: libraries record class names (Hugging Face writes
+    # ``architectures`` into config.json on save_pretrained).
+    # The forward keeps the wrapped class's signature: libraries inspect it (the Trainer drops
+    # batch keys the forward does not name).
+    @functools.wraps(cls.forward)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return FullyShardedDataParallel.forward(self, *args, **kwargs)
+
+    namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "forward": forward}
+    return type(cls.__name__, (FullyShardedDataParallel, cls), namespace)
+
+
+def _apply_output_sharding(out: Any, shard_output: PartitionSpec | Callable[[Any, Mesh], Any], mesh: Mesh) -> Any:
+    if not isinstance(shard_output, PartitionSpec):
+        return shard_output(out, mesh)
+    spec = shard_output
+    if isinstance(out, dict):  # Hugging Face ModelOutput keeps its class on item assignment
+        for key in list(out.keys()):
+            value = out[key]
+            if isinstance(value, torch.Tensor) and value.dim() >= len(spec):
+                out[key] = with_sharding_constraint(value, mesh, spec)
+        return out
+    leaves, tree = tree_flatten(out)
+    leaves = [
+        with_sharding_constraint(x, mesh, spec) if isinstance(x, torch.Tensor) and x.dim() >= len(spec) else x
+        for x in leaves
+    ]
+    return tree_unflatten(leaves, tree)
