@@ -180,9 +180,9 @@ def _attribute(attrs: str, key: str) -> str | None:
     depth = 0
     while end < len(attrs):
         ch = attrs[end]
-        if ch in "([":
+        if ch in "([{":  # braces: the named-axis replica groups, mesh[...] {'a','b'}
             depth += 1
-        elif ch in ")]":
+        elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
             break
@@ -276,7 +276,7 @@ class HloModuleText:
                     if m.group("entry"):
                         module.entry = current
                 continue
-            if line.strip() == "}":
+            if line.startswith("}"):  # "}" or, on a non-main thread, '}, execution_thread="sparsecore"'
                 current = None
                 continue
             inst = _parse_instruction(line, current)
