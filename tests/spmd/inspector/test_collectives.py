@@ -133,7 +133,9 @@ def test_named_axis_groups_match_the_mesh(shape, data):
     """Grouping over a subset of axes is numpy's transpose-and-reshape of the device grid."""
     names = [f"a{i}" for i in range(len(shape))]
     picked = data.draw(st.lists(st.sampled_from(range(len(shape))), min_size=1, unique=True))
-    text = f"mesh[{','.join(f'{n!r}={s}' for n, s in zip(names, shape))}] {{{','.join(repr(names[i]) for i in picked)}}}"
+    text = (
+        f"mesh[{','.join(f'{n!r}={s}' for n, s in zip(names, shape))}] {{{','.join(repr(names[i]) for i in picked)}}}"
+    )
     kept = [i for i in range(len(shape)) if i not in picked]
     size = int(np.prod([shape[i] for i in picked]))
     expected = np.arange(8).reshape(shape).transpose(kept + picked).reshape(-1, size)
