@@ -114,6 +114,9 @@ class _StepWalk:
         self.module = HloModuleText.parse(hlo_text)
         self.num_devices = self.module.num_partitions
         self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
+        # Who runs each computation that is not a loop or a reduction: a SparseCore collective's
+        # operand is a parameter of its computation, the value is its caller's operand.
+        self.callers = {c: i for i in self.by_name.values() for c in _called(i) if i.opcode != "while"}
         self.seen: dict[tuple[int, str], StepCollective] = {}
 
     def record(self, key: tuple[int, str], item: StepCollective) -> None:
@@ -122,8 +125,15 @@ class _StepWalk:
     def writes_shard_into_zeros(self, name: str) -> bool:
         """``name`` is (a copy of) a ``dynamic-update-slice``: a shard written into zeros."""
         inst = self.by_name.get(name)
-        while inst is not None and inst.opcode in ("copy", "bitcast", "copy-done"):
-            inst = self.by_name.get(inst.operands[0]) if inst.operands else None
+        for _ in range(16):  # through copies, tuples and into the caller of a parameter's computation
+            if inst is not None and inst.opcode in ("copy", "bitcast", "copy-done", "get-tuple-element", "tuple"):
+                inst = self.by_name.get(inst.operands[0]) if inst.operands else None
+            elif inst is not None and inst.opcode == "parameter" and inst.computation in self.callers:
+                caller = self.callers[inst.computation]
+                k = inst.argument or 0
+                inst = self.by_name.get(caller.operands[k]) if k < len(caller.operands) else None
+            else:
+                break
         if inst is None:
             return False
         if inst.opcode == "fusion":
