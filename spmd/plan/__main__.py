@@ -98,6 +98,7 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
     a.add_argument("--strategies", default=",".join(STRATEGIES), help="strategies to try")
     a.add_argument("--per-device-batches", type=_ints, default=[1, 2, 4], help="sequences per batch shard to try")
     a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
+    a.add_argument("--datas", type=_ints, default=[1], help="data axis sizes within a slice to try for fsdp (HSDP)")
     a.add_argument("--remats", type=_remats, default=list(REMATS), help="remat policies to try, in this order")
     a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (2-4 GiB RAM each)")
     a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)")
@@ -146,7 +147,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
 
     advice = advise(
         args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
-        per_device_batches=args.per_device_batches, tensors=args.tensors, remats=args.remats,
+        per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, remats=args.remats,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip

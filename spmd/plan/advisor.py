@@ -2,10 +2,11 @@
 compiling them with the TPU compiler; rank those that fit; write the winner as code.
 
 Candidates are (strategy, mesh) x remat policy x per-device batch:
-- ``fsdp``: ``fsdp`` over each slice's devices (``data`` over slices);
+- ``fsdp``: ``fsdp`` over each slice's devices (``data`` over slices), and ``data`` x ``fsdp``
+  for each ``--datas`` size (HSDP: parameters sharded within each ``fsdp`` group);
 - ``2d``: ``fsdp`` x ``tensor`` for each ``tensor`` size that divides a slice's devices and the
   model's attention heads;
-- ``dp``: one ``data`` axis over every device (``data`` x ``fsdp`` meshes come from ``--slices``);
+- ``dp``: one ``data`` axis over every device;
 - remat policies in order of recomputation, ``none``, ``dots``, ``full``, ``offload``
   (`spmd.plan.remat`).
 
@@ -48,9 +49,15 @@ Log = Callable[[str], None]
 
 
 def candidates_for(
-    target: TpuSlice, strategies: Sequence[str], tensors: Sequence[int], heads: int | None
+    target: TpuSlice,
+    strategies: Sequence[str],
+    tensors: Sequence[int],
+    heads: int | None,
+    datas: Sequence[int] = (1,),
 ) -> list[tuple[str, dict[str, int]]]:
-    """The (strategy, mesh) pairs the advisor tries on ``target`` (module docstring)."""
+    """The (strategy, mesh) pairs the advisor tries on ``target`` (module docstring); ``datas``:
+    sizes of a ``data`` axis inside each slice for ``fsdp`` (``data`` x ``fsdp``, HSDP: the
+    parameters sharded over ``fsdp`` only, the batch over both)."""
     per_slice = target.devices_per_slice
     data = {"data": target.slices} if target.slices > 1 else {}
     out: list[tuple[str, dict[str, int]]] = []
@@ -58,7 +65,10 @@ def candidates_for(
         if strategy not in STRATEGIES:
             raise PlanError(f"Unknown strategy {strategy!r}; known: {STRATEGIES}.")
         if strategy == "fsdp":
-            out.append(("fsdp", {**data, "fsdp": per_slice}))
+            for d in sorted(set(datas)):
+                if 0 < d < per_slice and per_slice % d == 0:
+                    inner = {"data": target.slices * d} if target.slices * d > 1 else {}
+                    out.append(("fsdp", {**inner, "fsdp": per_slice // d}))
         elif strategy == "dp":
             out.append(("dp", {"data": target.devices}))
         else:
@@ -206,6 +216,7 @@ def advise(
     strategies: Sequence[str] = STRATEGIES,
     per_device_batches: Iterable[int] = (1, 2, 4),
     tensors: Iterable[int] = (2, 4, 8),
+    datas: Iterable[int] = (1,),
     remats: Iterable[str | Remat] = ("none", "dots", "full", "offload"),
     attention: str | Attention = "dot",
     seq_len: int | None = None,
@@ -222,6 +233,7 @@ def advise(
         strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.
+        datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
         remats: remat policies to try (`spmd.plan.remat`).
         hbm_bytes: the per-device memory budget; default the device's HBM.
         jobs: meshes compiled at once, each in its own spawned process (2-4 GiB of RAM each for
@@ -242,7 +254,7 @@ def advise(
     if kernel is Attention.FLASH:
         splash_block(seq_len)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    meshes = candidates_for(target, strategies, tuple(tensors), heads)
+    meshes = candidates_for(target, strategies, tuple(tensors), heads, tuple(datas))
     if not meshes:
         raise _no_mesh_error(target, strategies, tensors, heads)
     searches, dropped = _searches(target, module, hf_config, meshes, batches, policies, budget, log)

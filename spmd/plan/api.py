@@ -167,8 +167,9 @@ def _memory(req: _Request, compiled: CompiledStep, predicted: int) -> MemoryRepo
         0, 0, 0, 0, 0, predicted, req.hbm_bytes, largest_allocations=compiled.largest,
         devices_per_chip=chip.devices_per_chip,
     )  # fmt: skip
-    if not compiled.fits_compiler:
-        return replace(base, compiler_oom_bytes=compiled.oom_bytes)
+    if not compiled.fits_compiler:  # libtpu 0.0.52 names the temporaries only: add the arguments
+        used = compiled.oom_bytes + (predicted if compiled.oom_temporaries_only else 0)  # type: ignore[operator]
+        return replace(base, compiler_oom_bytes=used)
     m = compiled.memory
     return replace(
         base,

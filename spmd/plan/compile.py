@@ -31,6 +31,7 @@ class CompiledStep:
     hlo_text: str = ""
     cost: dict[str, float] = field(default_factory=dict)
     oom_bytes: int | None = None
+    oom_temporaries_only: bool = False
     largest: tuple[str, ...] = ()
 
     @property
@@ -39,9 +40,19 @@ class CompiledStep:
 
 
 def oom_used_bytes(message: str) -> int | None:
-    """The usage in libtpu's "Ran out of memory in memory space hbm. Used 45.97G of 15.75G hbm"."""
-    found = re.search(r"Used ([\d.]+)([BKMGT]) of ([\d.]+)([BKMGT]) hbm", message)
+    """The usage libtpu's out-of-memory error gives: "Ran out of memory in memory space hbm. Used
+    45.97G of 15.75G hbm" (libtpu 0.0.20: the whole program), or "the total memory required for
+    HLO temporaries (350.41G) exceeds available HBM (94.74G)" (libtpu 0.0.52: temporaries only;
+    `oom_counts_temporaries_only`)."""
+    found = re.search(r"Used ([\d.]+)([BKMGT]) of ([\d.]+)([BKMGT]) hbm", message) or re.search(
+        r"required for HLO temporaries \(([\d.]+)([BKMGT])\) exceeds available HBM", message
+    )
     return None if found is None else int(float(found[1]) * _UNITS[found[2]])
+
+
+def oom_counts_temporaries_only(message: str) -> bool:
+    """libtpu 0.0.52's form of the error, which leaves the arguments out (`oom_used_bytes`)."""
+    return "required for HLO temporaries" in message
 
 
 def largest_buffers(message: str, top: int = 5) -> tuple[str, ...]:
@@ -82,7 +93,13 @@ def compile_step(lowered: Any) -> CompiledStep:
         used = oom_used_bytes(str(e))
         if "RESOURCE_EXHAUSTED" not in str(e) or used is None:
             raise
-        return CompiledStep(time.perf_counter() - start, oom_bytes=used, largest=largest_buffers(str(e)))
+        seconds, text = time.perf_counter() - start, str(e)
+        return CompiledStep(
+            seconds,
+            oom_bytes=used,
+            oom_temporaries_only=oom_counts_temporaries_only(text),
+            largest=largest_buffers(text),
+        )
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):

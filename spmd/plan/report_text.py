@@ -34,10 +34,11 @@ def _heading(r: PlanReport) -> list[str]:
 def _memory(r: PlanReport) -> list[str]:
     m = r.memory
     if m.compiler_oom_bytes is not None:
+        listed = "; largest buffers:" if m.largest_allocations else ""
         return [
             "per-device HBM (TPU compiler)      GiB",
             f"  the TPU compiler ran out of HBM: {m.compiler_oom_bytes / GIB:.2f} GiB used "
-            f"(arguments by our sharding math: {m.predicted_argument_bytes / GIB:.3f}); largest buffers:",
+            f"(arguments by our sharding math: {m.predicted_argument_bytes / GIB:.3f}){listed}",
             *(f"    {a}" for a in m.largest_allocations),
         ]
     per_chip = (

@@ -14,6 +14,7 @@ from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advi
 from spmd.plan.__main__ import main as cli
 from spmd.plan.api import DEFAULT_SEQ_LEN, check_even_splits, default_seq_len, param_spec_for, uneven_splits
 from spmd.plan.compile import largest_buffers as _largest
+from spmd.plan.compile import oom_counts_temporaries_only
 from spmd.plan.compile import oom_used_bytes as _oom_used_bytes
 from spmd.plan.models import build_meta_model
 from spmd.plan.report import MemoryReport
@@ -156,6 +157,13 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
     assert _oom_used_bytes(OOM) == int(45.97 * 2**30)
     assert _largest(OOM) == ("   8.00G  bf16[32,1,32,2048,2048]{3,4,2,1,0:T(8,128)(2,1)}  (broadcast.141)",)
     assert _oom_used_bytes("RESOURCE_EXHAUSTED: something else") is None
+    # libtpu 0.0.52's form names the temporaries only (the planner adds the arguments).
+    new = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (111.13G) exceeds available HBM (94.74G). HLO module: jit_step."
+    )
+    assert _oom_used_bytes(new) == int(111.13 * 2**30) and oom_counts_temporaries_only(new)
+    assert not oom_counts_temporaries_only(OOM)
 
 
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
