@@ -78,6 +78,7 @@ def plot_advice(advice: Advice, path: str | Path) -> None:
             rate.text(0, row, "  does not fit", va="center", fontsize=8, color="tab:red")
         elif o is winner:
             rate.text(speeds[row], row, "  winner", va="center", fontsize=8, fontweight="bold")
+    rate.set_xlim(0, 1.2 * max(speeds + [1.0]))  # room for the winner's mark
     rate.set_xlabel("estimated tokens/s per device (none hidden)")
     fig.suptitle(f"{advice.model} on {advice.topology}, seq {advice.seq_len}, attention {advice.attention}")
     _save(plt, fig, path)
