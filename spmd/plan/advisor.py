@@ -183,6 +183,15 @@ def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterabl
     )
 
 
+def _model(model: Any, seq_len: int | None, kernel: Attention) -> tuple[torch.nn.Module, Any, int]:
+    """The model on ``meta``, its config, and the sequence length (checked for the kernel)."""
+    module, hf_config = build_meta_model(model)
+    seq = resolve_seq_len(seq_len, hf_config)
+    if kernel is Attention.FLASH:
+        splash_block(seq)
+    return module, hf_config, seq
+
+
 def _block_class(module: torch.nn.Module) -> str | None:
     """The repeated block's class, ``module.Class`` (the FSDP wrap policy of the winner's code)."""
     stack = find_layer_stack(module)
@@ -229,15 +238,19 @@ def advise(
     """Search the candidate plans (module docstring) and rank them.
 
     Args:
-        model, topology, slices, seq_len, compute_dtype, attention: as in `spmd.plan.plan`.
+        model: as in `spmd.plan.plan`.
+        topology: as in `spmd.plan.plan`.
+        slices: as in `spmd.plan.plan`.
+        seq_len: as in `spmd.plan.plan`.
+        compute_dtype: as in `spmd.plan.plan`.
+        attention: as in `spmd.plan.plan`; every candidate runs it.
         strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
         remats: remat policies to try (`spmd.plan.remat`).
         hbm_bytes: the per-device memory budget; default the device's HBM.
-        jobs: meshes compiled at once, each in its own spawned process (2-4 GiB of RAM each for
-            a 7B model; a calling script needs an ``if __name__ == "__main__":`` guard); 1 runs here.
+        jobs: meshes compiled at once in spawned processes (docs/plan.md); 1 compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives one progress line per compile (default: stderr).
 
@@ -249,10 +262,7 @@ def advise(
     budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
     batches, policies = _check_choices(per_device_batches, remats)
     kernel = Attention.parse(attention)
-    module, hf_config = build_meta_model(model)
-    seq_len = resolve_seq_len(seq_len, hf_config)
-    if kernel is Attention.FLASH:
-        splash_block(seq_len)
+    module, hf_config, seq_len = _model(model, seq_len, kernel)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
     meshes = candidates_for(target, strategies, tuple(tensors), heads, tuple(datas))
     if not meshes:
@@ -261,10 +271,9 @@ def advise(
     log(f"advisor: {len(searches)} meshes to compile; per-device batches {list(batches)}, remat {list(policies)}")
     settings = Settings(topology, slices, seq_len, compute_dtype, kernel.value, budget, cache_dir, model_key(model))
     outcomes = dropped + _run(module if isinstance(model, torch.nn.Module) else model, searches, settings, jobs, log)
-    return Advice(
-        model=str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__,
-        topology=target.name, chip=target.chip.name, chips=target.chips, slices=target.slices, seq_len=seq_len,
-        compute_dtype=compute_dtype, attention=kernel.value, hbm_bytes=budget, outcomes=_rank(outcomes),
-        block_class=_block_class(module), model_type=getattr(hf_config, "model_type", None),
-        notes=_notes(outcomes, policies, strategies),
+    name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
+    notes = _notes(outcomes, policies, strategies)
+    return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...
+        name, target.name, target.chip.name, target.chips, target.slices, seq_len, compute_dtype, kernel.value,
+        budget, _rank(outcomes), _block_class(module), getattr(hf_config, "model_type", None), notes,
     )  # fmt: skip

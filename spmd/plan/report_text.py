@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from spmd.plan.published import published_for
+
 if TYPE_CHECKING:
     from spmd.plan.report import PlanReport
 
@@ -86,10 +88,13 @@ def _estimate(r: PlanReport) -> list[str]:
 
 
 def plan_table(r: PlanReport) -> str:
-    """The report as text: heading, memory, collectives, estimate, verdict."""
+    """The report as text: heading, memory, collectives, estimate (and a published run of the
+    model on as many chips, beside it), verdict."""
     lines = _heading(r) + _memory(r)
     if r.memory.compiler_oom_bytes is not None:
         lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
     else:
         lines += _collectives(r) + _estimate(r)
+        published = published_for(r.model, r.chip, r.chips)
+        lines += [f"  published: {published.line()}"] if published else []
     return "\n".join(lines + ["", r.verdict()])
