@@ -62,6 +62,16 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that read the planner's background compiles run last, so the compiles overlap
+    with everything else (the order of the rest is kept)."""
+    from tests.spmd.plan import plan_results
+
+    readers = [item for item in items if plan_results.needed([item.nodeid])]
+    if readers:
+        items[:] = [item for item in items if not plan_results.needed([item.nodeid])] + readers
+
+
 def pytest_collection_finish(session):
     """Start the planner's TPU compiles (tests/spmd/plan) in the background as soon as the tests
     are known: they run in their own process on the second core while other tests run."""

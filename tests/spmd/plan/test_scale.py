@@ -70,3 +70,22 @@ def test_llama3_1_405b_fits_on_256_ironwood_chips_with_host_offload():
     # Each layer's input lives in host memory: 126 layers x 3 x 8192 x 16384 bf16 per device.
     assert report["memory"]["host_temp_bytes"] >= 126 * 3 * 8192 * 16384 * 2
     assert seconds < 600 and peak_gib < 8.0, (seconds, peak_gib)
+
+
+TINY = {
+    "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_full_remat_keeps_less_than_dots(tmp_path):
+    """`full` keeps only each layer's input (the default suite's worker compiles the other policies)."""
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    step = dict(model=str(config), topology="v5e:2x2", global_batch=64, seq_len=512)
+    full, _, _ = planned(600, **step, remat="full")
+    dots, _, _ = planned(600, **step, remat="dots")
+    assert full["memory"]["temp_bytes"] < dots["memory"]["temp_bytes"]
+    assert full["estimate"]["recompute_factor"] == 4 / 3 > dots["estimate"]["recompute_factor"]
