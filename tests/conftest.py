@@ -73,16 +73,29 @@ def mesh_4x2() -> Mesh:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the XLA dumps of this session."""
+    """Remove the XLA dumps of this session, and stop the planner's worker if it still runs."""
     import shutil
 
+    from tests.spmd.plan import plan_results
+
+    plan_results.stop()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that read the planner's background compiles run last, so the compiles overlap
+    with everything else (the order of the rest is kept)."""
+    from tests.spmd.plan import plan_results
+
+    readers = [item for item in items if plan_results.needed([item.nodeid])]
+    if readers:
+        items[:] = [item for item in items if not plan_results.needed([item.nodeid])] + readers
 
 
 def pytest_collection_finish(session):
     """Start the planner's TPU compiles (tests/spmd/plan) in the background as soon as the tests
     are known: they run in their own process on the second core while other tests run."""
-    if any("spmd/plan/" in item.nodeid for item in session.items):
-        from tests.spmd.plan import plan_results
+    from tests.spmd.plan import plan_results
 
+    if plan_results.needed([item.nodeid for item in session.items]):
         plan_results.start()

@@ -180,9 +180,9 @@ def _attribute(attrs: str, key: str) -> str | None:
     depth = 0
     while end < len(attrs):
         ch = attrs[end]
-        if ch in "([":
+        if ch in "([{":  # braces: the named-axis replica groups, mesh[...] {'a','b'}
             depth += 1
-        elif ch in ")]":
+        elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
             break
@@ -234,6 +234,27 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
     )
 
 
+# A computation ends with "}", or, on a non-main thread, '}, execution_thread="sparsecore"'.
+_END_RE = re.compile(r'^\}(?:, execution_thread="[\w-]+")?\s*$')
+
+
+def _instruction_lines(lines: list[str]) -> Iterator[str]:
+    """The dump's lines with each instruction on one: an attribute string can hold newlines (a
+    Pallas kernel's backend_config does), so a line that neither opens an instruction nor a
+    computation nor closes one continues the line before it."""
+    pending: str | None = None
+    for line in lines:
+        starts = bool(_HEAD_RE.match(line)) or bool(_COMPUTATION_RE.match(line)) or bool(_END_RE.match(line))
+        if pending is not None and not starts and line.strip():
+            pending += "\n" + line
+            continue
+        if pending is not None:
+            yield pending
+        pending = line
+    if pending is not None:
+        yield pending
+
+
 # Opcodes that pass one operand's value through unchanged in content (layout, dtype or rank only).
 _PASS_THROUGH = frozenset({"bitcast", "copy", "reshape", "transpose", "convert", "bitcast-convert"})
 
@@ -267,7 +288,7 @@ class HloModuleText:
             raise ValueError("Not an HLO module dump: no 'HloModule' line.")
         module = cls(name=header.split()[1].rstrip(","), header=header)
         current: str | None = None
-        for line in lines:
+        for line in _instruction_lines(lines):
             if current is None:
                 m = _COMPUTATION_RE.match(line)
                 if m and not line.startswith("HloModule"):
@@ -276,7 +297,7 @@ class HloModuleText:
                     if m.group("entry"):
                         module.entry = current
                 continue
-            if line.strip() == "}":
+            if _END_RE.match(line):
                 current = None
                 continue
             inst = _parse_instruction(line, current)

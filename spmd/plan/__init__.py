@@ -1,26 +1,41 @@
 """Plan a TPU pod from this machine: compile a model's training step for a real TPU topology
-with libtpu's compiler (no TPU needed) and report per-chip HBM, collectives and an estimated MFU.
+with libtpu's compiler (no TPU needed) and report per-device HBM, collectives and an estimated MFU.
 
-``python -m spmd.plan llama2-7b --topology v5p-128`` or `plan` in Python; guide: docs/plan.md.
-Needs the ``plan`` extra (``jax[tpu]``, ``torchax``).
+``python -m spmd.plan llama3.1-70b --topology tpu7x-128`` or `plan` in Python; guide: docs/plan.md.
+Needs the ``plan`` extra (torchax, transformers) and a lane's jax and libtpu.
 """
 
 from spmd.plan.advisor import Advice, advise
-from spmd.plan.api import STRATEGIES, PlanError, auto_mesh_shape, plan
-from spmd.plan.models import BUILTIN_CONFIGS, ModelSpecError
+from spmd.plan.api import STRATEGIES, auto_mesh_shape, plan
+from spmd.plan.attention import Attention
+from spmd.plan.errors import (
+    CompilerVersionError,
+    ModelSpecError,
+    PlanError,
+    StandInReachedError,
+    TopologyError,
+    TracingError,
+)
+from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.remat import Remat
 from spmd.plan.report import PlanReport
-from spmd.plan.topology import CHIP_SPECS, TopologyError, TpuSlice, parse_slice
+from spmd.plan.topology import CHIP_SPECS, TpuSlice, parse_slice
 
 __all__ = [
     "Advice",
+    "Attention",
     "BUILTIN_CONFIGS",
     "CHIP_SPECS",
     "STRATEGIES",
+    "CompilerVersionError",
     "ModelSpecError",
     "PlanError",
     "PlanReport",
+    "Remat",
+    "StandInReachedError",
     "TopologyError",
     "TpuSlice",
+    "TracingError",
     "advise",
     "auto_mesh_shape",
     "parse_slice",

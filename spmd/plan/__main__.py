@@ -1,6 +1,6 @@
 """``python -m spmd.plan``: plan a model's training step on a TPU topology, or ``--advise``.
 
-    python -m spmd.plan llama2-7b --topology v5p-128 --batch 64 --seq 2048 --checkpointing
+    python -m spmd.plan llama3.1-70b --topology tpu7x-128 --seq 8192 --attention flash --remat full
     python -m spmd.plan llama2-7b --topology v5p-128 --mesh fsdp=16,tensor=4 --strategy 2d
     python -m spmd.plan config.json --topology v5e-256 --slices 2 --advise --json advice.json
 
@@ -16,9 +16,12 @@ from pathlib import Path
 
 from spmd.atomic_file import atomic_write
 from spmd.errors import ShardingError
-from spmd.plan.api import STRATEGIES
+from spmd.plan.meshes import STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
+
+REMATS = tuple(r.value for r in Remat)
 
 
 def _mesh(text: str) -> dict[str, int] | None:
@@ -44,6 +47,14 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4; got {text!r}") from None
 
 
+def _remats(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",")]
+    unknown = [n for n in names if n not in REMATS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown remat policies {unknown}; choose from {','.join(REMATS)}")
+    return names
+
+
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default unless it is None or False (those say theirs in the help)."""
 
@@ -53,84 +64,77 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m spmd.plan",
-        formatter_class=_Help,
-        description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
-        "and report per-chip HBM, collectives and an estimated step time and MFU.",
-    )
+def _step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help=f"a built-in ({', '.join(BUILTIN_CONFIGS)}), a config.json, or module:function")
-    p.add_argument("--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, or v5p:4x4x8")
+    p.add_argument(
+        "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
+    )
     p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (a 'data' axis spans them)")
+    p.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default: 2048, or a shorter learned position table)"
+    )
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
+    p.add_argument("--attention", choices=("dot", "flash"), default="dot", help="dot, or flash (splash attention)")
+    p.add_argument("--hbm-gib", type=float, default=None, help="per-device memory budget (default: the device's HBM)")
+    p.add_argument("--json", type=Path, default=None, help="write the report (or advice) as JSON")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of per-device memory (or the advice)")
+
+
+def _one_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 (default: auto)"
     )
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
     p.add_argument("--tensor", type=int, default=None, help="tensor axis size of the auto 2-D mesh (default: 4)")
-    p.add_argument("--batch", type=int, default=None, help="global batch in sequences (default: one per chip)")
-    p.add_argument(
-        "--seq",
-        type=int,
-        default=None,
-        help="sequence length (default: 2048, or a shorter learned position table: GPT-2 1024)",
-    )
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
-    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (recompute each layer)")
-    p.add_argument("--hbm-gib", type=float, default=None, help="per-chip memory budget (default: the chip's HBM)")
-    p.add_argument("--json", type=Path, default=None, help="write the report (or advice) as JSON")
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG of per-chip memory")
+    p.add_argument("--batch", type=int, default=None, help="global batch in sequences (default: one per batch shard)")
+    p.add_argument("--remat", choices=REMATS, default=None, help="what each layer keeps for backward (default: dots)")
+
+
+def _advise_flags(p: argparse.ArgumentParser) -> None:
     a = p.add_argument_group("advisor (--advise)")
-    a.add_argument("--advise", action="store_true", help="try candidate plans, rank those that fit, print the winner")
+    a.add_argument(
+        "--advise", action="store_true", help="search plans, remat policies and batches; rank those that fit"
+    )
     a.add_argument("--strategies", default=",".join(STRATEGIES), help="strategies to try")
     a.add_argument("--per-device-batches", type=_ints, default=[1, 2, 4], help="sequences per batch shard to try")
     a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
-    a.add_argument("--no-checkpointing", action="store_true", help="never try gradient checkpointing")
+    a.add_argument("--datas", type=_ints, default=[1], help="data axis sizes within a slice to try for fsdp (HSDP)")
+    a.add_argument("--remats", type=_remats, default=list(REMATS), help="remat policies to try, in this order")
     a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (2-4 GiB RAM each)")
     a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)")
     a.add_argument("--no-cache", action="store_true", help="compile everything afresh")
     a.add_argument("--fsdp-config", type=Path, default=None, help="write the winner's Trainer fsdp_config.json here")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spmd.plan",
+        formatter_class=_Help,
+        description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
+        "and report per-device HBM, collectives and an estimated step time and MFU.",
+    )
+    _step_flags(p)
+    _one_plan_flags(p)
+    _advise_flags(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    if args.advise:
-        one_plan = {"--strategy": args.strategy, "--mesh": args.mesh, "--batch": args.batch, "--tensor": args.tensor}
-        given = [flag for flag, value in one_plan.items() if value is not None]
-        given += ["--checkpointing"] if args.checkpointing else []
-        if given:
-            p.error(
-                f"{', '.join(given)} choose one plan, and --advise tries many: use --strategies, --tensors, "
-                "--per-device-batches and --no-checkpointing to narrow the search, or leave out --advise."
-            )
-    hbm = None if args.hbm_gib is None else int(args.hbm_gib * GIB)
-    try:
-        if args.advise:
-            return _advise(args, hbm)
-        from spmd.plan.api import plan
+def _write_json(path: Path | None, data: dict) -> None:
+    if path:
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(data, indent=2))
 
-        report = plan(
-            args.model,
-            args.topology,
-            strategy=args.strategy or "fsdp",
-            mesh=args.mesh,
-            global_batch=args.batch,
-            seq_len=args.seq,
-            compute_dtype=args.dtype,
-            gradient_checkpointing=args.checkpointing,
-            slices=args.slices,
-            tensor=4 if args.tensor is None else args.tensor,
-            hbm_bytes=hbm,
-        )
-    except ShardingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _plan(args: argparse.Namespace, hbm: int | None) -> int:
+    from spmd.plan.api import plan
+
+    report = plan(
+        args.model, args.topology, strategy=args.strategy or "fsdp", mesh=args.mesh, global_batch=args.batch,
+        seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
+        slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
+    )  # fmt: skip
     print(report.table())
-    if args.json:
-        with atomic_write(args.json) as tmp:
-            tmp.write_text(json.dumps(report.to_dict(), indent=2))
+    _write_json(args.json, report.to_dict())
     if args.plot:
         from spmd.plan.plot import plot_report
 
@@ -142,41 +146,47 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
     from spmd.plan.advisor import advise, default_cache_dir
 
     advice = advise(
-        args.model,
-        args.topology,
-        slices=args.slices,
-        strategies=[s.strip() for s in args.strategies.split(",")],
-        per_device_batches=args.per_device_batches,
-        tensors=args.tensors,
-        checkpointing=(False,) if args.no_checkpointing else (False, True),
-        seq_len=args.seq,
-        compute_dtype=args.dtype,
-        hbm_bytes=hbm,
-        jobs=args.jobs,
+        args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
+        per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, remats=args.remats,
+        attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
-    )
-    print(advice.table())
-    print()
-    print(advice.code())
+    )  # fmt: skip
+    print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()
     if config is not None:
-        print()
-        print("fsdp_config.json:")
-        print(json.dumps(config, indent=2))
+        print("\nfsdp_config.json:\n" + json.dumps(config, indent=2))
         if args.fsdp_config:
             with atomic_write(args.fsdp_config) as tmp:
                 tmp.write_text(json.dumps(config, indent=2) + "\n")
     elif args.fsdp_config:
         why = "nothing fits" if advice.winner is None else "the winner is data parallel, which is not FSDP"
         print(f"\n{args.fsdp_config} not written: {why}.")
-    if args.json:
-        with atomic_write(args.json) as tmp:
-            tmp.write_text(json.dumps(advice.to_dict(), indent=2))
+    _write_json(args.json, advice.to_dict())
     if args.plot:
         from spmd.plan.plot import plot_advice
 
         plot_advice(advice, args.plot)
     return 0 if advice.winner is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.advise:
+        one_plan = {"--strategy": args.strategy, "--mesh": args.mesh, "--batch": args.batch, "--tensor": args.tensor}
+        given = [flag for flag, value in one_plan.items() if value is not None]
+        given += ["--remat"] if args.remat else []
+        if given:
+            p.error(
+                f"{', '.join(given)} choose one plan, and --advise tries many: use --strategies, --tensors, "
+                "--per-device-batches and --remats to narrow the search, or leave out --advise."
+            )
+    hbm = None if args.hbm_gib is None else int(args.hbm_gib * GIB)
+    try:
+        return _advise(args, hbm) if args.advise else _plan(args, hbm)
+    except ShardingError as e:  # every planner error: bad input, with what to change
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

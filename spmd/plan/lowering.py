@@ -2,12 +2,15 @@
 
 Nothing here allocates a parameter: the model is built on the ``meta`` device, its parameters
 become ``jax.ShapeDtypeStruct`` values carrying a ``NamedSharding``, and ``torchax`` runs the
-module's own ``forward`` on JAX tracers. Only buffers (rotary tables, masks) are real.
+module's own ``forward`` on JAX tracers, in an ``Environment`` of the plan's own (where
+``--attention flash`` routes ``scaled_dot_product_attention``, `spmd.plan.attention`). Only
+buffers (rotary tables, masks) are real.
 
 The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, AdamW with fp32
 master weights and moments stored like the parameters. FSDP units are the repeated blocks of the
 model; each gathers its parameters at use (a sharding constraint to the spec without the
-``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does.
+``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does. What a block
+keeps for backward is the ``--remat`` policy (`spmd.plan.remat`).
 
 The repeated blocks run as one ``lax.scan`` over parameters stacked on a leading layer dim
 (MaxText's ``scan_layers``, torch_xla's ``scan_layers``): the TPU compiler then compiles one
@@ -26,7 +29,12 @@ import numpy as np
 import torch
 
 from mesh import Mesh
+from spmd.errors import ShardingError
 from spmd.partition_spec import P, PartitionSpec
+from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
+from spmd.plan.attention import Attention, causal_without_mask, route_attention
+from spmd.plan.errors import TracingError
+from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
 
@@ -39,15 +47,18 @@ class TrainStepConfig:
         global_batch: sequences per step over all devices.
         seq_len: tokens per sequence.
         compute_dtype: ``"bfloat16"`` (parameters cast at use, fp32 masters) or ``"float32"``.
-        gradient_checkpointing: recompute each block's activations in backward.
+        remat: what each block keeps for backward (`Remat`).
+        attention: what ``scaled_dot_product_attention`` runs (`Attention`).
         batch_axes: mesh axes the batch dim is split over.
+        gather_axes: mesh axes a block's parameters are gathered over at use (FSDP's).
         learning_rate, weight_decay, betas, eps: AdamW's.
     """
 
     global_batch: int
     seq_len: int
     compute_dtype: str = "bfloat16"
-    gradient_checkpointing: bool = False
+    remat: Remat = Remat.DOTS
+    attention: Attention = Attention.DOT
     batch_axes: tuple[str, ...] = ("fsdp",)
     gather_axes: tuple[str, ...] = ("fsdp",)
     learning_rate: float = 1e-4
@@ -132,66 +143,90 @@ def lower_train_step(
         mesh: our mesh; its device ids index ``jax_devices``.
         jax_devices: the target's devices (a TPU topology's, or ``jax.devices()``).
         param_spec: ``(name, shape) -> stored spec`` of each parameter.
-        config: batch, sequence, precision and optimizer (`TrainStepConfig`).
+        config: batch, sequence, precision, remat, attention and optimizer (`TrainStepConfig`).
         scan_layers: run the repeated blocks as one scan (see the module docstring).
+
+    Raises:
+        TracingError: the model's forward cannot run on JAX tracers (the message names why).
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import Mesh as JaxMesh
-    from jax.sharding import NamedSharding
-    from torch.nn.utils import stateless
+    builder = _StepBuilder(model, mesh, np.asarray(jax_devices), param_spec, config, scan_layers)
+    try:
+        lowered = builder.lower()
+    except ShardingError:
+        raise
+    except Exception as e:  # torchax's OperatorNotFound, jax's tracer errors, the model's own
+        first = (str(e).strip().splitlines() or [""])[0][:400]
+        raise TracingError(
+            f"The planner could not run {type(model).__name__}.forward on JAX tracers (torchax): "
+            f"{type(e).__name__}: {first}. The model must run a fixed program: no Python branch on a tensor's "
+            "value, no .item() / .tolist(), only ops torchax lowers. Simplify that part of forward, or plan "
+            "a model that avoids it."
+        ) from e
+    return LoweredStep(lowered, builder.specs, builder.shapes, len(builder.stack[1]) if builder.stack else 0)
 
-    env = _import_torchax().default_env()
-    jmesh = JaxMesh(np.asarray(jax_devices)[mesh.get_logical_mesh()], tuple(mesh.axis_names))
-    compute = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
 
-    def sharding(spec: PartitionSpec) -> Any:
-        return NamedSharding(jmesh, to_jax_spec(spec))
+class _StepBuilder:
+    """The pieces of one lowering, built in order by `lower`: the plan's torchax environment, the
+    abstract state, the block scan, the loss and the AdamW step."""
 
-    params = dict(model.named_parameters(remove_duplicate=True))
-    shapes = {n: tuple(p.shape) for n, p in params.items()}
-    specs = {n: param_spec(n, s) for n, s in shapes.items()}
-    buffers = {n: b for n, b in model.named_buffers() if b.device.type != "meta"}
-    stack = find_layer_stack(model) if scan_layers else None
+    def __init__(self, model: torch.nn.Module, mesh: Mesh, devices: np.ndarray, param_spec: Callable[..., Any],
+                 config: TrainStepConfig, scan_layers: bool):  # fmt: skip
+        import jax.numpy as jnp
+        from jax.sharding import Mesh as JaxMesh
 
-    layer_names: list[str] = []
-    stacked_specs: dict[str, PartitionSpec] = {}
-    if stack is not None:
-        stack_name, layers = stack
-        template = layers[0]
-        local = [n for n, _ in template.named_parameters()]
-        prefix = f"{stack_name}."
-        layer_names = [n for n in params if n.startswith(prefix)]
-        for n in local:
-            stacked_specs[n] = P(None, *specs[f"{prefix}0.{n}"].padded(len(shapes[f"{prefix}0.{n}"])))
+        self.model, self.config = model, config
+        self.env = import_torchax().tensor.Environment()
+        self.jmesh = JaxMesh(devices[mesh.get_logical_mesh()], tuple(mesh.axis_names))
+        self.attention_calls = (
+            route_attention(self.env, self.jmesh, config.batch_axes) if config.attention is Attention.FLASH else None
+        )
+        self.compute = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+        params = dict(model.named_parameters(remove_duplicate=True))
+        self.shapes = {n: tuple(p.shape) for n, p in params.items()}
+        self.specs = {n: param_spec(n, s) for n, s in self.shapes.items()}
+        self.buffers = {n: b for n, b in model.named_buffers() if b.device.type != "meta"}
+        self.stack = find_layer_stack(model) if scan_layers else None
+        prefix = f"{self.stack[0]}." if self.stack else None
+        self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
 
-    def gathered(t: Any, spec: PartitionSpec) -> Any:
-        value = jax.lax.with_sharding_constraint(env.t2j_iso(t), sharding(_without(spec, config.gather_axes)))
-        return env.j2t_iso(value)
+    def sharding(self, spec: PartitionSpec) -> Any:
+        from jax.sharding import NamedSharding
 
-    def run_block_scan(stacked: dict[str, Any]) -> Callable[..., Any]:
-        name, layers = stack  # type: ignore[misc]
-        template = layers[0]
+        return NamedSharding(self.jmesh, to_jax_spec(spec))
+
+    def gathered(self, t: Any, spec: PartitionSpec) -> Any:
+        """FSDP's gather at use: a sharding constraint to ``spec`` without the gather axes."""
+        import jax
+
+        value = jax.lax.with_sharding_constraint(
+            self.env.t2j_iso(t), self.sharding(_without(spec, self.config.gather_axes))
+        )
+        return self.env.j2t_iso(value)
+
+    def block(self) -> Callable[..., Any]:
+        """One repeated block as a checkpointed JAX function of (hidden, layer params, args, kwargs)."""
+        import jax
+        from jax.ad_checkpoint import checkpoint_name
+
+        name, layers = self.stack  # type: ignore[misc]
+        template, env = layers[0], self.env
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
+            hidden = checkpoint_name(hidden, BLOCK_INPUT)  # what `offload` moves to the host
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
-                full = {n: gathered(p, specs[f"{name}.0.{n}"]) for n, p in tp.items()}
-                with stateless._reparametrize_module(template, full):
+                full = {n: self.gathered(p, self.specs[f"{name}.0.{n}"]) for n, p in tp.items()}
+                with torch.nn.utils.stateless._reparametrize_module(template, full):
                     out = template(th, *targs, **tkwargs)
             return env.t2j_iso(out)
 
-        # FSDP keeps no gathered weight for backward: it gathers again, as our barriers make
-        # GSPMD do. Naming the gathered value is not enough, since whatever torch derives from it
-        # (a Linear's transposed weight) would be kept instead; so without checkpointing the
-        # block keeps its matmul outputs (activations, never weights) and recomputes the rest,
-        # gathers included. Gradient checkpointing keeps nothing and recomputes the block.
-        policy = (
-            jax.checkpoint_policies.nothing_saveable
-            if config.gradient_checkpointing
-            else jax.checkpoint_policies.dots_saveable
-        )
-        block = jax.checkpoint(block, policy=policy)
+        return jax.checkpoint(block, policy=jax_policy(self.config.remat))
+
+    def scanned(self, stacked: dict[str, Any]) -> Callable[..., Any]:
+        """What the layer list's single `_ScannedLayers` runs: every block as one ``lax.scan``."""
+        import jax
+
+        block, env = self.block(), self.env
 
         def run(hidden: Any, *args: Any, **kwargs: Any) -> Any:
             jh, jargs, jkwargs = env.t2j_iso((hidden, args, kwargs))
@@ -206,89 +241,96 @@ def lower_train_step(
 
         return run
 
-    def loss_fn(p: dict[str, Any], stacked: dict[str, Any], tokens: Any) -> Any:
-        p = jax.tree.map(lambda a: a.astype(compute), p)
-        stacked = jax.tree.map(lambda a: a.astype(compute), stacked)
-        tp, tbuf, tt = env.j2t_iso((p, {n: env.t2j_copy(b) for n, b in buffers.items()}, tokens))
+    def loss(self, p: dict[str, Any], stacked: dict[str, Any], tokens: Any) -> Any:
+        """The model's token cross-entropy on ``tokens``, its blocks scanned over ``stacked``."""
+        import jax
+
+        env, model = self.env, self.model
+        p = jax.tree.map(lambda a: a.astype(self.compute), p)
+        stacked = jax.tree.map(lambda a: a.astype(self.compute), stacked)
+        tp, tbuf, tt = env.j2t_iso((p, {n: env.t2j_copy(b) for n, b in self.buffers.items()}, tokens))
         with env:
-            tp = {n: gathered(v, specs[n]) for n, v in tp.items()}
-            restore = None
-            if stack is not None:
-                name, layers = stack
-                owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-                attr = name.rsplit(".", 1)[-1]
-                restore = (owner, attr, layers)
-                setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], run_block_scan(stacked))]))
+            tp = {n: self.gathered(v, self.specs[n]) for n, v in tp.items()}
+            restore = self._swap_in_scan(stacked)
             try:
-                out = torch.func.functional_call(
-                    model, (tp, tbuf), (tt,), {"labels": tt, "use_cache": False}, tie_weights=True, strict=False
-                )
+                kwargs = {"labels": tt, "use_cache": False}
+                out = torch.func.functional_call(model, (tp, tbuf), (tt,), kwargs, tie_weights=True, strict=False)
             finally:
                 if restore is not None:
-                    setattr(restore[0], restore[1], restore[2])
+                    setattr(*restore)
             loss = out.loss if hasattr(out, "loss") else _token_loss(out, tt)
         return env.t2j_iso(loss)
 
-    b1, b2 = config.betas
+    def _swap_in_scan(self, stacked: dict[str, Any]) -> tuple[Any, str, Any] | None:
+        """Put a `_ScannedLayers` in place of the layer list; returns how to put the list back."""
+        if self.stack is None:
+            return None
+        name, layers = self.stack
+        owner = self.model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self.model
+        attr = name.rsplit(".", 1)[-1]
+        setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], self.scanned(stacked))]))
+        return (owner, attr, layers)
 
-    def adamw(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
-        g = g.astype(jnp.float32)
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * jnp.square(g)
-        p = p - config.learning_rate * (m / (jnp.sqrt(v) + config.eps) + config.weight_decay * p)
-        return p, m, v
+    def step(self, state: Any, tokens: Any) -> tuple[Any, Any]:
+        """Loss, gradients and one AdamW update of the fp32 state ``(params, stacked, m, v)``."""
+        import jax
+        import jax.numpy as jnp
 
-    def step(state: Any, tokens: Any) -> tuple[Any, Any]:
-        params_, stacked_, m, v = state
-        loss, (g, gs) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params_, stacked_, tokens)
-        weights = (params_, stacked_)
-        updated = jax.tree.map(adamw, weights, (g, gs), m, v)
+        c = self.config
+        b1, b2 = c.betas
+
+        def adamw(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
+            g = g.astype(jnp.float32)
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * jnp.square(g)
+            return p - c.learning_rate * (m / (jnp.sqrt(v) + c.eps) + c.weight_decay * p), m, v
+
+        params, stacked, m, v = state
+        loss, grads = jax.value_and_grad(self.loss, argnums=(0, 1))(params, stacked, tokens)
+        weights = (params, stacked)
+        updated = jax.tree.map(adamw, weights, grads, m, v)
         new_p, new_m, new_v = jax.tree.transpose(jax.tree.structure(weights), jax.tree.structure((0, 0, 0)), updated)
         return (new_p[0], new_p[1], new_m, new_v), loss
 
-    flat = {
-        n: jax.ShapeDtypeStruct(shapes[n], jnp.float32, sharding=sharding(specs[n]))
-        for n in params
-        if n not in layer_names
-    }
-    stacked_abs: dict[str, Any] = {}
-    if stack is not None:
-        count = len(stack[1])
-        for n, spec in stacked_specs.items():
-            shape = (count, *shapes[f"{stack[0]}.0.{n}"])
-            stacked_abs[n] = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding(spec))
-    state = (flat, stacked_abs, (flat, stacked_abs), (flat, stacked_abs))
-    tokens = jax.ShapeDtypeStruct(
-        (config.global_batch, config.seq_len), jnp.int32, sharding=sharding(P(config.batch_axes or None, None))
-    )
-    lowered = jax.jit(step, donate_argnums=(0,)).lower(state, tokens)
-    return LoweredStep(lowered, specs, shapes, len(stack[1]) if stack is not None else 0)
+    def abstract_state(self) -> tuple[Any, Any]:
+        """``(state, tokens)`` as sharded ``ShapeDtypeStruct`` values: flat parameters, the layer
+        stack's parameters stacked on a leading dim, AdamW's moments like them, the int32 batch."""
+        import jax
+        import jax.numpy as jnp
 
+        flat = {
+            n: jax.ShapeDtypeStruct(s, jnp.float32, sharding=self.sharding(self.specs[n]))
+            for n, s in self.shapes.items()
+            if n not in self.layer_names
+        }
+        stacked: dict[str, Any] = {}
+        if self.stack is not None:
+            name, layers = self.stack
+            for local, _ in layers[0].named_parameters():
+                shape, spec = self.shapes[f"{name}.0.{local}"], self.specs[f"{name}.0.{local}"]
+                stacked_spec = P(None, *spec.padded(len(shape)))
+                stacked[local] = jax.ShapeDtypeStruct(
+                    (len(layers), *shape), jnp.float32, sharding=self.sharding(stacked_spec)
+                )
+        c = self.config
+        tokens = jax.ShapeDtypeStruct(
+            (c.global_batch, c.seq_len), jnp.int32, sharding=self.sharding(P(c.batch_axes or None, None))
+        )
+        return (flat, stacked, (flat, stacked), (flat, stacked)), tokens
 
-def _import_torchax() -> Any:
-    """``torchax``, which the PyPI wheel of 0.0.13 cannot import without flax: its
-    ``checkpoint`` module imports ``flax.training.checkpoints`` at the top, for save/load
-    helpers the planner never calls. When flax is absent, a placeholder stands in while torchax
-    imports and is removed right after, so nothing else sees a fake flax."""
-    import importlib.util
-    import sys
-    import types
+    def lower(self) -> Any:
+        import jax
 
-    if "torchax" in sys.modules or importlib.util.find_spec("flax") is not None:
-        import torchax
-
-        return torchax
-    names = ("flax", "flax.training", "flax.training.checkpoints")
-    for name in names:
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["flax"].training = sys.modules["flax.training"]  # type: ignore[attr-defined]
-    sys.modules["flax.training"].checkpoints = sys.modules["flax.training.checkpoints"]  # type: ignore[attr-defined]
-    try:
-        import torchax
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
-    return torchax
+        state, tokens = self.abstract_state()
+        with causal_without_mask(self.model), mosaic_ir_for_libtpu():
+            lowered = jax.jit(self.step, donate_argnums=(0,)).lower(state, tokens)
+        if self.attention_calls is not None and not self.attention_calls:
+            raise TracingError(
+                f"--attention flash: {type(self.model).__name__} never called scaled_dot_product_attention (it "
+                "computes attention itself, e.g. Hugging Face's attn_implementation='eager'), so no kernel could "
+                "replace it. Build the model with attn_implementation='sdpa', or plan with --attention dot."
+            )
+        return lowered
 
 
 def _token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

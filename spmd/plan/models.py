@@ -2,8 +2,8 @@
 or a ``module:function`` factory.
 
 Built-in configs are the published shapes (Hugging Face configs of ``gpt2`` ... ``gpt2-xl``,
-``meta-llama/Llama-2-7b-hf`` / 13b / 70b, ``meta-llama/Meta-Llama-3-8B`` / 70B), written out so
-no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
+``meta-llama/Llama-2-7b-hf`` / 13b / 70b, ``meta-llama/Meta-Llama-3-8B`` / 70B,
+``meta-llama/Llama-3.1-8B`` / 70B / 405B), written out so no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
 computed from the config), so a 70 B model costs this machine nothing but its Python objects.
 """
 
@@ -18,13 +18,17 @@ from typing import Any
 
 import torch
 
-from spmd.errors import ShardingError
+from spmd.plan.errors import ModelSpecError, PlanError
 
-__all__ = ["BUILTIN_CONFIGS", "ModelSpecError", "build_meta_model", "parameters_on_meta"]
-
-
-class ModelSpecError(ShardingError):
-    """A model name, config file or factory the planner cannot build."""
+__all__ = [
+    "BUILTIN_CONFIGS",
+    "DEFAULT_SEQ_LEN",
+    "ModelSpecError",
+    "build_meta_model",
+    "default_seq_len",
+    "parameters_on_meta",
+    "resolve_seq_len",
+]
 
 
 def _gpt2(n_layer: int, n_embd: int, n_head: int) -> dict[str, Any]:
@@ -55,6 +59,18 @@ def _llama(
     }
 
 
+def _llama31(d: int, layers: int, heads: int, ff: int) -> dict[str, Any]:
+    """Llama 3.1: 8 K/V heads, a 128256-token vocabulary, 128K context by the llama3 rope scaling."""
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    return {**_llama(d, layers, heads, 8, ff, 128256, 131072, 500000.0), "rope_scaling": rope}
+
+
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),
@@ -65,6 +81,9 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "llama2-70b": _llama(8192, 80, 64, 8, 28672, 32000, 4096),
     "llama3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 8192, 500000.0),
     "llama3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 8192, 500000.0),
+    "llama3.1-8b": _llama31(4096, 32, 32, 14336),
+    "llama3.1-70b": _llama31(8192, 80, 64, 28672),
+    "llama3.1-405b": _llama31(16384, 126, 128, 53248),
 }
 
 
@@ -162,3 +181,38 @@ def _from_factory(spec: str) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module):
         raise ModelSpecError(f"The factory {spec!r} returned {type(module).__name__}, not an nn.Module.")
     return module
+
+
+DEFAULT_SEQ_LEN = 2048
+
+
+def _position_table(hf_config: Any) -> int | None:
+    """A learned position table's length (GPT-2's ``n_positions``); rotary models (Llama) have none."""
+    limit = getattr(hf_config, "n_positions", None)
+    return limit if isinstance(limit, int) else None
+
+
+def default_seq_len(hf_config: Any) -> int:
+    """2048 tokens, or the model's learned position table if that is shorter (GPT-2: 1024)."""
+    limit = _position_table(hf_config)
+    return DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
+
+
+def resolve_seq_len(seq_len: int | None, hf_config: Any) -> int:
+    """``seq_len``, or `default_seq_len` for ``None``.
+
+    Raises:
+        PlanError: not an int >= 2, or longer than a learned position table, which the torch model
+            could not run.
+    """
+    if seq_len is None:
+        return default_seq_len(hf_config)
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
+        raise PlanError(f"seq_len must be an int >= 2 (tokens per sequence), got {seq_len!r}.")
+    limit = _position_table(hf_config)
+    if limit is not None and seq_len > limit:
+        raise PlanError(
+            f"seq_len={seq_len} is longer than the model's learned position table (n_positions={limit}): the model "
+            f"cannot run it. Give --seq {limit} or less (seq_len={limit}), or a config with a larger n_positions."
+        )
+    return seq_len

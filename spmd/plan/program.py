@@ -11,12 +11,12 @@ calling ``all-reduce-scatter``: it is counted as a reduce-scatter of the fusion'
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
 from spmd.inspector.hlo_text import HloModuleText, Instruction, parse_shape
 
-__all__ = ["StepCollective", "step_collectives", "trip_count"]
+__all__ = ["StepCollective", "splash_kernels", "step_collectives", "trip_count"]
 
 _KINDS = {k.value: k for k in CollectiveKind}
 _KINDS.update({f"{k.value}-start": k for k in CollectiveKind})
@@ -95,139 +95,123 @@ def _dcn_transfer(inst: Instruction) -> tuple[CollectiveKind, int] | None:
 
 
 def _called(inst: Instruction) -> list[str]:
+    """The computations ``inst`` runs: fusions, reductions, loops, conditionals, and the
+    ``called_computations`` of custom calls (libtpu 0.0.52 wraps offloaded collectives in one)."""
     names = []
-    for key in ("calls", "to_apply", "body", "branch_computations"):
+    for key in ("calls", "to_apply", "body", "branch_computations", "called_computations"):
         value = inst.attribute(key)
         if value:
             names += [n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip()]
     return names
 
 
-def step_collectives(hlo_text: str) -> list[StepCollective]:
-    """Every collective one device runs in a step of the optimized HLO module ``hlo_text``
-    (``compiled.as_text()``), loops unrolled by count."""
-    module = HloModuleText.parse(hlo_text)
-    num_devices = module.num_partitions
-    by_name = {i.name: i for insts in module.computations.values() for i in insts}
+class _StepWalk:
+    """One walk of a module's call graph from its entry, each collective recorded once per loop
+    context (module docstring)."""
 
-    def writes_shard_into_zeros(name: str) -> bool:
-        inst = by_name.get(name)
-        while inst is not None and inst.opcode in ("copy", "bitcast", "copy-done"):
-            inst = by_name.get(inst.operands[0]) if inst.operands else None
+    def __init__(self, hlo_text: str):
+        self.text = hlo_text
+        self.module = HloModuleText.parse(hlo_text)
+        self.num_devices = self.module.num_partitions
+        self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
+        # Who runs each computation that is not a loop or a reduction: a SparseCore collective's
+        # operand is a parameter of its computation, the value is its caller's operand.
+        self.callers = {c: i for i in self.by_name.values() for c in _called(i) if i.opcode != "while"}
+        self.seen: dict[tuple[int, str], StepCollective] = {}
+
+    def record(self, key: tuple[int, str], item: StepCollective) -> None:
+        self.seen.setdefault(key, item)
+
+    def writes_shard_into_zeros(self, name: str) -> bool:
+        """``name`` is (a copy of) a ``dynamic-update-slice``: a shard written into zeros."""
+        inst = self.by_name.get(name)
+        for _ in range(16):  # through copies, tuples and into the caller of a parameter's computation
+            if inst is not None and inst.opcode in ("copy", "bitcast", "copy-done", "get-tuple-element", "tuple"):
+                inst = self.by_name.get(inst.operands[0]) if inst.operands else None
+            elif inst is not None and inst.opcode == "parameter" and inst.computation in self.callers:
+                caller = self.callers[inst.computation]
+                k = inst.argument or 0
+                inst = self.by_name.get(caller.operands[k]) if k < len(caller.operands) else None
+            else:
+                break
         if inst is None:
             return False
         if inst.opcode == "fusion":
-            fused = module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+            fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
             return any(i.is_root and i.opcode == "dynamic-update-slice" for i in fused)
         return inst.opcode == "dynamic-update-slice"
 
-    seen: dict[tuple[int, str], StepCollective] = {}
-    order: list[tuple[int, str]] = []
+    def groups(self, inst: Instruction | None) -> tuple[tuple[int, ...], ...]:
+        return parse_replica_groups(inst.attribute("replica_groups") if inst else None, self.num_devices)
 
-    def record(key: tuple[int, str], item: StepCollective) -> None:
-        if key not in seen:
-            seen[key] = item
-            order.append(key)
-
-    def walk(computation: str, multiplier: int, context: int) -> None:
-        for inst in module.computations.get(computation, []):
-            if inst.opcode == "while":
-                body = inst.attribute("body") or ""
-                count = trip_count(hlo_text, module, inst.attribute("condition") or "")
-                walk(body.lstrip("%"), multiplier * count, id(inst))
-                continue
-            calls = inst.attribute("calls") or ""
-            if inst.opcode == "fusion" and "all-reduce-scatter" in calls:
-                inner = [i for i in module.computations.get(calls.lstrip("%"), []) if i.opcode == "all-reduce"]
-                groups = parse_replica_groups(inner[0].attribute("replica_groups") if inner else None, num_devices)
-                size = sum(a.nbytes for a in parse_shape(inst.shape_text))
-                channel = (inner[0].attribute("channel_id") if inner else None) or inst.name
-                record(
-                    (context, f"rs:{channel}"),
-                    StepCollective(
-                        CollectiveKind.REDUCE_SCATTER,
-                        inst.name,
-                        size,
-                        len(groups[0]),
-                        multiplier,
-                        ring_bytes_sent(CollectiveKind.REDUCE_SCATTER, size, len(groups[0])),
-                        inst.metadata.get("op_name", ""),
-                        tuple(groups[0]),
-                    ),
-                )
-                continue
-            dcn = _dcn_transfer(inst)
-            if dcn is not None:
-                kind, slices = dcn
-                size = parse_shape(inst.shape_text)[0].nbytes  # (data, context, token)
-                record(
-                    (context, f"dcn:{inst.attribute('channel_id') or inst.name}"),
-                    StepCollective(
-                        kind,
-                        inst.name,
-                        size,
-                        slices,
-                        multiplier,
-                        ring_bytes_sent(kind, size, slices),
-                        inst.metadata.get("op_name", ""),
-                        over_dcn=True,
-                    ),
-                )
-                continue
-            kind = _KINDS.get(inst.opcode)
-            if kind is not None:
-                arrays = parse_shape(inst.shape_text)
-                if inst.opcode.endswith("-start") and len(arrays) > 1:
-                    arrays = arrays[len(arrays) // 2 :]  # (operands, results) tuple of an async start
-                size = sum(a.nbytes for a in arrays)
-                if kind is CollectiveKind.COLLECTIVE_PERMUTE:
-                    group, members = 2, ()
-                    sent = size
-                else:
-                    groups = parse_replica_groups(inst.attribute("replica_groups"), num_devices)
-                    group, members = len(groups[0]), tuple(groups[0])
-                    sent = ring_bytes_sent(kind, size, group)
-                channel = inst.attribute("channel_id") or inst.name
-                gathers = (
-                    kind is CollectiveKind.ALL_REDUCE
-                    and bool(inst.operands)
-                    and all(writes_shard_into_zeros(o) for o in inst.operands)
-                )
-                record(
-                    (context, f"{kind.value}:{channel}"),
-                    StepCollective(
-                        kind,
-                        inst.name,
-                        size,
-                        group,
-                        multiplier,
-                        sent,
-                        inst.metadata.get("op_name", ""),
-                        members,
-                        "all-gather" if gathers else "",
-                    ),
-                )
-                continue
-            for callee in _called(inst):
-                if callee in module.computations and callee != computation:
-                    walk(callee, multiplier, context)
-
-    walk(module.entry, 1, 0)
-    out = []
-    for key in order:
-        c = seen[key]
-        out.append(
-            StepCollective(
-                c.kind,
-                c.name,
-                c.result_bytes,
-                c.group_size,
-                c.count,
-                c.bytes_sent_per_device * c.count,
-                c.op_name,
-                c.group,
-                c.implements,
-                c.over_dcn,
-            )
+    def reduce_scatter_fusion(self, inst: Instruction, multiplier: int, context: int) -> None:
+        """A fusion calling ``all-reduce-scatter``: a reduce-scatter of the fusion's result."""
+        calls = inst.attribute("calls") or ""
+        inner = [i for i in self.module.computations.get(calls.lstrip("%"), []) if i.opcode == "all-reduce"]
+        group = self.groups(inner[0] if inner else None)[0]
+        size = sum(a.nbytes for a in parse_shape(inst.shape_text))
+        channel = (inner[0].attribute("channel_id") if inner else None) or inst.name
+        kind = CollectiveKind.REDUCE_SCATTER
+        sent = ring_bytes_sent(kind, size, len(group))
+        op = inst.metadata.get("op_name", "")
+        self.record(
+            (context, f"rs:{channel}"), StepCollective(kind, inst.name, size, len(group), multiplier, sent, op, group)
         )
-    return out
+
+    def dcn(self, inst: Instruction, found: tuple[CollectiveKind, int], multiplier: int, context: int) -> None:
+        kind, slices = found
+        size = parse_shape(inst.shape_text)[0].nbytes  # (data, context, token)
+        sent = ring_bytes_sent(kind, size, slices)
+        item = StepCollective(
+            kind, inst.name, size, slices, multiplier, sent, inst.metadata.get("op_name", ""), over_dcn=True
+        )
+        self.record((context, f"dcn:{inst.attribute('channel_id') or inst.name}"), item)
+
+    def collective(self, inst: Instruction, kind: CollectiveKind, multiplier: int, context: int) -> None:
+        arrays = parse_shape(inst.shape_text)
+        if inst.opcode.endswith("-start") and len(arrays) > 1:
+            arrays = arrays[len(arrays) // 2 :]  # (operands, results) tuple of an async start
+        size = sum(a.nbytes for a in arrays)
+        if kind is CollectiveKind.COLLECTIVE_PERMUTE:
+            group, members, sent = 2, (), size
+        else:
+            members = self.groups(inst)[0]
+            group, sent = len(members), ring_bytes_sent(kind, size, len(members))
+        gathers = kind is CollectiveKind.ALL_REDUCE and bool(inst.operands)
+        gathers = gathers and all(self.writes_shard_into_zeros(o) for o in inst.operands)
+        item = StepCollective(
+            kind, inst.name, size, group, multiplier, sent, inst.metadata.get("op_name", ""), members,
+            "all-gather" if gathers else "",
+        )  # fmt: skip
+        self.record((context, f"{kind.value}:{inst.attribute('channel_id') or inst.name}"), item)
+
+    def walk(self, computation: str, multiplier: int, context: int) -> None:
+        for inst in self.module.computations.get(computation, []):
+            if inst.opcode == "while":
+                count = trip_count(self.text, self.module, inst.attribute("condition") or "")
+                self.walk((inst.attribute("body") or "").lstrip("%"), multiplier * count, id(inst))
+            elif inst.opcode == "fusion" and "all-reduce-scatter" in (inst.attribute("calls") or ""):
+                self.reduce_scatter_fusion(inst, multiplier, context)
+            elif (found := _dcn_transfer(inst)) is not None:
+                self.dcn(inst, found, multiplier, context)
+            elif (kind := _KINDS.get(inst.opcode)) is not None:
+                self.collective(inst, kind, multiplier, context)
+            else:
+                for callee in _called(inst):
+                    if callee in self.module.computations and callee != computation:
+                        self.walk(callee, multiplier, context)
+
+
+def step_collectives(hlo_text: str) -> list[StepCollective]:
+    """Every collective one device runs in a step of the optimized HLO module ``hlo_text``
+    (XLA's dump after optimizations), loops unrolled by count."""
+    walk = _StepWalk(hlo_text)
+    walk.walk(walk.module.entry, 1, 0)
+    return [replace(c, bytes_sent_per_device=c.bytes_sent_per_device * c.count) for c in walk.seen.values()]
+
+
+def splash_kernels(hlo_text: str) -> int:
+    """How many splash attention kernels (Pallas ``tpu_custom_call`` instructions named
+    ``splash_*``: forward, the backward's dq and dkv) the optimized module runs, loop bodies once.
+    The TPU compiler's own kernels (``online-softmax`` for dot attention) are not counted."""
+    return len(re.findall(r"%splash_\S* = .*custom_call_target=\"tpu_custom_call\"", hlo_text))

@@ -1,12 +1,8 @@
-"""A plan's result: per-chip memory from the TPU compiler, collectives, FLOPs, an estimated step
-time and MFU, and the verdict. Table and JSON forms.
+"""A plan's result: per-device memory from the TPU compiler, collectives, FLOPs, the estimated
+step time and MFU (`spmd.plan.estimate`), what compiled it, and the verdict. Table and JSON forms.
 
-The estimate (stated in every report): compute time is the step's model FLOPs per chip over the
-chip's peak bf16 FLOP/s (x 4/3 with gradient checkpointing, which runs the forward twice);
-communication time is each collective's ring bytes sent per chip over the chip's all-reduce
-bandwidth (`spmd.plan.topology`), over DCN's for collectives that cross slices. The step takes
-at least the larger of the two (all communication hidden behind compute) and at most their sum
-(none hidden); MFU is given for both.
+Memory is per device (a mesh position: a chip, or a TensorCore on TPU7x) and, where a chip has
+several devices, per chip too.
 """
 
 from __future__ import annotations
@@ -15,7 +11,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["CollectiveSummary", "MemoryReport", "PlanReport", "StepEstimate"]
+from spmd.plan import estimate as _estimate
+from spmd.plan.estimate import StepEstimate
+
+__all__ = ["CollectiveSummary", "MemoryReport", "PlanReport", "StepEstimate", "summarize"]
 
 MIB = 2**20
 GIB = 2**30
@@ -23,17 +22,19 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Per-chip bytes from the compiled executable's ``memory_analysis()``.
+    """Per-device bytes from the compiled executable's ``memory_analysis()``.
 
     ``total`` is arguments + outputs - aliased (donated state written in place) + temporaries:
-    what the chip holds at the step's peak. ``predicted_argument_bytes`` is our sharding math's
+    what the device holds at the step's peak. ``predicted_argument_bytes`` is our sharding math's
     sum of each argument's largest block, before the TPU's tiled layouts pad small dims.
+    ``host_temp_bytes``: activations offloaded to the host's memory (``--remat offload``).
+    ``largest_allocations``: the compiler's largest buffers.
 
     When the TPU compiler itself refuses the program for lack of HBM there is no memory
     analysis: ``compiler_oom_bytes`` holds the usage its error reports (the other byte fields
-    are 0) and ``largest_allocations`` its list of the biggest buffers. ``compiler_accepted``:
-    the compiler placed the step in the chip's HBM, which is the verdict when the budget is the
-    chip's own (the analysis's categories can add up to a little more than the HBM it accepted).
+    are 0). ``compiler_accepted``: the compiler placed the step in the device's HBM, which is the
+    verdict when the budget is the device's own (the analysis's categories can add up to a little
+    more than the HBM it accepted).
     """
 
     argument_bytes: int
@@ -46,6 +47,8 @@ class MemoryReport:
     compiler_oom_bytes: int | None = None
     largest_allocations: tuple[str, ...] = ()
     compiler_accepted: bool = False
+    host_temp_bytes: int = 0
+    devices_per_chip: int = 1
 
     @property
     def total_bytes(self) -> int:
@@ -66,7 +69,7 @@ class MemoryReport:
 
     @property
     def fits_with_no_margin(self) -> bool:
-        """The compiler placed the step, though its analysis adds up to more than the chip's
+        """The compiler placed the step, though its analysis adds up to more than the device's
         nominal HBM: it fits, with nothing to spare."""
         return self.fits and self.margin_bytes < 0
 
@@ -79,7 +82,7 @@ class MemoryReport:
 
 @dataclass(frozen=True)
 class CollectiveSummary:
-    """Collectives of one kind in a step, per chip."""
+    """Collectives of one kind in a step, per device."""
 
     kind: str
     count: int
@@ -88,34 +91,27 @@ class CollectiveSummary:
 
 
 @dataclass(frozen=True)
-class StepEstimate:
-    """The step-time model of the module docstring."""
-
-    model_flops_per_step: float
-    compute_seconds: float
-    ici_seconds: float
-    dcn_seconds: float
-    step_seconds_overlapped: float
-    step_seconds_serial: float
-    mfu_overlapped: float
-    mfu_serial: float
-
-
-@dataclass(frozen=True)
 class PlanReport:
-    """Everything `spmd.plan.plan` found for one (model, topology, mesh, strategy)."""
+    """Everything `spmd.plan.plan` found for one (model, topology, mesh, strategy, remat, attention).
+
+    ``splash_kernels``: splash attention kernels in the program (`spmd.plan.program.splash_kernels`).
+    ``toolchain``: what compiled it (`spmd.plan._compat.Toolchain` as a dict: the partitioner,
+    jax, jaxlib, libtpu, torch, torchax).
+    """
 
     model: str
     topology: str
     chip: str
     chips: int
+    devices: int
     slices: int
     mesh: dict[str, int]
     strategy: str
     global_batch: int
     seq_len: int
     compute_dtype: str
-    gradient_checkpointing: bool
+    remat: str
+    attention: str
     n_params: int
     scanned_layers: int
     memory: MemoryReport
@@ -124,22 +120,40 @@ class PlanReport:
     xla_bytes_accessed: float
     estimate: StepEstimate
     compile_seconds: float
+    splash_kernels: int = 0
+    toolchain: dict[str, str] = field(default_factory=dict)
     param_specs: dict[str, str] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
         return self.memory.fits
 
+    @property
+    def per_device_batch(self) -> float:
+        """Sequences per batch shard (every mesh axis but ``tensor``)."""
+        return self.global_batch * self.mesh.get("tensor", 1) / self.devices
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Estimated training throughput with no communication hidden (the conservative end)."""
+        return self.global_batch * self.seq_len / self.estimate.step_seconds_serial
+
     def verdict(self) -> str:
         m = self.memory
         if m.fits_with_no_margin:
             return (
-                f"FITS: the TPU compiler placed the step in the chip's HBM, though its memory analysis adds up "
+                f"FITS: the TPU compiler placed the step in the device's HBM, though its memory analysis adds up "
                 f"to {m.total_bytes / GIB:.2f} GiB of a nominal {m.hbm_bytes / GIB:.2f} GiB (no margin left)"
             )
         if m.fits:
-            return f"FITS: {m.total_bytes / GIB:.2f} GiB of {m.hbm_bytes / GIB:.2f} GiB HBM per chip ({m.margin_bytes / GIB:.2f} GiB free)"
-        return f"OOM: {m.total_bytes / GIB:.2f} GiB needed, {m.hbm_bytes / GIB:.2f} GiB HBM per chip ({-m.margin_bytes / GIB:.2f} GiB short)"
+            return (
+                f"FITS: {m.total_bytes / GIB:.2f} GiB of {m.hbm_bytes / GIB:.2f} GiB HBM per device "
+                f"({m.margin_bytes / GIB:.2f} GiB free)"
+            )
+        return (
+            f"OOM: {m.total_bytes / GIB:.2f} GiB needed, {m.hbm_bytes / GIB:.2f} GiB HBM per device "
+            f"({-m.margin_bytes / GIB:.2f} GiB short)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -147,14 +161,13 @@ class PlanReport:
         out["memory"]["margin_bytes"] = self.memory.margin_bytes
         out["fits"] = self.fits
         out["verdict"] = self.verdict()
-        out["estimate_model"] = __doc__.split("The estimate (stated in every report): ")[1].strip()
+        out["estimate_model"] = " ".join(_estimate.__doc__.split("\n\n", 1)[1].split())
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanReport:
         """The report `to_dict` wrote (derived keys ignored)."""
-        fields = {f for f in cls.__dataclass_fields__}
-        d = {k: v for k, v in data.items() if k in fields}
+        d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         memory = {k: v for k, v in d["memory"].items() if k in MemoryReport.__dataclass_fields__}
         memory["largest_allocations"] = tuple(memory.get("largest_allocations", ()))
         d["memory"] = MemoryReport(**memory)
@@ -163,60 +176,15 @@ class PlanReport:
         return cls(**d)
 
     def with_hbm(self, hbm_bytes: int) -> PlanReport:
-        """The same report judged against a different per-chip memory budget (below the chip's
-        HBM, by the memory analysis alone)."""
+        """The same report judged against a different per-device memory budget (below the
+        device's HBM, by the memory analysis alone)."""
         accepted = self.memory.compiler_accepted and hbm_bytes >= self.memory.hbm_bytes
         return replace(self, memory=replace(self.memory, hbm_bytes=hbm_bytes, compiler_accepted=accepted))
 
-    @property
-    def tokens_per_second(self) -> float:
-        """Estimated training throughput with no communication hidden (the conservative end)."""
-        return self.global_batch * self.seq_len / self.estimate.step_seconds_serial
-
     def table(self) -> str:
-        m, e = self.memory, self.estimate
-        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
-        lines = [
-            f"{self.model} on {self.topology} ({self.chips} x {self.chip}, {self.slices} slice(s)); mesh {mesh}; "
-            f"{self.strategy}; batch {self.global_batch} x {self.seq_len}; {self.compute_dtype}"
-            f"{'; gradient checkpointing' if self.gradient_checkpointing else ''}",
-            f"parameters {self.n_params / 1e9:.3f} B; {self.scanned_layers} layers scanned; compiled in {self.compile_seconds:.0f} s",
-            "",
-            "per-chip HBM (TPU compiler)        GiB",
-        ]
-        if m.compiler_oom_bytes is None:
-            lines += [
-                f"  arguments (params, AdamW, batch) {m.argument_bytes / GIB:9.3f}   (our sharding math: {m.predicted_argument_bytes / GIB:.3f})",
-                f"  outputs - aliased                {(m.output_bytes - m.alias_bytes) / GIB:9.3f}",
-                f"  temporaries                      {m.temp_bytes / GIB:9.3f}",
-                f"  total                            {m.total_bytes / GIB:9.3f}   of {m.hbm_bytes / GIB:.2f}",
-            ]
-        else:
-            lines += [
-                f"  the TPU compiler ran out of HBM: {m.compiler_oom_bytes / GIB:.2f} GiB used "
-                f"(arguments by our sharding math: {m.predicted_argument_bytes / GIB:.3f}); largest buffers:",
-                *(f"    {a}" for a in m.largest_allocations),
-            ]
-        if m.compiler_oom_bytes is not None:
-            lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
-        else:
-            lines += ["", "collectives per step         count   MiB sent per chip"]
-            for c in self.collectives:
-                dcn = f"  ({c.dcn_bytes_sent_per_chip / MIB:.1f} over DCN)" if c.dcn_bytes_sent_per_chip else ""
-                lines.append(f"  {c.kind:25s} {c.count:7d}   {c.bytes_sent_per_chip / MIB:12.1f}{dcn}")
-            lines += [
-                "",
-                f"model FLOPs per step {e.model_flops_per_step:.3e}; XLA cost analysis (loop bodies once): "
-                f"{self.xla_flops:.3e} FLOPs, {self.xla_bytes_accessed / GIB:.1f} GiB accessed",
-                f"estimated step: compute {e.compute_seconds * 1e3:.1f} ms, ICI {e.ici_seconds * 1e3:.1f} ms, "
-                f"DCN {e.dcn_seconds * 1e3:.1f} ms",
-                f"  -> step {e.step_seconds_overlapped * 1e3:.1f} ms (communication hidden) .. "
-                f"{e.step_seconds_serial * 1e3:.1f} ms (none hidden)",
-                f"  -> roofline MFU bound {e.mfu_serial:.1%} (none hidden) .. {e.mfu_overlapped:.1%} (hidden); "
-                "measured runs reach 40-70 % of peak (docs/plan.md)",
-            ]
-        lines += ["", self.verdict()]
-        return "\n".join(lines)
+        from spmd.plan.report_text import plan_table
+
+        return plan_table(self)
 
 
 def summarize(collectives: list[Any]) -> tuple[CollectiveSummary, ...]:

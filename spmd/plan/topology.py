@@ -1,26 +1,33 @@
-"""TPU slices by name (``v5p-128``, ``v5e-256``) and the chip figures the planner's estimate uses.
+"""TPU slices by name (``v5p-128``, ``v5e-256``, ``tpu7x-128``) and the chip figures the planner's
+estimate uses.
 
-Slice names count TensorCores on v2-v4 and v5p (two per chip: ``v5p-128`` is 64 chips) and
-chips on v5e and v6e (``v5e-256`` is 256 chips), as Cloud TPU names them. libtpu's compiler
-takes a physical shape instead (``v5p:4x4x4``); `parse_slice` turns one into the other with
-Cloud TPU's default shapes (the v5p and v5e topology tables of cloud.google.com/tpu/docs).
+Slice names count TensorCores on v2-v4, v5p and TPU7x (two per chip: ``v5p-128`` is 64 chips,
+``tpu7x-128`` 64) and chips on v5e and v6e (``v5e-256`` is 256 chips), as Cloud TPU names them.
+libtpu's compiler takes a physical chip grid instead (``v5p:4x4x4``, ``tpu7x:4x4x4``); `parse_slice`
+turns one into the other with Cloud TPU's default shapes.
 
-Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table):
+The planner's unit is the JAX device, what a mesh axis counts: one per chip, except TPU7x
+(Ironwood), whose two TensorCores are two devices (``device_kind`` "TPU7x"), each with half the
+chip's HBM, FLOP/s and links. ``tpu7x:2x2x1`` is 4 chips and 8 devices.
 
-| chip | bf16 TFLOP/s | HBM | all-reduce GB/s per chip | source of the last column |
-|---|---|---|---|---|
-| v4 | 275 | 32 GiB | 268.6 | 1.1 PB/s all-reduce per 4096-chip pod |
-| v5e | 197 | 16 GiB | 200 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
-| v5p | 459 | 95 GB | 600 | 4800 Gbps inter-chip interconnect |
-| v6e | 918 | 32 GB | 400 | 102.4 TB/s per 256-chip pod |
+Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table), per chip:
 
-HBM is the compiler's verdict first: libtpu fails a compile that does not fit its chip (v5e: "Used
+| chip | bf16 TFLOP/s | HBM | devices | all-reduce GB/s | DCN GB/s | source of the all-reduce column |
+|---|---|---|---|---|---|---|
+| v4 | 275 | 32 GiB | 1 | 268.6 | 3.125 | 1.1 PB/s all-reduce per 4096-chip pod |
+| v5e | 197 | 16 GiB | 1 | 200 | 3.125 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
+| v5p | 459 | 95 GB | 1 | 600 | 6.25 | 1200 GB/s bidirectional ICI (4800 Gbps each way) |
+| v6e | 918 | 32 GB | 1 | 400 | 12.5 | 102.4 TB/s per 256-chip pod (800 GB/s bidirectional) |
+| tpu7x | 2307 | 192 GiB | 2 | 600 | 12.5 | 1200 GB/s bidirectional ICI, as v5p |
+
+HBM is the compiler's verdict first: libtpu fails a compile that does not fit its device (v5e: "Used
 45.97G of 15.75G hbm", 16 GiB less 0.25 GiB it reserves), and the planner reports that as OOM;
 the table's figure is the budget a successful compile is compared against.
 
-Across slices (multi-slice, DCN) the estimate uses 3.125 GB/s per chip: v5e's 6.4 Tbps data
-center network per 256-chip pod (2 x 100 Gbps NICs per 8-chip host); other chips' DCN figures are
-not published per chip, so the same figure stands in for them (an assumption, stated in reports).
+Across slices (multi-slice, DCN) the estimate uses each chip's data center network bandwidth:
+Cloud's per-chip figures for v5p (50 Gbps), v6e and TPU7x (100 Gbps); v5e's 6.4 Tbps per
+256-chip pod (2 x 100 Gbps NICs per 8-chip host) for v5e, and the same figure for v4, whose
+per-chip DCN is not published (an assumption, stated in reports).
 """
 
 from __future__ import annotations
@@ -29,39 +36,65 @@ import math
 import re
 from dataclasses import dataclass
 
-from spmd.errors import ShardingError
 from spmd.mfu.peak import CHIPS
+from spmd.plan.errors import TopologyError
 
-__all__ = ["ChipSpec", "CHIP_SPECS", "DCN_BYTES_PER_SECOND_PER_CHIP", "TpuSlice", "TopologyError", "parse_slice"]
-
-
-class TopologyError(ShardingError):
-    """A slice name the planner cannot map to a TPU topology."""
+__all__ = ["ChipSpec", "CHIP_SPECS", "TpuSlice", "TopologyError", "parse_slice"]
 
 
 @dataclass(frozen=True)
 class ChipSpec:
-    """One TPU generation: libtpu's name, peak bf16 FLOP/s, HBM bytes, all-reduce bytes/s per
-    chip, whether slice names count cores (two per chip) and whether the torus is 3-D."""
+    """One TPU generation, per chip: libtpu's name, peak bf16 FLOP/s, HBM bytes, all-reduce and
+    DCN bytes/s; JAX devices per chip; whether slice names count cores (two per chip) and whether
+    the torus is 3-D. The ``device_`` properties divide by the devices a chip has."""
 
     name: str
     libtpu_name: str
     peak_flops: float
     hbm_bytes: int
     allreduce_bytes_per_second: float
+    dcn_bytes_per_second: float
     names_count_cores: bool
     three_d: bool
+    devices_per_chip: int = 1
+
+    @property
+    def device_peak_flops(self) -> float:
+        return self.peak_flops / self.devices_per_chip
+
+    @property
+    def device_hbm_bytes(self) -> int:
+        return self.hbm_bytes // self.devices_per_chip
+
+    @property
+    def device_allreduce_bytes_per_second(self) -> float:
+        return self.allreduce_bytes_per_second / self.devices_per_chip
+
+    @property
+    def device_dcn_bytes_per_second(self) -> float:
+        return self.dcn_bytes_per_second / self.devices_per_chip
 
 
 GIB = 2**30
+_POD_DCN = 6.4e12 / 8 / 256  # v5e: 6.4 Tbps per 256-chip pod, per chip
 # Peak FLOP/s have one home, spmd.mfu.peak; HBM and interconnect are the planner's.
 CHIP_SPECS: dict[str, ChipSpec] = {
-    "v4": ChipSpec("TPU v4", "v4", CHIPS["v4"].peak_flops, 32 * GIB, 1.1e15 / 4096, True, True),
-    "v5e": ChipSpec("TPU v5e", "v5e", CHIPS["v5e"].peak_flops, 16 * GIB, 51.2e12 / 256, False, False),
-    "v5p": ChipSpec("TPU v5p", "v5p", CHIPS["v5p"].peak_flops, 95 * 10**9, 4800e9 / 8, True, True),
-    "v6e": ChipSpec("TPU v6e", "v6e", CHIPS["v6e"].peak_flops, 32 * 10**9, 102.4e12 / 256, False, False),
+    "v4": ChipSpec("TPU v4", "v4", CHIPS["v4"].peak_flops, 32 * GIB, 1.1e15 / 4096, _POD_DCN, True, True),
+    "v5e": ChipSpec("TPU v5e", "v5e", CHIPS["v5e"].peak_flops, 16 * GIB, 51.2e12 / 256, _POD_DCN, False, False),
+    "v5p": ChipSpec("TPU v5p", "v5p", CHIPS["v5p"].peak_flops, 95 * 10**9, 4800e9 / 8, 50e9 / 8, True, True),
+    "v6e": ChipSpec("TPU v6e", "v6e", CHIPS["v6e"].peak_flops, 32 * 10**9, 102.4e12 / 256, 100e9 / 8, False, False),
+    "tpu7x": ChipSpec(
+        "TPU7x",
+        "tpu7x",
+        CHIPS["7x"].peak_flops,
+        192 * GIB,
+        1200e9 / 2,
+        100e9 / 8,
+        True,
+        True,
+        CHIPS["7x"].devices_per_chip,
+    ),
 }
-DCN_BYTES_PER_SECOND_PER_CHIP = 6.4e12 / 8 / 256
 
 
 @dataclass(frozen=True)
@@ -89,6 +122,15 @@ class TpuSlice:
         return self.chips_per_slice * self.slices
 
     @property
+    def devices_per_slice(self) -> int:
+        """JAX devices (mesh positions) of one slice: chips, or TensorCores on TPU7x."""
+        return self.chips_per_slice * self.chip.devices_per_chip
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_slice * self.slices
+
+    @property
     def libtpu_topology(self) -> str:
         """The name libtpu's compiler takes (``v5p:4x4x4``)."""
         return f"{self.chip.libtpu_name}:{'x'.join(map(str, self.shape))}"
@@ -109,12 +151,12 @@ def _default_shape(chips: int, three_d: bool) -> tuple[int, ...]:
     return tuple(sorted(2**e for e in exps))
 
 
-_NAME = re.compile(r"^(?P<gen>v4|v5e|v5litepod|v5p|v6e)(?:-(?P<count>\d+)|:(?P<shape>\d+(?:x\d+){1,2}))$")
+_NAME = re.compile(r"^(?P<gen>v4|v5e|v5litepod|v5p|v6e|tpu7x)(?:-(?P<count>\d+)|:(?P<shape>\d+(?:x\d+){1,2}))$")
 
 
 def parse_slice(name: str, slices: int = 1) -> TpuSlice:
-    """A `TpuSlice` from ``v5p-128``, ``v5e-256``, ``v6e-64``, ``v4-128`` or a physical shape
-    ``v5p:4x4x8``.
+    """A `TpuSlice` from ``v5p-128``, ``v5e-256``, ``v6e-64``, ``v4-128``, ``tpu7x-128`` or a
+    physical chip grid ``v5p:4x4x8``, ``tpu7x:2x2x1``.
 
     Raises:
         TopologyError: an unknown generation, a core count that is not a whole number of chips,
@@ -125,8 +167,8 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
     m = _NAME.match(name.strip().lower()) if isinstance(name, str) else None
     if m is None:
         raise TopologyError(
-            f"Unknown TPU slice {name!r}. Use '<chip>-<count>' (v4-128, v5p-1024: cores; v5e-256, v6e-64: chips) "
-            f"or '<chip>:<shape>' (v5p:4x4x8, v5e:16x16); chips: {sorted(CHIP_SPECS)}."
+            f"Unknown TPU slice {name!r}. Use '<chip>-<count>' (v4-128, v5p-1024, tpu7x-128: cores; v5e-256, "
+            f"v6e-64: chips) or '<chip>:<chip grid>' (v5p:4x4x8, v5e:16x16, tpu7x:2x2x1); chips: {sorted(CHIP_SPECS)}."
         )
     gen = "v5e" if m.group("gen") == "v5litepod" else m.group("gen")
     chip = CHIP_SPECS[gen]

@@ -111,3 +111,32 @@ def test_reduce_scatter_all_to_all_permute_and_async():
 )
 def test_module_scope(op_name, scope):
     assert module_scope(op_name) == scope
+
+
+def test_named_axis_replica_groups():
+    """Newer XLA (Shardy's meshes) prints groups as mesh axes: the devices that differ only along
+    the listed axes, or sub-axes 'a':(pre)size."""
+    assert parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert parse_replica_groups("mesh['axis_0'=4] {'axis_0'}", 4) == ((0, 1, 2, 3),)
+    assert parse_replica_groups("mesh['a'=8] {'a':(2)2}", 8) == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert parse_replica_groups("mesh['a'=8] {'a':(1)2,'a':(4)2}", 8) == ((0, 1, 4, 5), (2, 3, 6, 7))
+    assert parse_replica_groups("mesh['a'=4,'b'=2] {'b','a'}", 8) == ((0, 2, 4, 6, 1, 3, 5, 7),)
+    ids = "mesh['a'=2,'b'=4], device_ids=([2,4]<=[4,2]T(1,0)) {'b'}"
+    assert parse_replica_groups(ids, 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    with pytest.raises(ValueError, match=r"axis .*'c'.* is not one of \['a'\]"):
+        parse_replica_groups("mesh['a'=4] {'c'}", 4)
+
+
+@given(st.sampled_from([(2, 4), (4, 2), (2, 2, 2), (8,)]), st.data())
+def test_named_axis_groups_match_the_mesh(shape, data):
+    """Grouping over a subset of axes is numpy's transpose-and-reshape of the device grid."""
+    names = [f"a{i}" for i in range(len(shape))]
+    picked = data.draw(st.lists(st.sampled_from(range(len(shape))), min_size=1, unique=True))
+    text = (
+        f"mesh[{','.join(f'{n!r}={s}' for n, s in zip(names, shape))}] {{{','.join(repr(names[i]) for i in picked)}}}"
+    )
+    kept = [i for i in range(len(shape)) if i not in picked]
+    size = int(np.prod([shape[i] for i in picked]))
+    expected = np.arange(8).reshape(shape).transpose(kept + picked).reshape(-1, size)
+    assert parse_replica_groups(text, 8) == tuple(tuple(int(x) for x in row) for row in expected)

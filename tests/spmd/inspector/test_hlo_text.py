@@ -98,3 +98,30 @@ def test_not_a_module():
         HloModuleText.parse("hello")
     with pytest.raises(ValueError, match="no ENTRY"):
         HloModuleText.parse("HloModule m\n\n%c (a: f32[]) -> f32[] {\n  ROOT %a = f32[] parameter(0)\n}\n")
+
+
+# A Pallas kernel's backend_config can hold newlines (libtpu 0.0.52's splash attention does), and
+# a computation on the SparseCore thread ends with '}, execution_thread="sparsecore"'.
+MULTILINE = """HloModule jit_step, num_partitions=2
+
+%offloaded (p: f32[4]) -> f32[4] {
+  ROOT %p = f32[4]{0} parameter(0)
+}, execution_thread="sparsecore"
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %kernel = f32[4]{0} custom-call(%x), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"xprof":"{\\"block_q\\": 512,
+"block_kv": 512}"
+}}, metadata={op_name="splash"}
+  ROOT %after = f32[4]{0} add(%kernel, %x)
+}
+"""
+
+
+def test_instructions_spanning_lines_and_thread_computations_are_read():
+    module = HloModuleText.parse(MULTILINE)
+    assert set(module.computations) == {"offloaded", "main"}
+    names = [i.name for i in module.entry_instructions]
+    assert names == ["x", "kernel", "after"]
+    kernel = module.by_name["kernel"]
+    assert kernel.metadata["op_name"] == "splash" and '"block_kv": 512' in kernel.attributes

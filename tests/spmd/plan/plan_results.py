@@ -3,6 +3,7 @@ awaited by the tests that read its results."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,7 +12,13 @@ from pathlib import Path
 from tests.torchrun import child_env
 
 ROOT = Path(__file__).resolve().parents[3]
+# The test files that read the worker's results: collecting any of them starts it.
+USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py")
 _run: dict = {}
+
+
+def needed(nodeids: list[str]) -> bool:
+    return any(f"spmd/plan/{name}" in nodeid for nodeid in nodeids for name in USERS)
 
 
 def start() -> None:
@@ -38,3 +45,14 @@ def results(timeout: float = 900) -> tuple[dict, Path]:
     if code != 0:
         raise RuntimeError(f"plan_worker.py failed ({code}):\n" + (out / "log.txt").read_text()[-6000:])
     return json.loads((out / "results.json").read_text()), out
+
+
+def stop() -> None:
+    """End a worker the session no longer waits for (a run that deselected or failed its readers),
+    so no compile outlives the test session, and remove its output."""
+    proc = _run.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if "out" in _run:
+        shutil.rmtree(_run["out"], ignore_errors=True)

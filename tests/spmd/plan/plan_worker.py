@@ -1,9 +1,11 @@
-"""Run by test_plan.py in its own process: every TPU compile the planner tests need, once.
+"""Run by the planner tests in their own process: every TPU compile they need, once.
 
     python tests/spmd/plan/plan_worker.py OUT_DIR
 
 A subprocess because the test session's XLA_FLAGS (8 virtual CPU devices, the inspector's HLO
-dumps) would apply to the TPU compiles too. Writes OUT_DIR/results.json.
+dumps) would apply to the TPU compiles too, and because libtpu and torchax stay out of the test
+session. Writes OUT_DIR/results.json. Runs on both lanes; what a lane cannot compile (tpu7x on
+libtpu 0.0.20) is recorded as the error the planner gives.
 """
 
 import contextlib
@@ -12,18 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.experimental.shard_map import shard_map  # noqa: E402
-from jax.sharding import Mesh as JaxMesh  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as JP  # noqa: E402
-
-from spmd.plan import plan  # noqa: E402
-from spmd.plan.__main__ import main as cli  # noqa: E402
-from spmd.plan.program import step_collectives  # noqa: E402
+from spmd.plan import plan
+from spmd.plan.__main__ import main as cli
+from spmd.plan.errors import ShardingError
 
 TINY = {
     "model_type": "llama",
@@ -36,45 +29,76 @@ TINY = {
     "max_position_embeddings": 512,
     "tie_word_embeddings": False,
 }
+REMATS = ("none", "dots", "offload")  # `full` is offload's program without the transfers: the slow tests plan it
 
 
-def main(out: Path) -> None:
-    config = out / "tiny_llama.json"
-    config.write_text(json.dumps(TINY))
-    results: dict = {}
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli(args)
+    return code, out.getvalue(), err.getvalue()
 
-    # The advisor: data parallel, FSDP and 2-D on 4 chips under a 79 MiB budget, through the CLI;
-    # then again with --jobs 2 (spawned worker processes), every compile from the cache.
-    advise_args = lambda out_name: [  # noqa: E731
-        str(config),
-        "--topology", "v5e:2x2",
-        "--advise",
-        "--strategies", "dp,fsdp,2d",
-        "--tensors", "2",
-        "--per-device-batches", "8",
-        "--no-checkpointing",
-        "--seq", "128",
-        "--hbm-gib", str(79 / 1024),
-        "--cache", str(out / "cache"),
-        "--json", str(out / out_name),
-        "--fsdp-config", str(out / "fsdp_config.json"),
+
+def advisor(config: Path, out: Path, results: dict) -> None:
+    """Data parallel, FSDP and 2-D on 4 chips under a 74 MiB budget, through the CLI; then again
+    with --jobs 2 (spawned worker processes), every compile from the cache."""
+    args = lambda name: [  # noqa: E731
+        str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "dp,fsdp,2d", "--tensors", "2",
+        "--per-device-batches", "8", "--remats", "dots", "--seq", "128", "--hbm-gib", str(74 / 1024),
+        "--cache", str(out / "cache"), "--json", str(out / name), "--fsdp-config", str(out / "fsdp_config.json"),
         "--plot", str(out / "advice.png"),
     ]  # fmt: skip
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        results["advise_exit"] = cli(advise_args("advice.json"))
-    results["advise_stdout"] = stdout.getvalue()
-    with contextlib.redirect_stdout(io.StringIO()):
-        results["advise_again_exit"] = cli([*advise_args("advice_again.json"), "--jobs", "2"])
+    results["advise_exit"], results["advise_stdout"], _ = run_cli(args("advice.json"))
+    results["advise_again_exit"], _, _ = run_cli([*args("advice_again.json"), "--jobs", "2"])
 
-    # Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
-    # one-slice fsdp=4 plan, and a data axis across slices.
-    two_slices = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
-    results["two_slices"] = two_slices.to_dict()
 
-    # The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum.
-    devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
-    mesh = JaxMesh(np.array(devices).reshape(4), ("x",))
+def policies_and_kernels(config: Path, results: dict) -> None:
+    """Each remat policy, and flash attention, on one FSDP step at seq 512 (where the scores matter),
+    16 sequences per chip: enough that what a policy keeps spills out of on-chip memory into HBM."""
+    for remat in REMATS:
+        report = plan(str(config), "v5e:2x2", global_batch=64, seq_len=512, remat=remat)
+        results[f"remat_{remat}"] = report.to_dict()
+    flash = plan(str(config), "v5e:2x2", global_batch=64, seq_len=512, attention="flash")
+    results["flash"] = flash.to_dict()
+
+
+def ironwood(config: Path, out: Path, results: dict) -> None:
+    """The issue's first check: a config.json on tpu7x:2x2x1 through the CLI (the current lane),
+    or the error that names the current lane (the torch_xla lane's libtpu knows no tpu7x)."""
+    code, stdout, stderr = run_cli(
+        [str(config), "--topology", "tpu7x:2x2x1", "--seq", "128", "--json", str(out / "ironwood.json")]
+    )
+    results["ironwood"] = {"exit": code, "stdout": stdout, "error": stderr.strip().splitlines()[-1:]}
+
+
+def errors(results: dict) -> None:
+    """Bad input that needs libtpu or the tracer: each a typed error naming the fix."""
+    found = {}
+    for name, call in {
+        "untraceable": lambda: plan("tests.spmd.plan.models_for_tests:branchy", "v5e:2x2", seq_len=64),
+        "bad_shape": lambda: plan("gpt2", "v5e:3x3"),
+    }.items():
+        try:
+            call()
+            found[name] = None
+        except ShardingError as e:
+            found[name] = [type(e).__name__, str(e)]
+    results["errors"] = found
+
+
+def loop_collectives(results: dict) -> None:
+    """The collectives parser on a program whose collectives are known: 5 all-gathers in a loop, one psum."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh as JaxMesh
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as JP
+
+    from spmd.plan._compat import compile_with_hlo, topology_devices
+    from spmd.plan.program import step_collectives
+
+    mesh = JaxMesh(np.array(topology_devices("v5e:2x2", 1, "TPU v5e")).reshape(4), ("x",))
 
     def body(x):
         def step(i, acc):
@@ -83,15 +107,29 @@ def main(out: Path) -> None:
         acc = jax.lax.fori_loop(0, 5, step, jnp.zeros_like(x))
         return jax.lax.psum(acc, "x")
 
-    f = jax.jit(shard_map(body, mesh=mesh, in_specs=JP("x", None), out_specs=JP(None, None), check_rep=False))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=JP("x", None), out_specs=JP(None, None), check_vma=False))
     arg = jax.ShapeDtypeStruct((4 * 256, 512), jnp.float32, sharding=NamedSharding(mesh, JP("x", None)))
-    compiled = f.lower(arg).compile()
+    _, hlo, _ = compile_with_hlo(f.lower(arg))
     results["loop_collectives"] = [
         {"kind": c.kind.value, "count": c.count, "result_bytes": c.result_bytes, "group_size": c.group_size,
          "bytes_sent_per_device": c.bytes_sent_per_device}
-        for c in step_collectives(compiled.as_text())
+        for c in step_collectives(hlo)
     ]  # fmt: skip
 
+
+def main(out: Path) -> None:
+    config = out / "tiny_llama.json"
+    config.write_text(json.dumps(TINY))
+    results: dict = {}
+    advisor(config, out, results)
+    # Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
+    # one-slice fsdp=4 plan, and a data axis across slices.
+    two = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
+    results["two_slices"] = two.to_dict()
+    policies_and_kernels(config, results)
+    ironwood(config, out, results)
+    errors(results)
+    loop_collectives(results)
     (out / "results.json").write_text(json.dumps(results))
 
 

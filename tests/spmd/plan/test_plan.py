@@ -12,22 +12,17 @@ from fsdp_xla.hf.config import read_fsdp_config
 from mesh import Mesh
 from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advise, plan
 from spmd.plan.__main__ import main as cli
-from spmd.plan.api import (
-    DEFAULT_SEQ_LEN,
-    _largest,
-    _oom_used_bytes,
-    check_even_splits,
-    default_seq_len,
-    param_spec_for,
-    uneven_splits,
-)
+from spmd.plan.api import DEFAULT_SEQ_LEN, check_even_splits, default_seq_len, param_spec_for, uneven_splits
+from spmd.plan.compile import largest_buffers as _largest
+from spmd.plan.compile import oom_counts_temporaries_only
+from spmd.plan.compile import oom_used_bytes as _oom_used_bytes
 from spmd.plan.models import build_meta_model
 from spmd.plan.report import MemoryReport
 from tests.spmd.plan import plan_results
 
 CHIPS = 4
 BATCH, SEQ = 32, 128
-BUDGET = 79 * 2**20  # between data parallel's state (72 MiB) and its total (81 MiB)
+BUDGET = 74 * 2**20  # between data parallel's state (72 MiB) and its total (77 MiB)
 
 
 def tiny_llama_params() -> int:
@@ -84,6 +79,7 @@ def test_advisor_picks_a_plan_that_fits_where_data_parallel_does_not(advice, wor
     assert f"winner: {winner['strategy']}" in results["advise_stdout"]
     assert "model = FSDP(" in advice["code"] and "LlamaDecoderLayer" in advice["code"]
     compile(advice["code"], "advice", "exec")
+    assert "remat dots" in results["advise_stdout"] and "largest batch that fits" in results["advise_stdout"]
     config = read_fsdp_config(out / "fsdp_config.json", warn=False)
     assert config.layer_classes == ("LlamaDecoderLayer",) and not config.gradient_checkpointing
     assert (out / "advice.png").stat().st_size > 10_000
@@ -161,6 +157,13 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
     assert _oom_used_bytes(OOM) == int(45.97 * 2**30)
     assert _largest(OOM) == ("   8.00G  bf16[32,1,32,2048,2048]{3,4,2,1,0:T(8,128)(2,1)}  (broadcast.141)",)
     assert _oom_used_bytes("RESOURCE_EXHAUSTED: something else") is None
+    # libtpu 0.0.52's form names the temporaries only (the planner adds the arguments).
+    new = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (111.13G) exceeds available HBM (94.74G). HLO module: jit_step."
+    )
+    assert _oom_used_bytes(new) == int(111.13 * 2**30) and oom_counts_temporaries_only(new)
+    assert not oom_counts_temporaries_only(OOM)
 
 
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
@@ -173,13 +176,13 @@ def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     table = report.table()
     assert "ran out of HBM: 45.97 GiB" in table and "bf16[32,1,32,2048,2048]" in table
     assert "no collectives or step estimate" in table and "roofline" not in table
-    assert table.endswith("OOM: 45.97 GiB needed, 16.00 GiB HBM per chip (29.97 GiB short)")
+    assert table.endswith("OOM: 45.97 GiB needed, 16.00 GiB HBM per device (29.97 GiB short)")
     assert PlanReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
 
 
 def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice):
     fsdp = outcome(advice, "fsdp")
-    assert not fsdp.memory.compiler_accepted  # judged against the 79 MiB budget, by the analysis
+    assert not fsdp.memory.compiler_accepted  # judged against the 74 MiB budget, by the analysis
     over = dataclasses.replace(fsdp.memory, hbm_bytes=fsdp.memory.total_bytes - 1, compiler_accepted=True)
     report = dataclasses.replace(fsdp, memory=over)
     assert report.fits and "no margin left" in report.verdict()
@@ -198,6 +201,9 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(strategy="2d", mesh={"fsdp": 4}), PlanError, "needs mesh axes"),
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
+        (dict(remat="some"), PlanError, r"remat must be one of \['none', 'dots', 'full', 'offload'\]"),
+        (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
+        (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
     ],
 )
@@ -240,7 +246,7 @@ def test_a_plan_that_splits_a_dim_unevenly_names_it_before_compiling():
 
 
 def test_the_advisor_says_when_there_is_nothing_to_try():
-    with pytest.raises(PlanError, match=r"No candidate to compile: .*tensor sizes \[3\].*divide the 4 chips"):
+    with pytest.raises(PlanError, match=r"No candidate to compile: .*tensor sizes \[3\].*divide the 4 devices"):
         advise("gpt2", "v5e:2x2", strategies=["2d"], tensors=[3])
 
 
@@ -248,7 +254,7 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
     ("argv", "says"),
     [
         (["--advise", "--strategy", "2d"], "--strategy choose one plan, and --advise tries many"),
-        (["--advise", "--checkpointing", "--batch", "8"], "--batch, --checkpointing choose one plan"),
+        (["--advise", "--remat", "full", "--batch", "8"], "--batch, --remat choose one plan"),
         (["--mesh", "fsdp=4,fsdp=1"], "--mesh names axis 'fsdp' twice"),
     ],
 )

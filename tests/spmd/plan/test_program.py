@@ -73,3 +73,46 @@ def test_transfers_between_slices_are_dcn_collectives_over_the_slices():
     assert dcn.over_dcn and dcn.kind.value == "all-reduce"
     assert (dcn.group_size, dcn.count, dcn.result_bytes) == (2, 3, 512)
     assert dcn.bytes_sent_per_device == 3 * 512  # a 2-member ring sends each all-reduce's bytes once
+
+
+# What libtpu 0.0.52 emits on tpu7x (trimmed from a compile): Shardy's named-axis replica groups,
+# and an FSDP gather offloaded to the SparseCore, an async computation on its own thread (closed
+# by '}, execution_thread=...') whose custom call runs the all-gather.
+SPARSECORE_HLO = """HloModule jit_step, is_scheduled=true, num_partitions=8
+
+%called_computation.46 (param_0.1418: bf16[128,512]) -> bf16[1024,512] {
+  %param_0.1418 = bf16[128,512]{1,0} parameter(0)
+  ROOT %all-gather.149 = bf16[1024,512]{1,0} all-gather(%param_0.1418), channel_id=54, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}, dimensions={0}, use_global_device_ids=true
+}, execution_thread="sparsecore"
+
+%async_computation.14 (param_0.1394: bf16[128,512]) -> bf16[1024,512] {
+  %param_0.1394 = bf16[128,512]{1,0} parameter(0)
+  ROOT %custom-call.33 = bf16[1024,512]{1,0} custom-call(%param_0.1394), custom_call_target="TODO(b/522284627)", called_computations={%called_computation.46}
+}, execution_thread="sparsecore"
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (shard: bf16[128,512], g: f32[256]) -> (bf16[1024,512], f32[256]) {
+  %shard = bf16[128,512]{1,0} parameter(0)
+  %g = f32[256]{0} parameter(1)
+  %start = ((bf16[128,512]{1,0}), bf16[1024,512]{1,0}, u32[]) async-start(%shard), async_execution_thread="sparsecore", calls=%async_computation.14
+  %done = bf16[1024,512]{1,0} async-done(%start)
+  %reduced = f32[256]{0} all-reduce(%g), channel_id=2, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, use_global_device_ids=true, to_apply=%add
+  ROOT %out = (bf16[1024,512]{1,0}, f32[256]{0}) tuple(%done, %reduced)
+}
+"""
+
+
+def test_sparsecore_collectives_and_named_axis_groups_are_read():
+    found = {c.name: c for c in step_collectives(SPARSECORE_HLO)}
+    assert set(found) == {"all-gather.149", "reduced"}
+    gather, reduce = found["all-gather.149"], found["reduced"]
+    assert (gather.kind.value, gather.result_bytes, gather.group_size) == ("all-gather", 1024 * 512 * 2, 8)
+    assert gather.bytes_sent_per_device == 1024 * 512 * 2 * 7 // 8
+    # {'axis_1'} on a 4 x 2 mesh: pairs of neighbours.
+    assert (reduce.group, reduce.group_size) == ((0, 1), 2)
+    assert reduce.bytes_sent_per_device == 2 * 1024 * 1 // 2

@@ -20,11 +20,24 @@ from spmd.plan import CHIP_SPECS, TopologyError, parse_slice
         ("v6e-64", 64, "v6e:8x8"),
         ("v5p:4x4x8", 128, "v5p:4x4x8"),
         ("v5e:2x2", 4, "v5e:2x2"),
+        ("tpu7x-8", 4, "tpu7x:2x2x1"),  # TPU7x names count TensorCores, two per chip
+        ("tpu7x-128", 64, "tpu7x:4x4x4"),
+        ("tpu7x-512", 256, "tpu7x:4x8x8"),
+        ("tpu7x:2x2x1", 4, "tpu7x:2x2x1"),
+        ("tpu7x:4x4x4", 64, "tpu7x:4x4x4"),
     ],
 )
 def test_slice_names(name, chips, libtpu):
     target = parse_slice(name)
     assert (target.chips, target.libtpu_topology) == (chips, libtpu)
+    assert target.devices == chips * (2 if name.startswith("tpu7x") else 1)
+
+
+def test_ironwood_devices_are_half_a_chip():
+    chip = CHIP_SPECS["tpu7x"]
+    assert (chip.devices_per_chip, chip.hbm_bytes, chip.device_hbm_bytes) == (2, 192 * 2**30, 96 * 2**30)
+    assert chip.device_peak_flops == 2307e12 / 2
+    assert parse_slice("tpu7x-128").devices_per_slice == 128
 
 
 def test_slices_multiply_chips():
@@ -32,7 +45,7 @@ def test_slices_multiply_chips():
     assert (target.chips_per_slice, target.chips, target.slices) == (256, 512, 2)
 
 
-@given(st.integers(min_value=2, max_value=14), st.sampled_from(["v5p", "v5e", "v6e", "v4"]))
+@given(st.integers(min_value=2, max_value=14), st.sampled_from(["v5p", "v5e", "v6e", "v4", "tpu7x"]))
 def test_default_shapes_hold_every_chip(exp, gen):
     count = 2**exp
     try:
@@ -65,4 +78,5 @@ def test_bad_slices_say_what_to_write(name, slices, says):
 
 def test_chip_table_is_the_published_figures():
     # cloud.google.com/tpu/docs/<chip>, as in ../shared/anchors.md
-    assert {k: c.peak_flops / 1e12 for k, c in CHIP_SPECS.items()} == {"v4": 275, "v5e": 197, "v5p": 459, "v6e": 918}
+    peaks = {k: c.peak_flops / 1e12 for k, c in CHIP_SPECS.items()}
+    assert peaks == {"v4": 275, "v5e": 197, "v5p": 459, "v6e": 918, "tpu7x": 2307}

@@ -1,0 +1,286 @@
+"""Version drift under the planner, in one place: torchax on current torch, libtpu's chips, and
+reading what jax compiled. Nothing else in `spmd.plan` checks a version.
+
+The planner runs on two lanes (docs/plan.md): torch 2.9 with jax 0.7.1 and libtpu 0.0.20 (the
+torch_xla lane), and torch 2.15 with jax 0.10.2 and libtpu >= 0.0.50 (the current lane). What
+differs, measured here:
+
+- **torchax 0.0.13 on torch >= 2.14.** torchax, the newest on PyPI, resolves ATen names that
+  torch removed (the named-tensor ``Dimname`` overloads, ``aten.cholesky``, ``aten.qr``), in two
+  places: when it is imported (its op table, its autocast table) and when its first
+  ``Environment`` loads its decompositions. `import_torchax` gives a stand-in for each missing
+  name during both, and removes them afterwards (23 on torch 2.15.0: 2 operators and 21
+  overloads). A stand-in can only be reached through torchax's own tables, never by torch's
+  dispatcher; if anything calls one, it raises `StandInReachedError`.
+- **torchax 0.0.13's wheel imports flax** at the top (checkpoint helpers the planner never
+  calls); a placeholder stands in while it imports, when flax is absent.
+- **libtpu 0.0.20** knows no ``tpu7x`` (Ironwood): "Invalid TPU external name". `topology_devices`
+  turns that into `CompilerVersionError` naming the current lane.
+- **torchax's builds**: two builds both named 0.0.13 differ in ``override_op_definition``
+  (`override_function`).
+- **jax 0.7.1 with libtpu 0.0.20** (the torch_xla lane): jax writes Mosaic IR (Pallas kernels:
+  splash attention) version 8, libtpu reads <= 7; `mosaic_ir_for_libtpu` asks for 7.
+- **jaxlib 0.10.2 with libtpu 0.0.52**: ``compiled.as_text()`` can fail inside jaxlib
+  ("async-update instruction should have 1 operands but sees 4"): jaxlib parses HLO older than
+  what libtpu emits. XLA's own dump of the optimized module has the whole text, so
+  `compile_with_hlo` reads that, on both lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import tempfile
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spmd.plan.errors import CompilerVersionError, StandInReachedError, TopologyError
+
+__all__ = [
+    "LIBTPU_FOR_TPU7X",
+    "TORCHAX_REMOVED_OPERATORS",
+    "TORCHAX_REMOVED_OVERLOADS",
+    "Toolchain",
+    "aten_stand_ins",
+    "compile_with_hlo",
+    "import_torchax",
+    "missing_aten_names",
+    "mosaic_ir_for_libtpu",
+    "override_function",
+    "toolchain",
+    "topology_devices",
+]
+
+# ATen names torchax 0.0.13 resolves while it loads that torch 2.14 removed (named-tensor
+# overloads; cholesky and qr, whose linalg_ forms remain). Found by reading torchax's sources
+# for ``torch.ops.aten.<name>[.<overload>]`` and asking torch 2.15.0 for each.
+TORCHAX_REMOVED_OVERLOADS: dict[str, tuple[str, ...]] = {
+    "all": ("dimname", "dimname_out"),
+    "index_add": ("dimname",),
+    "index_copy": ("dimname",),
+    "index_copy_": ("dimname",),
+    "index_fill": ("Dimname_Scalar", "Dimname_Tensor"),
+    "index_fill_": ("Dimname_Scalar", "Dimname_Tensor"),
+    "norm": ("names_ScalarOpt_dim", "names_ScalarOpt_dim_dtype", "names_dtype_out", "names_out"),
+    "prod": ("dim_Dimname",),
+    "std": ("correction_names", "correction_names_out", "names_dim", "names_out"),
+    "std_mean": ("correction_names", "names_dim"),
+    "unbind": ("Dimname",),
+}
+TORCHAX_REMOVED_OPERATORS: tuple[str, ...] = ("cholesky", "qr")
+
+# The first libtpu measured to compile for tpu7x here (0.0.20 refuses it; 0.0.42.1 and 0.0.52 compile).
+LIBTPU_FOR_TPU7X = "0.0.42"
+_CURRENT_LANE = 'pip install -e ".[dev-current]" (or "xla-spmd[current,plan]")'
+
+
+class _StandIn:
+    """Answers for one removed ATen name while torchax loads; raises if anything calls it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, key: str) -> _StandIn:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return _StandIn(f"{self._name}.{key}")  # e.g. aten.cholesky.default
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise StandInReachedError(
+            f"The model reached aten.{self._name}, which torch {torch.__version__} removed and torchax still names; "
+            "the planner gave it a stand-in only so that torchax could load. Avoid the op (named-tensor dims, "
+            "torch.cholesky / torch.qr: use the torch.linalg forms), or plan on the torch_xla lane (torch 2.9)."
+        )
+
+    def __repr__(self) -> str:
+        return f"<stand-in for aten.{self._name}>"
+
+
+def missing_aten_names() -> list[str]:
+    """The names of `TORCHAX_REMOVED_OVERLOADS` / `TORCHAX_REMOVED_OPERATORS` this torch lacks."""
+    aten = torch.ops.aten
+    missing = [name for name in TORCHAX_REMOVED_OPERATORS if not hasattr(aten, name)]
+    for name, overloads in TORCHAX_REMOVED_OVERLOADS.items():
+        packet = getattr(aten, name, None)
+        missing += [f"{name}.{o}" for o in overloads if packet is None or not hasattr(packet, o)]
+    return missing
+
+
+@contextlib.contextmanager
+def aten_stand_ins() -> Iterator[list[str]]:
+    """Inside: every name of `missing_aten_names` resolves to a `_StandIn`. Yields the names given."""
+    aten = torch.ops.aten
+    names = missing_aten_names()
+    given: list[tuple[Any, str]] = []
+    try:
+        for name in names:
+            packet_name, _, overload = name.partition(".")
+            owner = getattr(aten, packet_name) if overload else aten
+            setattr(owner, overload or packet_name, _StandIn(name))
+            given.append((owner, overload or packet_name))
+        yield names
+    finally:
+        for owner, key in reversed(given):
+            delattr(owner, key)
+
+
+@contextlib.contextmanager
+def _flax_placeholder() -> Iterator[None]:
+    """A bare ``flax`` while torchax 0.0.13's wheel imports it (module docstring), if flax is absent."""
+    if importlib.util.find_spec("flax") is not None:
+        yield
+        return
+    names = ("flax", "flax.training", "flax.training.checkpoints")
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["flax"].training = sys.modules["flax.training"]  # type: ignore[attr-defined]
+    sys.modules["flax.training"].checkpoints = sys.modules["flax.training.checkpoints"]  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+def import_torchax() -> Any:
+    """``torchax``, imported and its op tables loaded (its default ``Environment``), on this torch.
+
+    Later ``Environment`` objects reuse the loaded tables, so they need no stand-ins.
+    """
+    if "torchax" in sys.modules:
+        return sys.modules["torchax"]
+    with _flax_placeholder(), aten_stand_ins():
+        import torchax
+
+        torchax.default_env()
+    return torchax
+
+
+def override_function(env: Any, function: Any, impl: Any) -> None:
+    """Make torchax's ``env`` run ``impl`` (torch tensors in and out) for the torch function
+    ``function``. ``Environment.override_op_definition`` does this, but the 0.0.13 build that
+    venv-xla has (the same version number as PyPI's) constructs its ``Operator`` without the
+    ``is_view_op`` field it requires; so the ``Operator`` is built here, from its own fields."""
+    import dataclasses
+
+    from torchax.ops import ops_registry
+
+    flags = {"is_jax_function": False, "is_user_defined": True, "needs_env": False, "is_view_op": False}
+    fields = {f.name for f in dataclasses.fields(ops_registry.Operator)}
+    env._ops[function] = ops_registry.Operator(function, impl, **{k: v for k, v in flags.items() if k in fields})
+
+
+# libtpu releases that read an older Mosaic IR (Pallas kernels) than the jax they come with
+# emits: jax 0.7.1 writes version 8, its libtpu 0.0.20 reads <= 7 ("Unsupported version:
+# expected <= 7 but got 8").
+_MOSAIC_IR_CAP = {"0.0.20": 7}
+
+
+@contextlib.contextmanager
+def mosaic_ir_for_libtpu() -> Iterator[None]:
+    """Inside: Pallas kernels (splash attention) lower to the Mosaic IR version the installed
+    libtpu reads. jax asks the TPU for its version when one is attached; a compile-only client has
+    none, so jax writes its newest. The cap is what jax itself uses for an older Cloud TPU."""
+    cap = _MOSAIC_IR_CAP.get(_version("libtpu"))
+    if cap is None:
+        yield
+        return
+    from jax._src import tpu_custom_call
+
+    newest = tpu_custom_call.get_ir_version
+    tpu_custom_call.get_ir_version = lambda ctx: min(cap, newest(ctx) or cap)
+    try:
+        yield
+    finally:
+        tpu_custom_call.get_ir_version = newest
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What compiled a plan: the partitioner (``Shardy`` or ``GSPMD``) and the package versions."""
+
+    partitioner: str
+    jax: str
+    jaxlib: str
+    libtpu: str
+    torch: str
+    torchax: str
+
+    def describe(self) -> str:
+        return f"{self.partitioner}; jax {self.jax}, libtpu {self.libtpu}, torch {self.torch}, torchax {self.torchax}"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def toolchain() -> Toolchain:
+    """The partitioner jax lowers with now (torch_xla 2.9 turns Shardy off when it imports jax) and
+    the installed versions."""
+    import jax
+
+    shardy = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
+    return Toolchain(
+        "Shardy" if shardy else "GSPMD",
+        _version("jax"),
+        _version("jaxlib"),
+        _version("libtpu"),
+        torch.__version__.split("+")[0],
+        _version("torchax"),
+    )
+
+
+def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> list[Any]:
+    """The devices of ``libtpu_topology`` (``v5p:4x4x4``) from libtpu's compile-only client.
+
+    libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) when it loads, which would make a
+    second planner (a test, an advisor worker) fail while one runs; the planner never touches a
+    TPU, so it lets several load (``ALLOW_MULTIPLE_LIBTPU_LOAD``, unless set otherwise).
+
+    Raises:
+        CompilerVersionError: libtpu does not know the chip (``tpu7x`` before 0.0.42).
+        TopologyError: libtpu refuses the shape.
+    """
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    kwargs = {"num_slices": slices} if slices > 1 else {}
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology, **kwargs).devices)
+    except Exception as e:  # jaxlib's XlaRuntimeError: libtpu's refusal, which is the user's input
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Invalid TPU external name" in message:
+            raise CompilerVersionError(
+                f"libtpu {_version('libtpu')} (jax {_version('jax')}) does not compile for {chip_family} "
+                f"({libtpu_topology!r}): {message}. {chip_family} needs libtpu >= {LIBTPU_FOR_TPU7X} with jax 0.10.2, "
+                f"the current lane: {_CURRENT_LANE}. The torch_xla lane stays on jax 0.7.1 / libtpu 0.0.20, "
+                "which torch_xla 2.9 was released with."
+            ) from None
+        raise TopologyError(f"libtpu refuses the topology {libtpu_topology!r}: {message}") from None
+
+
+def compile_with_hlo(lowered: Any) -> tuple[Any, str, str]:
+    """``(compiled, optimized HLO text, memory-usage report)``: compile ``lowered`` with XLA's dump
+    of the optimized module and read it (module docstring). The report (libtpu's buffer list,
+    largest last) is empty when the compiler writes none. Compile errors propagate as jax raises them."""
+    with tempfile.TemporaryDirectory(prefix="xla-spmd-plan-hlo-") as dump:
+        options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+        compiled = lowered.compile(compiler_options=options)
+        found = sorted(Path(dump).glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+        if not found:
+            raise RuntimeError(f"XLA wrote no optimized HLO to {dump}: the dump flags were not honoured.")
+        reports = sorted(
+            Path(dump).glob("*after_optimizations-memory-usage-report.txt"), key=lambda p: p.stat().st_size
+        )
+        return compiled, found[-1].read_text(), reports[-1].read_text() if reports else ""

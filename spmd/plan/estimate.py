@@ -1,0 +1,76 @@
+"""The planner's step-time estimate: a roofline from model FLOPs, recomputation and the
+collectives the compiler emitted.
+
+Compute: the step's model FLOPs (`spmd.mfu.flops`: every matmul, causal attention halved, x3 for
+backward) per device over the device's peak bf16 FLOP/s, times the remat policy's recomputation
+(`spmd.plan.remat.recompute_factor`). Communication: each collective's ring bytes sent per device
+over the device's share of its chip's all-reduce bandwidth (DCN's for collectives between slices).
+The step takes at least the larger of the two (all communication hidden behind compute) and at
+most their sum (none hidden); MFU, against the device's bf16 peak, is given for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spmd.plan.remat import Remat, recompute_factor
+from spmd.plan.topology import TpuSlice
+
+__all__ = ["StepEstimate", "estimate_step", "model_flops"]
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The step-time model of the module docstring (seconds; MFU as a fraction)."""
+
+    model_flops_per_step: float
+    compute_seconds: float
+    ici_seconds: float
+    dcn_seconds: float
+    step_seconds_overlapped: float
+    step_seconds_serial: float
+    mfu_overlapped: float
+    mfu_serial: float
+    recompute_factor: float = 1.0
+
+
+def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, float]:
+    """``(training FLOPs per token, attention's share of them)``; a model with no known shape
+    counts ``6 N`` and no attention."""
+    from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
+
+    try:
+        shape = TransformerShape.from_hf_config(hf_config, n_params)
+    except (ValueError, AttributeError):
+        return six_n_flops_per_token(n_params), 0.0
+    per_token = matmul_flops_per_token(shape, seq_len)
+    attention = 3.0 * shape.n_layer * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
+    return per_token, attention / per_token
+
+
+def estimate_step(
+    target: TpuSlice,
+    hf_config: Any,
+    n_params: int,
+    tokens: int,
+    seq_len: int,
+    remat: Remat,
+    collectives: Sequence[Any],
+) -> StepEstimate:
+    """The estimate for a step of ``tokens`` tokens (module docstring); ``collectives`` are
+    `spmd.plan.program.StepCollective` values."""
+    per_token, attention_share = model_flops(hf_config, n_params, seq_len)
+    flops = per_token * tokens
+    chip, devices = target.chip, target.devices
+    factor = recompute_factor(remat, attention_share)
+    compute = flops / devices / chip.device_peak_flops * factor
+    ici = sum(c.bytes_sent_per_device for c in collectives if not c.over_dcn) / chip.device_allreduce_bytes_per_second
+    dcn = sum(c.bytes_sent_per_device for c in collectives if c.over_dcn) / chip.device_dcn_bytes_per_second
+    overlapped, serial = max(compute, ici + dcn), compute + ici + dcn
+
+    def mfu(seconds: float) -> float:
+        return flops / (seconds * devices * chip.device_peak_flops) if seconds > 0 else 0.0
+
+    return StepEstimate(flops, compute, ici, dcn, overlapped, serial, mfu(overlapped), mfu(serial), factor)

@@ -1,0 +1,110 @@
+"""The plan's mesh: its axes, its default shape, and its devices on the TPU topology.
+
+Three axes: ``data`` (the batch only; across slices, over DCN), ``fsdp`` (the batch and the
+parameters) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
+JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.topology`). Devices come from libtpu's
+compile-only client and are laid out in JAX's ICI-aware order (`create_device_mesh`, or
+`create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mesh import Mesh
+from spmd.plan._compat import topology_devices
+from spmd.plan.errors import PlanError
+from spmd.plan.topology import TpuSlice
+
+__all__ = [
+    "MESH_AXES",
+    "STRATEGIES",
+    "auto_mesh_shape",
+    "batch_axes",
+    "build_mesh",
+    "check_mesh",
+    "tpu_devices",
+]
+
+STRATEGIES = ("fsdp", "2d", "dp")
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def tpu_devices(target: TpuSlice) -> list[Any]:
+    """The target's devices from libtpu's compiler (no TPU needed).
+
+    Raises:
+        CompilerVersionError: the installed libtpu does not know the chip (tpu7x on the torch_xla lane).
+        TopologyError: libtpu refuses the shape.
+    """
+    return topology_devices(target.libtpu_topology, target.slices, target.chip.name)
+
+
+def auto_mesh_shape(strategy: str, target: TpuSlice, tensor: int = 4) -> dict[str, int]:
+    """The default mesh: ``data`` over slices (DCN) when there are several, then ``fsdp`` over
+    each slice's devices; 2-D splits ``tensor`` (default 4, as PyTorch/XLA's Llama 2 70B runs) off
+    ``fsdp``; data parallel is one ``data`` axis over every device."""
+    per_slice = target.devices_per_slice
+    data = {"data": target.slices} if target.slices > 1 else {}
+    if strategy == "dp":
+        return {"data": target.devices}
+    if strategy == "2d":
+        if per_slice % tensor:
+            raise PlanError(f"tensor={tensor} does not divide the {per_slice} devices of a {target.name} slice.")
+        return {**data, "fsdp": per_slice // tensor, "tensor": tensor}
+    return {**data, "fsdp": per_slice}
+
+
+def batch_axes(shape: Mapping[str, int]) -> tuple[str, ...]:
+    """The axes the batch splits over: every axis but ``tensor``."""
+    return tuple(a for a in shape if a != "tensor")
+
+
+def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> None:
+    """Raise `PlanError` unless ``shape`` names the planner's axes, those ``strategy`` needs,
+    with positive sizes multiplying to the target's devices."""
+    unknown = [a for a in shape if a not in MESH_AXES]
+    if unknown:
+        raise PlanError(
+            f"Mesh {dict(shape)} has axes {unknown}; the planner's axes are {MESH_AXES} (data: batch only, fsdp: "
+            "batch and parameters, tensor: the 2-D plan's heads/mlp/vocab). Rename the axes."
+        )
+    needs = {"fsdp": ("fsdp",), "2d": ("fsdp", "tensor"), "dp": ()}[strategy]
+    missing = [a for a in needs if a not in shape]
+    if missing or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()):
+        raise PlanError(
+            f"Strategy {strategy!r} needs mesh axes {needs} with positive integer sizes; got mesh {dict(shape)}."
+        )
+    if math.prod(shape.values()) != target.devices:
+        per_chip = f" ({target.chip.devices_per_chip} per chip)" if target.chip.devices_per_chip > 1 else ""
+        raise PlanError(
+            f"Mesh {dict(shape)} has {math.prod(shape.values())} devices; {target.name} x {target.slices} slice(s) has "
+            f"{target.devices} devices{per_chip}. Make the axis sizes multiply to {target.devices}."
+        )
+
+
+def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -> Mesh:
+    """Our `Mesh` over ``devices`` positions, in JAX's physical order (a ``data`` axis spans slices)."""
+    from jax.experimental import mesh_utils
+
+    names, sizes = tuple(shape), tuple(shape.values())
+    if math.prod(sizes) != len(devices):
+        raise PlanError(
+            f"Mesh {dict(shape)} has {math.prod(sizes)} devices; {target.name} x {target.slices} slice(s) has "
+            f"{len(devices)}. Make the axis sizes multiply to {len(devices)}."
+        )
+    if target.slices > 1:
+        dcn = tuple(target.slices if n == "data" else 1 for n in names)
+        if "data" not in names or shape["data"] % target.slices:
+            raise PlanError(f"With {target.slices} slices the mesh needs a 'data' axis divisible by {target.slices}.")
+        ici = tuple(s // d for s, d in zip(sizes, dcn))
+        ordered = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+        ordered = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+    position = {d.id: k for k, d in enumerate(devices)}
+    ids = np.vectorize(lambda d: position[d.id])(ordered)
+    return Mesh(ids.reshape(-1), sizes, names)

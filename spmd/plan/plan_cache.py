@@ -1,0 +1,103 @@
+"""The advisor's compile of one candidate, cached on disk by everything that determines it: the
+model (a built-in's config, a config file's bytes), the topology, the plan's arguments and the
+versions of the packages that compile it. Factories and modules are never cached: their code can
+change under the same name."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spmd.atomic_file import atomic_write
+from spmd.plan.advice import Candidate, Outcome
+from spmd.plan.errors import PlanError
+from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.report import GIB, PlanReport
+
+__all__ = ["CACHE_FORMAT", "Settings", "default_cache_dir", "model_key", "run_candidate"]
+
+CACHE_FORMAT = 2  # bump when PlanReport's JSON changes (2: remat, attention, devices, toolchain)
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/xla-spmd/plan`` (``~/.cache/...``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "xla-spmd" / "plan"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every candidate of one advice shares (picklable, for the advisor's worker processes)."""
+
+    topology: str
+    slices: int
+    seq_len: int
+    compute_dtype: str
+    attention: str
+    hbm_bytes: int
+    cache_dir: Path | str | None
+    model_key: str | None
+
+
+def model_key(model: Any) -> str | None:
+    """What identifies the model for the compile cache (``None``: do not cache)."""
+    if isinstance(model, str) and model in BUILTIN_CONFIGS:
+        return f"builtin:{model}:{json.dumps(BUILTIN_CONFIGS[model], sort_keys=True)}"
+    if isinstance(model, (str, Path)) and Path(model).is_file():
+        return "file:" + hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    return None
+
+
+def _versions() -> str:
+    found = []
+    for dist in ("jax", "jaxlib", "libtpu", "torchax", "torch", "transformers", "xla-spmd"):
+        try:
+            found.append(f"{dist}={md.version(dist)}")
+        except md.PackageNotFoundError:
+            found.append(f"{dist}=?")
+    return ",".join(found)
+
+
+def _plan_kwargs(c: Candidate, s: Settings) -> dict[str, Any]:
+    return dict(
+        strategy=c.strategy, mesh=c.mesh_shape, global_batch=c.global_batch, seq_len=s.seq_len,
+        compute_dtype=s.compute_dtype, remat=c.remat, attention=s.attention, slices=s.slices,
+    )  # fmt: skip
+
+
+def _cache_path(c: Candidate, s: Settings) -> Path | None:
+    if s.cache_dir is None or s.model_key is None:
+        return None
+    key = json.dumps([CACHE_FORMAT, s.model_key, s.topology, _plan_kwargs(c, s), _versions()], sort_keys=True)
+    return Path(s.cache_dir) / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def run_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome:
+    """``c``'s report, from the cache or compiled (and cached); a `PlanError` is an outcome that
+    says why it was not compiled."""
+    from spmd.plan.api import plan
+
+    path = _cache_path(c, s)
+    if path is not None and path.is_file():
+        outcome = Outcome(c, PlanReport.from_dict(json.loads(path.read_text())).with_hbm(s.hbm_bytes), cached=True)
+    else:
+        try:
+            report = plan(model, s.topology, hbm_bytes=s.hbm_bytes, **_plan_kwargs(c, s))
+        except PlanError as e:
+            log(f"  {c.strategy} {c.label()}: not compiled: {e}")
+            return Outcome(c, skipped=f"not compiled: {e}")
+        if path is not None:
+            with atomic_write(path) as tmp:
+                tmp.write_text(json.dumps(report.to_dict()))
+        outcome = Outcome(c, report)
+    r = outcome.report
+    how = "cached" if outcome.cached else f"compiled in {r.compile_seconds:.0f} s"  # type: ignore[union-attr]
+    log(
+        f"  {c.strategy} {c.label()}: {r.memory.total_bytes / GIB:.2f} GiB/device, {'fits' if r.fits else 'OOM'}, {how}"
+    )  # type: ignore[union-attr]
+    return outcome

@@ -1,0 +1,61 @@
+"""The planner on TPU7x (Ironwood), and its typed errors that need libtpu or the tracer, from
+plan_worker.py. On the current lane a config.json plans on tpu7x:2x2x1; on the torch_xla lane
+(libtpu 0.0.20) the same command is refused, naming the current lane."""
+
+import importlib.metadata
+import json
+
+import pytest
+
+from spmd.plan import PlanReport
+from tests.spmd.plan import plan_results
+from tests.spmd.plan.test_plan import tiny_llama_params
+
+LIBTPU = tuple(int(v) for v in importlib.metadata.version("libtpu").split(".")[:3])
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return plan_results.results()
+
+
+@pytest.mark.skipif(LIBTPU < (0, 0, 42), reason="libtpu < 0.0.42 knows no tpu7x; the refusal is tested below")
+def test_a_config_json_plans_on_tpu7x(worker):
+    results, out = worker
+    run = results["ironwood"]
+    assert run["exit"] == 0, run
+    report = PlanReport.from_dict(json.loads((out / "ironwood.json").read_text()))
+    assert (report.chips, report.devices, report.mesh) == (4, 8, {"fsdp": 8})
+    # fp32 parameters, AdamW's two moments and the int32 batch (one 128-token sequence per device), over 8 devices.
+    math = (3 * 4 * tiny_llama_params() + 4 * 8 * 128) / 8
+    assert abs(report.memory.argument_bytes - math) <= 0.03 * math
+    assert report.memory.hbm_bytes == 96 * 2**30  # half of the chip's 192 GiB per device
+    # The report names the compiler: the partitioner and the versions.
+    assert report.toolchain["partitioner"] in ("Shardy", "GSPMD")
+    assert report.toolchain["libtpu"] == importlib.metadata.version("libtpu")
+    heading = run["stdout"].splitlines()[:2]
+    assert "8 devices" in heading[0] and f"libtpu {report.toolchain['libtpu']}" in heading[1]
+    assert "(per chip, 2 devices:" in run["stdout"]
+
+
+@pytest.mark.skipif(LIBTPU >= (0, 0, 42), reason="this libtpu compiles tpu7x: tested above")
+def test_tpu7x_on_the_torch_xla_lane_names_the_current_lane(worker):
+    results, _ = worker
+    run = results["ironwood"]
+    assert run["exit"] == 2
+    (line,) = run["error"]
+    assert line.startswith("error: libtpu 0.0.20 (jax 0.7.1) does not compile for TPU7x")
+    assert 'pip install -e ".[dev-current]"' in line
+
+
+def test_a_model_the_tracer_cannot_run_is_a_typed_error(worker):
+    results, _ = worker
+    kind, message = results["errors"]["untraceable"]
+    assert kind == "TracingError"
+    assert "could not run Branchy.forward on JAX tracers" in message and "no Python branch on a tensor" in message
+
+
+def test_a_shape_libtpu_refuses_is_a_typed_error(worker):
+    results, _ = worker
+    kind, message = results["errors"]["bad_shape"]
+    assert kind == "TopologyError" and "libtpu refuses the topology 'v5e:3x3'" in message
