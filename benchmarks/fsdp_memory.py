@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,9 +52,18 @@ import spmd  # noqa: E402
 from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch, xla_step  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from fsdp_xla._runtime import BACKWARD_GRAPH_NAME  # noqa: E402
+from fsdp_xla.communication import (  # noqa: E402
+    CollectiveRecord,
+    Phase,
+    attribute,
+    bytes_by_phase,
+    counts_by_unit,
+    zero3_minimum_bytes,
+)
 from mesh import Mesh  # noqa: E402
 from spmd import P, mark_sharding  # noqa: E402
 from spmd.inspector import format_bytes  # noqa: E402
+from spmd.plan.recompile import RecompileError, tpu_step_collectives  # noqa: E402
 
 
 @dataclass
@@ -66,6 +76,8 @@ class Result:
     graphs: list[str]
     losses: list[float]
     forward_backward_peak: int | None
+    collectives: list[CollectiveRecord]
+    tpu: dict | None  # the same graphs compiled by libtpu: bytes sent by kind, or why not
 
 
 def build(kind: str, config: dict, mesh: Mesh):
@@ -98,7 +110,20 @@ def steady_graphs(report: inspector.Report) -> list[inspector.GraphReport]:
     return list(last.values())
 
 
-def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int) -> Result:
+def tpu_figures(graphs: list[inspector.GraphReport], devices: int) -> dict:
+    """The same graphs compiled by libtpu for a v5e slice of as many chips: bytes sent per
+    device by collective kind (XLA:CPU keeps reductions as all-reduce + slice; see docs/fsdp.md)."""
+    by_kind: dict[str, int] = {}
+    try:
+        for g in graphs:
+            for c in tpu_step_collectives(Path(g.hlo_path), devices):
+                by_kind[c.kind.value] = by_kind.get(c.kind.value, 0) + c.bytes_sent_per_device
+    except (RecompileError, ImportError, OSError) as e:
+        return {"error": str(e).splitlines()[0]}
+    return {"slice": f"v5e-{devices}", "bytes_sent_by_kind": by_kind, "bytes_sent_per_device": sum(by_kind.values())}
+
+
+def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int, tpu: bool) -> Result:
     model = build(kind, config, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -127,6 +152,8 @@ def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int
         forward_backward_peak=next(
             (g.memory.peak_bytes for g in graphs if g.name.startswith(BACKWARD_GRAPH_NAME) and g.memory), None
         ),
+        collectives=attribute(graphs),
+        tpu=tpu_figures(graphs, mesh.size()) if tpu else None,
     )
 
 
@@ -146,7 +173,10 @@ def activation_bytes(config: dict, mesh: Mesh, batch: int, peak_at_batch: int) -
     return peaks[1] - peaks[0]
 
 
-def main(argv: list[str] | None = None) -> dict:
+NAMES = {"torch_xla": "torch_xla FSDPv2", "fsdp_xla": "fsdp_xla", "fsdp_xla_no_barriers": "fsdp_xla, no barriers"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--d-model", type=int, default=512)
@@ -156,9 +186,75 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=16, help="global batch")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed steps")
+    parser.add_argument("--no-tpu", action="store_true", help="skip compiling the graphs again for a TPU slice")
     parser.add_argument("--json", type=Path, default=Path("runs") / "fsdp_memory.json")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def result_row(r: Result, bound: int, minimum: int, baseline: Result) -> dict:
+    tpu_sent = (r.tpu or {}).get("bytes_sent_per_device")
+    return {
+        **{k: v for k, v in asdict(r).items() if k != "collectives"},
+        "label": NAMES[r.name],
+        "peak_over_bound": r.peak_bytes / bound,
+        "peak_over_torch_xla": r.peak_bytes / baseline.peak_bytes,
+        "sent_over_minimum": r.bytes_sent_per_device / minimum,
+        "tpu_sent_over_minimum": tpu_sent / minimum if tpu_sent is not None else None,
+        "step_time_over_torch_xla": r.step_seconds / baseline.step_seconds,
+        "bytes_sent_by_phase": {p.value: b for p, b in bytes_by_phase(r.collectives).items()},
+        "collectives": [c.to_dict() for c in r.collectives],
+    }
+
+
+def print_results(rows: list[dict], bound: int, minimum: int) -> None:
+    print(
+        f"{'':24}{'peak/device':>14}{'x bound':>9}{'sent/device/step':>18}{'sent/min':>10}{'TPU sent/min':>14}"
+        f"{'step time':>11}{'x torch_xla':>13}"
+    )
+    for row in rows:
+        tpu = row["tpu_sent_over_minimum"]
+        print(
+            f"{row['label']:24}{format_bytes(row['peak_bytes']):>14}{row['peak_over_bound']:>9.2f}"
+            f"{format_bytes(row['bytes_sent_per_device']):>18}{row['sent_over_minimum']:>10.3f}"
+            f"{'-' if tpu is None else f'{tpu:.3f}':>14}"
+            f"{row['step_seconds'] * 1000:>9.0f}ms{row['step_time_over_torch_xla']:>13.3f}"
+        )
+    print(f"{'ZeRO-3 bound':24}{format_bytes(bound):>14}{1.0:>9.2f}{format_bytes(minimum):>18}{1.0:>10.3f}")
+    for row in rows:
+        if row["tpu"] and "error" in row["tpu"]:
+            print(f"  {row['label']}: no TPU compile ({row['tpu']['error']})")
+
+
+def _kinds(counts: Counter) -> str:
+    return ", ".join(f"{n} {k.value}" for k, n in sorted(counts.items(), key=lambda kv: kv[0].value)) or "-"
+
+
+def print_phases(result: Result, param_bytes: int, devices: int) -> None:
+    """Per phase, then per unit: the collectives and bytes of ``result``'s step."""
+    per_phase = param_bytes * (devices - 1) // devices  # each FSDP phase's share of the minimum
+    sent = bytes_by_phase(result.collectives)
+    print(f"\n{NAMES[result.name] + ', by phase':34}{'collectives':>30}{'sent/device':>14}{'x P(N-1)/N':>12}")
+    for phase in Phase:
+        kinds = Counter(c.kind for c in result.collectives if c.phase is phase)
+        share = f"{sent[phase] / per_phase:.3f}" if phase is not Phase.OTHER else ""
+        print(f"  {phase.value:32}{_kinds(kinds):>30}{format_bytes(sent[phase]):>14}{share:>12}")
+    fsdp_phases = [p for p in Phase if p is not Phase.OTHER]
+    print(f"  {'unit':12}" + "".join(f"{p.value:>24}" for p in fsdp_phases))
+    for unit, phases in counts_by_unit(result.collectives).items():
+        if unit is not None:
+            print(f"  {unit or '(root)':12}" + "".join(f"{_kinds(phases.get(p, Counter())):>24}" for p in fsdp_phases))
+
+
+def write_json(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(path)
+    print(f"\nJSON: {path}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     spmd.enable_spmd()
     n = xr.global_runtime_device_count()
     mesh = Mesh(np.arange(n), (n,), ("fsdp",))
@@ -170,8 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
     del reference
 
     results = [
-        run(k, config, mesh, args.batch, args.warmup, args.steps)
-        for k in tqdm(("torch_xla", "fsdp_xla", "fsdp_xla_no_barriers"), desc="configurations")
+        run(k, config, mesh, args.batch, args.warmup, args.steps, tpu=not args.no_tpu)
+        for k in tqdm(NAMES, desc="configurations")
     ]
     ours = next(r for r in results if r.name == "fsdp_xla")
     assert ours.forward_backward_peak is not None
@@ -179,33 +275,20 @@ def main(argv: list[str] | None = None) -> dict:
     states = 16 * n_params // n
     largest_unit = 4 * max(unit_params, root_params)
     bound = states + largest_unit + activations
-    baseline = results[0]
+    minimum = zero3_minimum_bytes(4 * n_params, n)
 
-    names = {"torch_xla": "torch_xla FSDPv2", "fsdp_xla": "fsdp_xla", "fsdp_xla_no_barriers": "fsdp_xla, no barriers"}
     print(
         f"\nGPT {config}: {n_params:,} parameters, {args.layers} blocks of {unit_params:,}; batch {args.batch}; {n} devices"
     )
     print(
         f"ZeRO-3 bound per device: states 16P/N {format_bytes(states)} + one unit {format_bytes(largest_unit)} "
-        f"+ activations {format_bytes(activations)} = {format_bytes(bound)}\n"
+        f"+ activations {format_bytes(activations)} = {format_bytes(bound)}"
     )
-    header = f"{'':24}{'peak/device':>14}{'x bound':>9}{'sent/device/step':>18}{'step time':>11}{'x torch_xla':>13}"
-    print(header)
-    rows = []
-    for r in results:
-        row = {
-            **asdict(r),
-            "label": names[r.name],
-            "peak_over_bound": r.peak_bytes / bound,
-            "peak_over_torch_xla": r.peak_bytes / baseline.peak_bytes,
-            "step_time_over_torch_xla": r.step_seconds / baseline.step_seconds,
-        }
-        rows.append(row)
-        print(
-            f"{names[r.name]:24}{format_bytes(r.peak_bytes):>14}{row['peak_over_bound']:>9.2f}"
-            f"{format_bytes(r.bytes_sent_per_device):>18}{r.step_seconds * 1000:>9.0f}ms{row['step_time_over_torch_xla']:>13.3f}"
-        )
-    print(f"{'ZeRO-3 bound':24}{format_bytes(bound):>14}{1.0:>9.2f}")
+    print(f"ZeRO-3 minimum sent per device per step: 3P(N-1)/N = {format_bytes(minimum)}\n")
+    rows = [result_row(r, bound, minimum, results[0]) for r in results]
+    print_results(rows, bound, minimum)
+    for r in results[1:]:
+        print_phases(r, 4 * n_params, n)
     out = {
         "config": config,
         "batch": args.batch,
@@ -214,13 +297,10 @@ def main(argv: list[str] | None = None) -> dict:
         "parameters": n_params,
         "unit_parameters": unit_params,
         "bound_bytes": {"states": states, "largest_unit": largest_unit, "activations": activations, "total": bound},
+        "minimum_bytes_sent_per_device": minimum,
         "results": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(args.json)
-    print(f"\nJSON: {args.json}")
+    write_json(args.json, out)
     return out
 
 
