@@ -43,6 +43,7 @@ inspector.prepare()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch_xla  # noqa: E402
+import torch_xla.backends  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.distributed.spmd as xs  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
@@ -221,8 +222,12 @@ def print_results(rows: list[dict], bound: int, minimum: int) -> None:
         )
     print(f"{'ZeRO-3 bound':24}{format_bytes(bound):>14}{1.0:>9.2f}{format_bytes(minimum):>18}{1.0:>10.3f}")
     for row in rows:
-        if row["tpu"] and "error" in row["tpu"]:
-            print(f"  {row['label']}: no TPU compile ({row['tpu']['error']})")
+        tpu = row["tpu"] or {}
+        if "error" in tpu:
+            print(f"  {row['label']}: no TPU compile ({tpu['error']})")
+        elif tpu:
+            kinds = ", ".join(f"{k} {format_bytes(b)}" for k, b in sorted(tpu["bytes_sent_by_kind"].items()))
+            print(f"  {row['label']}, compiled by libtpu for {tpu['slice']}: {kinds}")
 
 
 def _kinds(counts: Counter) -> str:
@@ -256,6 +261,10 @@ def write_json(path: Path, out: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     spmd.enable_spmd()
+    # fp32 matmuls in the traced HLO (XLA:CPU computes them so anyway): at TPU's default
+    # precision libtpu gathers the weights that feed matmuls in bf16, and the TPU column would
+    # compare half-size gathers with the fp32 minimum.
+    torch_xla.backends.set_mat_mul_precision("highest")
     n = xr.global_runtime_device_count()
     mesh = Mesh(np.arange(n), (n,), ("fsdp",))
     config = dict(vocab=args.vocab, d_model=args.d_model, n_head=args.heads, n_layer=args.layers, seq=args.seq)

@@ -135,11 +135,11 @@ class Registry:
 
     def pack(self, t: torch.Tensor) -> Any:
         hit = self.live.get(id(t))
-        if hit is not None:
+        if hit is not None and hit[0].reshards:
             return _Recipe(hit[0], hit[1], None)
         if t._is_view() and t._base is not None:
             hit = self.live.get(id(t._base))
-            if hit is not None:
+            if hit is not None and hit[0].reshards:
                 return _Recipe(hit[0], hit[1], t._view_func)
         return t
 
@@ -193,6 +193,14 @@ class UnitRuntime:
         self._regathered: list[torch.Tensor] | None = None
         registry.units.append(self)
 
+    @property
+    def reshards(self) -> bool:
+        """Whether the unit drops its gathered parameters after its forward and gathers them
+        again for its backward. Not the root, as in FSDP2: its forward spans the whole model's,
+        so its gathered parameters are alive until the forward ends anyway, and its backward
+        begins right after (the loss in between); a regather would move them again for nothing."""
+        return self.config.reshard_after_forward and self.plan.path != ""
+
     # Gathering ------------------------------------------------------------------------------
     def _dtypes(self, shard: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
         compute = self.config.compute_dtype if shard.is_floating_point() and self.config.compute_dtype else shard.dtype
@@ -230,7 +238,7 @@ class UnitRuntime:
         if not self.registry.backward_pending:
             self.registry.backward_pending = True
             torch.autograd.Variable._execution_engine.queue_callback(self.registry.end_of_backward)
-        if self._regathered is None:
+        if self._regathered is None and self.reshards:
             barriered = self._regather(grad)
             if barriered is not None:
                 return barriered
@@ -272,7 +280,7 @@ class UnitRuntime:
         grad_mode = torch.is_grad_enabled()
         with _scope(Phase.FORWARD_GATHER, self.plan.path):
             args, kwargs, fulls = self._gather_for_forward(args, kwargs)
-        reshard = grad_mode and self.config.reshard_after_forward
+        reshard = grad_mode and self.reshards
         hooks = (
             torch.autograd.graph.saved_tensors_hooks(self.registry.pack, self.registry.unpack)
             if reshard
@@ -282,6 +290,7 @@ class UnitRuntime:
             out = forward(*args, **kwargs)
         if reshard:
             self.release()
+        if grad_mode and self.config.reshard_after_forward:  # the root's hook ends the backward
             for t in _xla_tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad)

@@ -12,7 +12,8 @@ unit's forward gather, backward regather and gradient reduction inside a scope n
 and phase (`fsdp_xla._phases`). A gather carries its scope itself. A gradient's reduction is
 placed by GSPMD at the op that computed the gradient (a matmul that autograd traced outside any
 unit's scope), so it takes the scope of the nearest instructions that read it: the reduction to
-the stored layout.
+the stored layout. On the dtensor backend, `dtensor_traffic_mode` records the same from
+torch.distributed's own ``CommDebugMode``.
 
     with spmd.inspector.capture() as cap:
         loss_fn(model(x)).backward(); optimizer.step(); torch_xla.sync()
@@ -38,6 +39,7 @@ __all__ = [
     "attribute",
     "counts_by_unit",
     "bytes_by_phase",
+    "dtensor_traffic_mode",
     "zero3_minimum_bytes",
 ]
 
@@ -54,7 +56,8 @@ class CollectiveRecord:
         bytes_sent_per_device: ring-algorithm bytes one device sends for it.
         replica_groups: the device ids of each group that runs it.
         phase: what it is for (`Phase.OTHER` when no FSDP scope names it).
-        unit: the unit's path (``''`` for the root); ``None`` for `Phase.OTHER`.
+        unit: the unit's path (``''`` for the root); ``None`` for `Phase.OTHER`, and on the
+            dtensor backend, where the module tracker cannot tell it (`TrafficMode`).
         where: the op it came from (``aten__nll_loss at torch/nn/functional.py:3458``).
     """
 
@@ -173,6 +176,20 @@ def bytes_by_phase(records: Iterable[CollectiveRecord]) -> dict[Phase, int]:
     for r in records:
         out[r.phase] += r.bytes_sent_per_device
     return out
+
+
+def dtensor_traffic_mode() -> Any:
+    """A ``torch.distributed.tensor.debug.CommDebugMode`` whose ``records`` list holds a
+    `CollectiveRecord` per collective run inside it (the dtensor backend; see
+    `fsdp_xla._dtensor_traffic`)::
+
+        with dtensor_traffic_mode() as mode:
+            loss_fn(model(x)).backward(); optimizer.step()
+        bytes_by_phase(mode.records)
+    """
+    from fsdp_xla._dtensor_traffic import TrafficMode
+
+    return TrafficMode()
 
 
 def zero3_minimum_bytes(param_bytes: int, devices: int) -> int:

@@ -76,6 +76,12 @@ def compile_hlo_for_tpu(hlo_text: str, target: TpuSlice) -> str:
         use_spmd_partitioning=True,
         backend=client,
     )
+    # The module's own config (torch_xla lets GSPMD choose output layouts); lost in the conversion.
+    header = hlo_text.split("\n", 1)[0]
+    build = options.executable_build_options
+    for which in ("output", "parameters"):
+        if f"allow_spmd_sharding_propagation_to_{which}={{true}}" in header:
+            setattr(build, f"allow_spmd_sharding_propagation_to_{which}", [True])
     blob = mlir.encode() if isinstance(mlir, str) else mlir
     executable = client.compile(blob, xc.DeviceList(tuple(devices)), options)
     return str(executable.hlo_modules()[0].to_string())
