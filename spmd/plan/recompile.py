@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spmd.errors import ShardingError
 from spmd.plan.program import StepCollective, step_collectives
 from spmd.plan.topology import TpuSlice, parse_slice
 
@@ -33,8 +34,9 @@ _BEFORE = ".before_optimizations.txt"
 _AFTER_SUFFIXES = (".cpu_after_optimizations.txt", ".tpu_after_optimizations.txt", ".after_optimizations.txt")
 
 
-class RecompileError(RuntimeError):
-    """The graph could not be compiled for the TPU slice (no libtpu, no dump, a compiler error)."""
+class RecompileError(ShardingError, RuntimeError):
+    """The graph cannot be compiled for a TPU slice: not an optimized dump, no unoptimized dump
+    beside it, no v5e slice of that many chips, or libtpu failed (no libtpu, a compiler error)."""
 
 
 def before_optimizations_path(after_path: Path) -> Path:

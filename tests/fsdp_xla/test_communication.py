@@ -7,10 +7,13 @@ gradient reduced once (twice for the tied embedding: XLA:CPU reduces each use's 
 docs/fsdp.md), and nothing else but the loss's scalars.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from fsdp_xla._phases import Phase, parse_scope, scope_name
+from fsdp_xla._runtime import BACKWARD_GRAPH_NAME
 from fsdp_xla.communication import attribute, bytes_by_phase, counts_by_unit, zero3_minimum_bytes
 from spmd.inspector import CollectiveKind, GraphReport, HloModuleText
 from spmd.inspector.collectives import collectives_of, module_scope
@@ -121,11 +124,11 @@ def step_records():
         lm_loss(model(tokens[:, :-1]), tokens).backward()
         optimizer.step()
         torch_xla.sync()
-    return attribute(report.graphs), model
+    return attribute(report.graphs), model, report.graphs
 
 
 def test_each_unit_gathers_twice_and_reduces_once(step_records):
-    records, _ = step_records
+    records, _, _ = step_records
     counts = counts_by_unit(records)
     assert set(counts) == {"", "h.0", "h.1", None}
     for block in ("h.0", "h.1"):
@@ -144,6 +147,25 @@ def test_each_unit_gathers_twice_and_reduces_once(step_records):
 
 
 def test_forward_gathers_send_each_parameter_once(step_records):
-    records, model = step_records
+    records, model, _ = step_records
     expected = sum(p.numel() * p.element_size() * 7 // 8 for p in model.parameters())
     assert bytes_by_phase(records)[Phase.FORWARD_GATHER] == expected
+
+
+def test_libtpu_reduces_the_same_gradients_with_reduce_scatters(step_records):
+    """XLA:CPU's all-reduce + slice is the CPU compiler's doing: libtpu, compiling the very graph
+    for a v5e-8, reduce-scatters the weight gradients (docs/fsdp.md)."""
+    pytest.importorskip("libtpu", reason="compiles for a TPU with libtpu")
+    from spmd.plan.recompile import tpu_step_collectives
+
+    records, model, graphs = step_records
+    (graph,) = [g for g in graphs if g.name.startswith(BACKWARD_GRAPH_NAME)]
+    reductions = [r for r in records if r.phase is Phase.GRADIENT_REDUCTION]
+    assert {r.kind for r in reductions} == {AR}  # on the CPU
+    on_tpu = tpu_step_collectives(Path(graph.hlo_path), 8)
+    scattered = [c for c in on_tpu if c.kind is CollectiveKind.REDUCE_SCATTER]
+    # Every block weight's gradient arrives as its shard: the reduce-scatters' results hold them.
+    blocks = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2
+    )
+    assert sum(c.result_bytes for c in scattered) >= blocks // 8
