@@ -1,7 +1,7 @@
 """FSDP memory, communication and step time: fsdp_xla against torch_xla's own FSDPv2, in one run.
 
-    python benchmarks/fsdp_memory.py                      # 8 virtual CPU devices, ~2 minutes
-    python benchmarks/fsdp_memory.py --layers 8 --d-model 768 --json runs/fsdp_memory.json
+    python benchmarks/fsdp_memory.py                      # 8 virtual CPU devices, ~6 minutes
+    python benchmarks/fsdp_memory.py --layers 8 --d-model 768 --no-tpu --json runs/fsdp_memory.json
 
 The same GPT-2-style model (examples/train_fsdp.py), mesh, batch and AdamW run under:
 
@@ -11,10 +11,19 @@ The same GPT-2-style model (examples/train_fsdp.py), mesh, batch and AdamW run u
 
 Per-device peak bytes come from XLA's buffer assignment of each compiled graph of a steady
 step (the largest graph's peak; ``spmd.inspector``), collective bytes from its partitioned
-HLO (ring algorithm), step time is the median wall time of the timed steps. The ZeRO-3
+HLO (ring algorithm), step time is the median wall time of the timed steps (the
+configurations take turns step by step). The ZeRO-3
 bound is 16 P / N bytes of weights, gradients and Adam state, plus one unit's gathered
 weights, plus the activations, measured as the growth of fsdp_xla's peak when the batch
 doubles.
+
+Communication is set against ZeRO-3's minimum, 3 P (N - 1) / N bytes sent per device per
+step (``sent/min``). Every collective of fsdp_xla's step is attributed to its unit and phase
+(`fsdp_xla.communication`; a table per phase and per unit, and each collective in the JSON).
+``TPU sent/min`` is the same steady graphs compiled again by libtpu for a v5e slice of as many
+chips (`spmd.plan.recompile`; skip with ``--no-tpu``): XLA's CPU compiler reduces gradients with
+an all-reduce and a slice where libtpu reduce-scatters (docs/fsdp.md). Matmuls are traced at
+'highest' precision so that compile keeps fp32 weights, as the minimum counts them.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,7 +134,18 @@ def tpu_figures(graphs: list[inspector.GraphReport], devices: int) -> dict:
     return {"slice": f"v5e-{devices}", "bytes_sent_by_kind": by_kind, "bytes_sent_per_device": sum(by_kind.values())}
 
 
-def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int, tpu: bool) -> Result:
+@dataclass
+class Prepared:
+    """A configuration compiled and warmed up, ready for timed steps."""
+
+    kind: str
+    step: Callable[[], torch.Tensor]
+    graphs: list[inspector.GraphReport]
+    losses: list[torch.Tensor]
+
+
+def prepare(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int) -> Prepared:
+    """Build ``kind``, compile and warm it up under the inspector (its steady graphs)."""
     model = build(kind, config, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -135,26 +156,37 @@ def run(kind: str, config: dict, mesh: Mesh, batch: int, warmup: int, timed: int
     with inspector.capture(ignore=["parameter-all-gather", "replicated-argument", "replicated-activation"]) as report:
         losses = [step().detach() for _ in tqdm(range(warmup), desc=f"{kind}: compile + warm-up", leave=False)]
     xm.wait_device_ops()
-    times = []
-    for _ in tqdm(range(timed), desc=f"{kind}: timed steps", leave=False):
-        started = time.perf_counter()
-        losses.append(step().detach())
-        xm.wait_device_ops()
-        times.append(time.perf_counter() - started)
-    graphs = steady_graphs(report.report)
+    return Prepared(kind, step, steady_graphs(report.report), losses)
+
+
+def time_interleaved(runs: list[Prepared], timed: int) -> dict[str, list[float]]:
+    """Wall time of ``timed`` steps of each run, the runs taking turns step by step, so a change
+    of load on this shared machine hits them alike."""
+    times: dict[str, list[float]] = {r.kind: [] for r in runs}
+    for _ in tqdm(range(timed), desc="timed steps (interleaved)", leave=False):
+        for r in runs:
+            started = time.perf_counter()
+            r.losses.append(r.step().detach())
+            xm.wait_device_ops()
+            times[r.kind].append(time.perf_counter() - started)
+    return times
+
+
+def result(r: Prepared, times: list[float], devices: int, tpu: bool) -> Result:
+    graphs = r.graphs
     return Result(
-        name=kind,
+        name=r.kind,
         peak_bytes=max(g.memory.peak_bytes for g in graphs if g.memory),
         bytes_sent_per_device=sum(g.bytes_sent_per_device for g in graphs),
         step_seconds=statistics.median(times),
         step_seconds_spread=(min(times), max(times)),
         graphs=[g.name for g in graphs],
-        losses=[float(x) for x in losses],
+        losses=[float(x) for x in r.losses],
         forward_backward_peak=next(
             (g.memory.peak_bytes for g in graphs if g.name.startswith(BACKWARD_GRAPH_NAME) and g.memory), None
         ),
         collectives=attribute(graphs),
-        tpu=tpu_figures(graphs, mesh.size()) if tpu else None,
+        tpu=tpu_figures(graphs, devices) if tpu else None,
     )
 
 
@@ -274,10 +306,9 @@ def main(argv: list[str] | None = None) -> dict:
     root_params = n_params - args.layers * unit_params
     del reference
 
-    results = [
-        run(k, config, mesh, args.batch, args.warmup, args.steps, tpu=not args.no_tpu)
-        for k in tqdm(NAMES, desc="configurations")
-    ]
+    prepared = [prepare(k, config, mesh, args.batch, args.warmup) for k in tqdm(NAMES, desc="configurations")]
+    times = time_interleaved(prepared, args.steps)
+    results = [result(p, times[p.kind], n, tpu=not args.no_tpu) for p in prepared]
     ours = next(r for r in results if r.name == "fsdp_xla")
     assert ours.forward_backward_peak is not None
     activations = activation_bytes(config, mesh, args.batch, ours.forward_backward_peak)
