@@ -103,7 +103,7 @@ def tpu_step_collectives(after_path: Path, devices: int, timeout: float = 900) -
 
     Raises:
         RecompileError: no unoptimized dump, no v5e slice of that many chips, or the compile
-            failed (its error output is in the message).
+            failed or timed out (its error output is in the message).
     """
     before = before_optimizations_path(after_path)
     try:
@@ -113,7 +113,12 @@ def tpu_step_collectives(after_path: Path, devices: int, timeout: float = 900) -
     with tempfile.TemporaryDirectory(prefix="spmd-recompile-") as tmp:
         out = Path(tmp) / "tpu_after_optimizations.txt"
         command = [sys.executable, "-m", "spmd.plan.recompile", str(before), str(out), "--slice", f"v5e-{devices}"]
-        done = subprocess.run(command, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
+        try:
+            done = subprocess.run(command, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RecompileError(
+                f"libtpu did not compile {before.name} for v5e-{devices} in {timeout:.0f} s."
+            ) from None
         if done.returncode != 0 or not out.exists():
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
             raise RecompileError(f"libtpu could not compile {before.name} for v5e-{devices}:\n{tail}")
