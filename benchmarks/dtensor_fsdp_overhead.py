@@ -7,18 +7,22 @@ Run under torchrun (one process per device; gloo on CPU):
 Both wrap the same GPT-2-style model (one unit per block, the rest in the root) and train it
 with AdamW on the same data, alternating step by step so load changes hit both alike. Reported
 per rank 0: median step time and its ratio, bytes each rank holds for parameters, gradients and
-optimizer state (the sharded state: what FSDP is for), and collective calls and bytes per step
-counted by torch's ``CommDebugMode``. Target: ratio <= 1.02, memory and collectives equal.
+optimizer state (the sharded state: what FSDP is for), and the collectives of one step as
+torch's ``CommDebugMode`` sees them (`fsdp_xla.communication.dtensor_traffic_mode`): calls,
+bytes each rank sends (ring algorithm) by phase, and their ratio to ZeRO-3's minimum
+3 P (N - 1) / N. Target: ratio <= 1.02, memory and collectives equal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,12 +32,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
 
 from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
+from fsdp_xla.communication import Phase, bytes_by_phase, dtensor_traffic_mode, zero3_minimum_bytes  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd._backend.dtensor_backend import device_mesh  # noqa: E402
+
+BARE = "bare fully_shard"
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -47,6 +53,83 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     for s in optimizer.state.values():
         total += sum(local(v).numel() * v.element_size() for v in s.values() if isinstance(v, torch.Tensor))
     return total
+
+
+def build(base: torch.nn.Module, mesh: Mesh) -> dict[str, torch.nn.Module]:
+    ours = FSDP(copy.deepcopy(base), mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
+    bare = copy.deepcopy(base)
+    dm = device_mesh(mesh, "cpu")
+    for block in bare.h:
+        fully_shard(block, mesh=dm)
+    fully_shard(bare, mesh=dm)
+    return {"fsdp_xla FSDP": ours, BARE: bare}
+
+
+def train(runs: dict[str, torch.nn.Module], steps: int, config: dict) -> dict[str, dict]:
+    """``steps`` timed steps after two warm-ups, alternating the runs; step 1 is recorded."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in runs.items()}
+    out: dict[str, dict] = {k: {"times": [], "losses": [], "optimizer": optimizers[k]} for k in runs}
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps + 2):
+        tokens = synthetic_batch(gen, 8 * n, config["seq"], config["vocab"]).chunk(n)[rank]
+        for name, model in runs.items():
+            mode = dtensor_traffic_mode() if step == 1 else None
+            dist.barrier()
+            started = time.perf_counter()
+            with mode or contextlib.nullcontext():
+                loss = lm_loss(model(tokens[:, :-1]), tokens)
+                loss.backward()
+                optimizers[name].step()
+                optimizers[name].zero_grad(set_to_none=False)
+            elapsed = time.perf_counter() - started
+            if mode is not None:
+                out[name]["mode"] = mode
+            if step >= 2:  # two warm-up steps
+                out[name]["times"].append(elapsed)
+            out[name]["losses"].append(loss.item())
+    return out
+
+
+def make_row(name: str, model: torch.nn.Module, run: dict, base_time: float, minimum: int) -> dict:
+    mode, records = run["mode"], run["mode"].records
+    sent = sum(r.bytes_sent_per_device for r in records)
+    med = statistics.median(run["times"])
+    return {
+        "run": name,
+        "step_seconds": med,
+        "ratio": med / base_time,
+        "state_bytes_per_rank": state_bytes(model, run["optimizer"]),
+        "collectives_per_step": mode.get_total_counts(),
+        "collective_calls": {str(k): v for k, v in mode.get_comm_counts().items()},
+        "bytes_sent_per_rank": sent,
+        "sent_over_minimum": sent / minimum,
+        "bytes_sent_by_phase": {p.value: b for p, b in bytes_by_phase(records).items()},
+        "collectives": [r.to_dict() for r in records],
+        "final_loss": run["losses"][-1],
+    }
+
+
+def print_rows(rows: list[dict], config: dict, n: int, steps: int, minimum: int, param_bytes: int) -> None:
+    print(f"\nGPT {config} on {n} ranks (gloo), {steps} timed steps; ZeRO-3 minimum {minimum / 2**20:.2f} MiB/rank")
+    print(
+        f"{'run':<20}{'step ms':>10}{'ratio':>8}{'state/rank':>14}{'collectives/step':>18}"
+        f"{'sent/rank':>14}{'sent/min':>10}{'final loss':>12}"
+    )
+    for r in rows:
+        print(
+            f"{r['run']:<20}{1e3 * r['step_seconds']:>10.1f}{r['ratio']:>8.3f}"
+            f"{r['state_bytes_per_rank'] / 2**20:>10.2f} MiB{r['collectives_per_step']:>18}"
+            f"{r['bytes_sent_per_rank'] / 2**20:>10.2f} MiB{r['sent_over_minimum']:>10.3f}{r['final_loss']:>12.4f}"
+        )
+    per_phase = param_bytes * (n - 1) // n
+    for r in rows:
+        print(f"  {r['run']}, by phase (x P(N-1)/N):")
+        for phase in Phase:
+            kinds = Counter(c["kind"] for c in r["collectives"] if c["phase"] == phase.value)
+            text = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "-"
+            sent = r["bytes_sent_by_phase"][phase.value]
+            print(f"    {phase.value:20}{text:>28}{sent / 2**20:>10.2f} MiB{sent / per_phase:>8.3f}")
 
 
 def main() -> None:
@@ -63,76 +146,21 @@ def main() -> None:
     config = dict(vocab=512, d_model=args.d_model, n_head=4, n_layer=args.layers, seq=64)
     torch.manual_seed(0)
     base = GPT(**config)
-
-    ours = FSDP(copy.deepcopy(base), mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
-    bare = copy.deepcopy(base)
-    dm = device_mesh(mesh, "cpu")
-    for block in bare.h:
-        fully_shard(block, mesh=dm)
-    fully_shard(bare, mesh=dm)
-
-    runs = {"fsdp_xla FSDP": ours, "bare fully_shard": bare}
-    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in runs.items()}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    comm: dict[str, dict] = {}
-    losses: dict[str, list[float]] = {k: [] for k in runs}
-    gen = torch.Generator().manual_seed(0)
-    for step in range(args.steps + 2):
-        tokens = synthetic_batch(gen, 8 * n, config["seq"], config["vocab"]).chunk(n)[rank]
-        for name, model in runs.items():
-            mode = CommDebugMode() if step == 1 else None
-            dist.barrier()
-            started = time.perf_counter()
-            with mode or _null():
-                loss = lm_loss(model(tokens[:, :-1]), tokens)
-                loss.backward()
-                optimizers[name].step()
-                optimizers[name].zero_grad(set_to_none=False)
-            elapsed = time.perf_counter() - started
-            if mode is not None:
-                counts = {str(k): v for k, v in mode.get_comm_counts().items()}
-                comm[name] = {"calls": counts, "total": mode.get_total_counts()}
-            if step >= 2:  # two warm-up steps
-                times[name].append(elapsed)
-            losses[name].append(loss.item())
-
-    rows = []
-    base_time = statistics.median(times["bare fully_shard"])
-    for name in runs:
-        med = statistics.median(times[name])
-        rows.append(
-            {
-                "run": name,
-                "step_seconds": med,
-                "ratio": med / base_time,
-                "state_bytes_per_rank": state_bytes(runs[name], optimizers[name]),
-                "collectives_per_step": comm[name]["total"],
-                "collective_calls": comm[name]["calls"],
-                "final_loss": losses[name][-1],
-            }
-        )
+    param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    minimum = zero3_minimum_bytes(param_bytes, n)
+    runs = build(base, mesh)
+    results = train(runs, args.steps, config)
+    base_time = statistics.median(results[BARE]["times"])
+    rows = [make_row(name, runs[name], results[name], base_time, minimum) for name in runs]
     if rank == 0:
-        print(f"\nGPT {config} on {n} ranks (gloo), {args.steps} timed steps")
-        print(f"{'run':<20}{'step ms':>10}{'ratio':>8}{'state/rank':>14}{'collectives/step':>18}{'final loss':>12}")
-        for r in rows:
-            print(
-                f"{r['run']:<20}{1e3 * r['step_seconds']:>10.1f}{r['ratio']:>8.3f}"
-                f"{r['state_bytes_per_rank'] / 2**20:>10.2f} MiB{r['collectives_per_step']:>18}{r['final_loss']:>12.4f}"
-            )
+        print_rows(rows, config, n, args.steps, minimum, param_bytes)
         for r in rows:
             print(f"  {r['run']}: {r['collective_calls']}")
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"config": config, "ranks": n, "rows": rows}, indent=1))
+        out = {"config": config, "ranks": n, "minimum_bytes_sent_per_rank": minimum, "rows": rows}
+        args.json.write_text(json.dumps(out, indent=1))
         print(f"JSON: {args.json}")
     dist.destroy_process_group()
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ shards that pass through a barrier with the unit's inputs, and the backward rega
 shards that pass through a barrier with the unit's output gradient. So XLA cannot merge the
 two gathers (common-subexpression elimination) nor run either before the data that needs
 it exists; at most about one unit's gathered parameters are alive at a time.
+
+What each unit traces in each phase (forward gather, backward regather, gradient reduction) runs
+inside an XLA scope that names the unit and phase (`fsdp_xla._phases`), so each collective of the
+compiled step can be attributed (`fsdp_xla.communication`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
@@ -33,6 +38,16 @@ __all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NA
 
 BACKWARD_GRAPH_NAME = "FSDPForwardBackward"
 """The HLO module name of the forward+backward graph when it runs on its own."""
+
+
+@contextlib.contextmanager
+def _scope(phase: Phase, unit: str) -> Iterator[None]:
+    """Label what is traced inside with ``unit`` and ``phase`` (HLO metadata only)."""
+    handle = backend.push_scope(scope_name(phase, unit))
+    try:
+        yield
+    finally:
+        del handle  # releasing torch_xla's scope pusher closes the scope
 
 
 class _Gather(torch.autograd.Function):
@@ -46,8 +61,10 @@ class _Gather(torch.autograd.Function):
         stored: HloSharding,
         compute_dtype: torch.dtype,
         reduce_dtype: torch.dtype,
+        unit: str,
     ) -> torch.Tensor:
         ctx.stored, ctx.gathered, ctx.reduce_dtype, ctx.param_dtype = stored, gathered, reduce_dtype, shard.dtype
+        ctx.unit = unit
         return _constrained_copy(shard, gathered, compute_dtype)
 
     @staticmethod
@@ -56,11 +73,12 @@ class _Gather(torch.autograd.Function):
         # reduced whole (XLA turns reduce + slice into a reduce-scatter where it can). A
         # direct constraint to the shard layout lets GSPMD push that layout into the
         # activation gradients instead, which then travel between devices.
-        summed = _constrained_copy(grad, ctx.gathered, ctx.reduce_dtype)
-        reduced = _constrained_copy(summed, ctx.stored, ctx.reduce_dtype)
-        if reduced.dtype != ctx.param_dtype:
-            reduced = reduced.to(ctx.param_dtype)
-        return reduced, None, None, None, None
+        with _scope(Phase.GRADIENT_REDUCTION, ctx.unit):
+            summed = _constrained_copy(grad, ctx.gathered, ctx.reduce_dtype)
+            reduced = _constrained_copy(summed, ctx.stored, ctx.reduce_dtype)
+            if reduced.dtype != ctx.param_dtype:
+                reduced = reduced.to(ctx.param_dtype)
+        return reduced, None, None, None, None, None
 
 
 def _constrained_copy(t: torch.Tensor, sharding: HloSharding, dtype: torch.dtype) -> torch.Tensor:
@@ -70,11 +88,17 @@ def _constrained_copy(t: torch.Tensor, sharding: HloSharding, dtype: torch.dtype
 
 
 def gather(
-    shard: torch.Tensor, gathered: HloSharding, stored: HloSharding, compute: torch.dtype, reduce: torch.dtype
+    shard: torch.Tensor,
+    gathered: HloSharding,
+    stored: HloSharding,
+    compute: torch.dtype,
+    reduce: torch.dtype,
+    unit: str = "",
 ) -> torch.Tensor:
-    """The gathered copy of ``shard`` (differentiable when grad mode is on)."""
+    """The gathered copy of ``shard`` (differentiable when grad mode is on; its gradient is
+    reduced inside the scope of ``unit``'s gradient reduction)."""
     if torch.is_grad_enabled() and shard.requires_grad:
-        return _Gather.apply(shard, gathered, stored, compute, reduce)
+        return _Gather.apply(shard, gathered, stored, compute, reduce, unit)
     with torch.no_grad():
         return _constrained_copy(shard, gathered, compute)
 
@@ -111,11 +135,11 @@ class Registry:
 
     def pack(self, t: torch.Tensor) -> Any:
         hit = self.live.get(id(t))
-        if hit is not None:
+        if hit is not None and hit[0].reshards:
             return _Recipe(hit[0], hit[1], None)
         if t._is_view() and t._base is not None:
             hit = self.live.get(id(t._base))
-            if hit is not None:
+            if hit is not None and hit[0].reshards:
                 return _Recipe(hit[0], hit[1], t._view_func)
         return t
 
@@ -169,6 +193,14 @@ class UnitRuntime:
         self._regathered: list[torch.Tensor] | None = None
         registry.units.append(self)
 
+    @property
+    def reshards(self) -> bool:
+        """Whether the unit drops its gathered parameters after its forward and gathers them
+        again for its backward. Not the root, as in FSDP2: its forward spans the whole model's,
+        so its gathered parameters are alive until the forward ends anyway, and its backward
+        begins right after (the loss in between); a regather would move them again for nothing."""
+        return self.config.reshard_after_forward and self.plan.path != ""
+
     # Gathering ------------------------------------------------------------------------------
     def _dtypes(self, shard: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
         compute = self.config.compute_dtype if shard.is_floating_point() and self.config.compute_dtype else shard.dtype
@@ -179,7 +211,7 @@ class UnitRuntime:
         out = []
         for shard, (stored, gathered) in zip(shards, self.shardings):
             compute, reduce = self._dtypes(shard)
-            out.append(gather(shard, gathered, stored, compute, reduce))
+            out.append(gather(shard, gathered, stored, compute, reduce, self.plan.path))
         return out
 
     def regathered(self, index: int) -> torch.Tensor:
@@ -191,10 +223,11 @@ class UnitRuntime:
 
     def _regather(self, grad: torch.Tensor | None) -> torch.Tensor | None:
         shards = [s.param.detach() for s in self.plan.slots]
-        if self.config.barriers and grad is not None:
-            *shards, grad = _barrier_copies([*shards, grad])
-        with torch.no_grad():
-            self._regathered = self._gather_all(shards)
+        with _scope(Phase.BACKWARD_GATHER, self.plan.path):
+            if self.config.barriers and grad is not None:
+                *shards, grad = _barrier_copies([*shards, grad])
+            with torch.no_grad():
+                self._regathered = self._gather_all(shards)
         return grad
 
     def release(self) -> None:
@@ -205,7 +238,7 @@ class UnitRuntime:
         if not self.registry.backward_pending:
             self.registry.backward_pending = True
             torch.autograd.Variable._execution_engine.queue_callback(self.registry.end_of_backward)
-        if self._regathered is None:
+        if self._regathered is None and self.reshards:
             barriered = self._regather(grad)
             if barriered is not None:
                 return barriered
@@ -245,17 +278,9 @@ class UnitRuntime:
         if self.checkpoint and torch.is_grad_enabled():
             return self._run_checkpointed(forward, args, kwargs)
         grad_mode = torch.is_grad_enabled()
-        shards: list[torch.Tensor] = [s.param for s in self.plan.slots]
-        if self.config.barriers:
-            leaves, spec = tree_flatten((args, kwargs))
-            positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and backend.is_xla_tensor(x)]
-            copies = _barrier_copies([leaves[i] for i in positions] + shards)
-            for i, c in zip(positions, copies):
-                leaves[i] = c
-            args, kwargs = tree_unflatten(leaves, spec)
-            shards = copies[len(positions) :]
-        fulls = self._gather_all(shards)
-        reshard = grad_mode and self.config.reshard_after_forward
+        with _scope(Phase.FORWARD_GATHER, self.plan.path):
+            args, kwargs, fulls = self._gather_for_forward(args, kwargs)
+        reshard = grad_mode and self.reshards
         hooks = (
             torch.autograd.graph.saved_tensors_hooks(self.registry.pack, self.registry.unpack)
             if reshard
@@ -265,10 +290,24 @@ class UnitRuntime:
             out = forward(*args, **kwargs)
         if reshard:
             self.release()
+        if grad_mode and self.config.reshard_after_forward:  # the root's hook ends the backward
             for t in _xla_tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_output_grad)
         return out
+
+    def _gather_for_forward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tensor]]:
+        """The unit's inputs (through the barrier) and its gathered parameters."""
+        shards: list[torch.Tensor] = [s.param for s in self.plan.slots]
+        if self.config.barriers:
+            leaves, spec = tree_flatten((args, kwargs))
+            positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and backend.is_xla_tensor(x)]
+            copies = _barrier_copies([leaves[i] for i in positions] + shards)
+            for i, c in zip(positions, copies):
+                leaves[i] = c
+            args, kwargs = tree_unflatten(leaves, spec)
+            shards = copies[len(positions) :]
+        return args, kwargs, self._gather_all(shards)
 
     def _run_checkpointed(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Activation checkpointing of the unit: nothing is saved in forward but its inputs and
@@ -284,14 +323,18 @@ class UnitRuntime:
             for i, t in zip(positions, tensors[: len(positions)]):
                 given[i] = t
             shard_values = list(tensors[len(positions) :])
-            if self.config.barriers and not torch.is_grad_enabled():
-                # First (no-grad) pass: make the gathers wait for the inputs, as in `run`.
-                copies = _barrier_copies(
-                    [given[i] for i in positions if backend.is_xla_tensor(given[i])] + shard_values
-                )
-                shard_values = copies[len(copies) - len(shard_values) :]
+            # The first pass runs without grad (forward), the recompute with it (backward).
+            phase = Phase.BACKWARD_GATHER if torch.is_grad_enabled() else Phase.FORWARD_GATHER
+            with _scope(phase, self.plan.path):
+                if self.config.barriers and phase is Phase.FORWARD_GATHER:
+                    # Make the forward's gathers wait for the inputs, as in `run`.
+                    copies = _barrier_copies(
+                        [given[i] for i in positions if backend.is_xla_tensor(given[i])] + shard_values
+                    )
+                    shard_values = copies[len(copies) - len(shard_values) :]
+                fulls = self._gather_all(shard_values)
             call_args, call_kwargs = tree_unflatten(given, spec)
-            with self._swapped(self._gather_all(shard_values)):
+            with self._swapped(fulls):
                 return forward(*call_args, **call_kwargs)
 
         return backend.checkpoint(recompute, *inputs, *shards)

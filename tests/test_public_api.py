@@ -15,10 +15,12 @@ import pytest
         "spmd.hlo_sharding",
         "spmd.inspector",
         "fsdp_xla.hf",
+        "fsdp_xla.communication",
         "spmd.mfu",
         "spmd.sharding_plan",
         "spmd.plan",
         "spmd.plan.advisor",
+        "spmd.plan.recompile",
     ],
 )
 def test_all_names_exist(package):

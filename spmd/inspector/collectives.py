@@ -183,6 +183,8 @@ class Collective:
         op_type, op_name, source: from the HLO metadata (torch_xla op, scope, file:line).
         source_parameter: the entry parameter number whose value is the input, if it is one.
         position: index of the instruction in the entry computation's schedule.
+        replica_groups: the device ids of each group (for a permute: its ``(source, target)``
+            pairs).
     """
 
     kind: CollectiveKind
@@ -198,6 +200,7 @@ class Collective:
     source: str = ""
     source_parameter: int | None = None
     position: int = -1
+    replica_groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def result_bytes(self) -> int:
@@ -253,9 +256,11 @@ def collectives_of(module: HloModuleText) -> list[Collective]:
         operands = [by_name[o] for o in inst.operands if o in by_name]
         operand_arrays = tuple(a for o in operands for a in parse_shape(o.shape_text))
         arrays = _result_arrays(inst, operand_arrays)
+        groups: tuple[tuple[int, ...], ...]
         if kind is CollectiveKind.COLLECTIVE_PERMUTE:
             pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attribute("source_target_pairs") or "")
             senders = {int(s) for s, t in pairs if s != t}
+            groups = tuple((int(s), int(t)) for s, t in pairs)
             group_size, num_groups = len({int(x) for p in pairs for x in p}), 1
             sent = sum(a.nbytes for a in arrays) if senders else 0
         else:
@@ -281,6 +286,7 @@ def collectives_of(module: HloModuleText) -> list[Collective]:
                 source=_source_text(meta),
                 source_parameter=source_param,
                 position=position,
+                replica_groups=groups,
             )
         )
     return out

@@ -14,7 +14,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["ArrayShape", "Instruction", "HloModuleText", "parse_shape", "module_scope", "DTYPE_BYTES"]
+__all__ = [
+    "ArrayShape",
+    "Instruction",
+    "HloModuleText",
+    "parse_shape",
+    "module_scope",
+    "annotation_scopes",
+    "DTYPE_BYTES",
+]
 
 # Bytes per element of XLA's primitive types (sub-byte types rounded up, as buffers are).
 DTYPE_BYTES: dict[str, int] = {
@@ -130,15 +138,25 @@ class Instruction:
         return self.attribute("sharding")
 
 
-_OP_SCOPE = re.compile(r"^(aten|xla|prim|torch)__")
+# torch_xla's op scopes (``aten__add``) and annotation scopes a library opens to label what it
+# traces (``fsdp__forward-gather__h.0``): a word then ``__``, which no module path starts with.
+_OP_SCOPE = re.compile(r"^[A-Za-z0-9]+__")
 
 
 def module_scope(op_name: str) -> str:
     """The innermost module scope of an HLO ``op_name``: ``'M.1/blocks.0.3/aten__mm'`` ->
     ``'blocks.0'``. torch_xla appends ``.N`` to each scope it opens, and opens scopes of its
-    own for some ops (``.../aten__add.1/aten__add``), which are skipped."""
+    own for some ops (``.../aten__add.1/aten__add``), which are skipped, as are annotation
+    scopes (`annotation_scopes`)."""
     parts = [p for p in op_name.split("/")[:-1] if not _OP_SCOPE.match(p)]
     return re.sub(r"\.\d+$", "", parts[-1]) if parts else ""
+
+
+def annotation_scopes(op_name: str, prefix: str) -> tuple[str, ...]:
+    """The scopes of ``op_name`` that start with ``prefix`` (a label such as ``'fsdp__'``), outer
+    first, without torch_xla's ``.N`` suffix: ``'M.1/fsdp__reduce__h.0.7/xla__custom_sharding'``
+    -> ``('fsdp__reduce__h.0',)``. torch_xla writes a scope's ``:`` as ``_``, so labels use ``__``."""
+    return tuple(re.sub(r"\.\d+$", "", p) for p in op_name.split("/")[:-1] if p.startswith(prefix))
 
 
 _META_RE = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|([^\s}]+))')
@@ -337,7 +355,7 @@ class HloModuleText:
         return out
 
     def scoped_uses(self, inst: Instruction, max_depth: int = 4) -> list[str]:
-        """``op_name`` metadata of the nearest users of ``inst`` that carry a scope (a ``/``),
+        """``op_name`` metadata of the nearest users of ``inst`` that carry a module scope,
         looking through up to ``max_depth`` levels of unscoped users (sharding annotations,
         copies)."""
         users = self.users

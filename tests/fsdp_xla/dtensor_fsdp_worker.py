@@ -4,9 +4,10 @@
 
 Five AdamW steps of the example GPT (per-block units, tied embeddings) against the same model
 trained eagerly in one process on the whole batch, plain and with gradient checkpointing,
-param_spec_fn and shard_output; a bf16 mixed-precision step; deferred init. Where torch orders
-process groups as the mesh does (2.15), the same training on a reversed mesh, saved after 3
-steps and resumed on an in-order mesh.
+param_spec_fn and shard_output; a bf16 mixed-precision step; deferred init; the collectives of
+one step, as torch's CommDebugMode sees them. Where torch orders process groups as the mesh
+does (2.15), the same training on a reversed mesh, saved after 3 steps and resumed on an
+in-order mesh.
 Rank 0 writes results.json (losses, largest parameter difference) and deferred.pt (the deferred
 model's full weights) into OUT_DIR.
 """
@@ -23,6 +24,7 @@ import torch.distributed as dist
 import fsdp_xla.checkpoint as ck
 from examples.train_fsdp import GPT, Block, lm_loss, rank_step, synthetic_batch
 from fsdp_xla import FSDP, FSDPError, MixedPrecision, deferred_init, transformer_auto_wrap_policy
+from fsdp_xla.communication import bytes_by_phase, dtensor_traffic_mode
 from mesh import Mesh
 from spmd import P
 from spmd import _torch_compat as torch_compat
@@ -74,6 +76,19 @@ param_diff = max((full[k] - v).abs().max().item() for k, v in eager.state_dict()
 sharded = all(
     type(p).__name__ == "DTensor" and p.to_local().shape[0] <= -(-p.shape[0] // world) for p in model.parameters()
 )
+
+# One more step under torch's CommDebugMode, read by fsdp_xla.communication (after the comparisons).
+with dtensor_traffic_mode() as mode:
+    lm_loss(model(data[0][:per_rank, :-1]), data[0][:per_rank]).backward()
+    opt.step()
+    opt.zero_grad()
+traffic: dict = {}
+for r in mode.records:
+    traffic.setdefault(r.phase.value, {}).setdefault(r.kind.value, 0)
+    traffic[r.phase.value][r.kind.value] += 1
+traffic_bytes = {p.value: b for p, b in bytes_by_phase(mode.records).items()}
+param_bytes = sum(p.numel() * p.element_size() for p in eager.parameters())
+root_param_bytes = param_bytes - sum(p.numel() * p.element_size() for p in eager.h.parameters())
 
 
 # The GSPMD options FSDP2 can express: checkpointing, a per-parameter shard dim, the output layout.
@@ -149,6 +164,10 @@ if rank == 0:
         "options_forwards_in_first_step": forwards_in_first_step,
         "options_placements": placements,
         **permuted_result,
+        "traffic": traffic,
+        "traffic_bytes": traffic_bytes,
+        "param_bytes": param_bytes,
+        "root_param_bytes": root_param_bytes,
     }
     (out / "results.json").write_text(json.dumps(result))
 dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """fsdp_xla.FSDP on the dtensor backend (torch's fully_shard per unit) under torchrun, gloo, 4 ranks:
 numerics against eager single-process training (also with gradient checkpointing, param_spec_fn
-and shard_output), mixed precision, and deferred init giving the GSPMD backend's weights for the
-same seed. The options FSDP2 cannot express are refused in this process, before any sharding."""
+and shard_output), mixed precision, deferred init giving the GSPMD backend's weights for the
+same seed, and one step's collectives as torch's CommDebugMode counts them. The options FSDP2 cannot express are refused in this process, before any sharding."""
 
 import json
 from pathlib import Path
@@ -68,6 +68,25 @@ def test_deferred_init_equals_the_gspmd_backend(dtensor_run, xla):
     assert set(gspmd_weights) == set(dtensor_weights)
     for k, v in gspmd_weights.items():
         assert torch.equal(dtensor_weights[k], v), k
+
+
+def test_one_step_sends_what_zero3_does(dtensor_run):
+    """Per phase, from torch's CommDebugMode: each unit's flat all-gather in forward, again in
+    backward but the root's (FSDP2 keeps the root gathered), one reduce-scatter per unit; bytes
+    by the ring algorithm (the example's dims divide by 4 ranks: no padding)."""
+    result, _ = dtensor_run
+    assert result["traffic"] == {
+        "forward-gather": {"all-gather": 4},  # the root and 3 blocks
+        "backward-gather": {"all-gather": 3},
+        "gradient-reduction": {"reduce-scatter": 4},
+    }
+    moved = result["param_bytes"] * 3 // 4  # P (N - 1) / N
+    assert result["traffic_bytes"] == {
+        "forward-gather": moved,
+        "backward-gather": (result["param_bytes"] - result["root_param_bytes"]) * 3 // 4,
+        "gradient-reduction": moved,
+        "other": 0,
+    }
 
 
 def test_checkpointing_param_spec_fn_and_shard_output_train_as_eager(dtensor_run):

@@ -1,0 +1,48 @@
+"""The phases of an FSDP step, and the XLA scopes that label what each unit traces in them.
+
+The runtime opens a scope ``fsdp__<phase>__<unit path>`` around what it traces for a unit: the
+forward gather, the backward regather, the reduction of the gradients. torch_xla writes the
+scope into the ``op_name`` of every HLO instruction traced inside it (``XLA_HLO_DEBUG=1``), so a
+collective in the compiled graph can be traced back to its unit and phase
+(`fsdp_xla.communication`). The scopes cost nothing at run time: metadata only.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Phase", "SCOPE_PREFIX", "scope_name", "parse_scope"]
+
+SCOPE_PREFIX = "fsdp__"
+"""How every FSDP scope name starts (torch_xla turns ``:`` in a scope name into ``_``)."""
+
+
+class Phase(enum.Enum):
+    """What a collective of an FSDP step is for."""
+
+    FORWARD_GATHER = "forward-gather"
+    """A unit's parameters gathered for its forward."""
+    BACKWARD_GATHER = "backward-gather"
+    """A unit's parameters gathered again for its backward (ZeRO-3)."""
+    GRADIENT_REDUCTION = "gradient-reduction"
+    """A unit's gradients reduced across devices to the sharded layout."""
+    OTHER = "other"
+    """Not FSDP's: the loss's reduction, resharding the model's own code asks for, the optimizer's."""
+
+
+def scope_name(phase: Phase, unit: str) -> str:
+    """``fsdp__forward-gather__h.0`` (``unit`` is the unit's path, ``''`` for the root)."""
+    return f"{SCOPE_PREFIX}{phase.value}__{unit}"
+
+
+def parse_scope(scope: str) -> tuple[Phase, str] | None:
+    """``(phase, unit path)`` of a scope `scope_name` wrote, ``None`` for any other scope."""
+    if not scope.startswith(SCOPE_PREFIX):
+        return None
+    phase, sep, unit = scope[len(SCOPE_PREFIX) :].partition("__")
+    if not sep:
+        return None
+    try:
+        return Phase(phase), unit
+    except ValueError:
+        return None
