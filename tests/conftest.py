@@ -22,8 +22,8 @@ HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
 NEEDS_TORCH_XLA = "needs torch_xla: this is the current lane; the torch_xla lane runs it (pip install -e '.[dev]')"
 
 
-def pytest_collection_modifyitems(config, items):
-    """Skip, on the current lane, what needs torch_xla."""
+def _skip_what_needs_torch_xla(items) -> None:
+    """On the current lane, skip what needs torch_xla."""
     if HAS_TORCH_XLA:
         return
     skip = pytest.mark.skip(reason=NEEDS_TORCH_XLA)
@@ -87,6 +87,7 @@ def pytest_collection_modifyitems(session, config, items):
     with everything else (the order of the rest is kept)."""
     from tests.spmd.plan import plan_results
 
+    _skip_what_needs_torch_xla(items)
     readers = [item for item in items if plan_results.needed([item.nodeid])]
     if readers:
         items[:] = [item for item in items if not plan_results.needed([item.nodeid])] + readers
