@@ -11,15 +11,22 @@ from mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
 from spmd import api, debugging, xla_sharded_tensor, xla_sharding
 from spmd._backend import BACKENDS, ShardingBackend, backend_for, use_backend
 from spmd.barrier import apply_backward_optimization_barrier, optimization_barrier
+from spmd.data_loader import DataPosition, ProcessDataLoader, ProcessSampler
 from spmd.devices import configure_default_devices, enable_spmd
 from spmd.errors import (
     AxisIndexError,
+    CollectiveTimeoutError,
+    DataPositionError,
     DeviceCountError,
     DuplicateAxisError,
     HloShardingError,
+    IndivisibleBatchError,
+    LocalShapeMismatchError,
+    MissingSpecError,
     NoMeshError,
     NotAnXlaTensorError,
     PartitionSpecTypeError,
+    ProcessDataError,
     ShardingConflictError,
     ShardingError,
     ShardLoadError,
@@ -44,6 +51,7 @@ from spmd.mark_sharding import (
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.parameters import shard_parameters
 from spmd.partition_spec import P, PartitionSpec
+from spmd.process_data import make_global_batch, make_global_tensor, process_rows
 from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
 from spmd.sharding_spec import ShardingSpec
 from spmd.sharding_type import ShardingType
@@ -95,6 +103,18 @@ __all__ = [
     "backend_for",
     "BACKENDS",
     "ShardingBackend",
+    "make_global_tensor",
+    "make_global_batch",
+    "process_rows",
+    "ProcessSampler",
+    "ProcessDataLoader",
+    "DataPosition",
+    "ProcessDataError",
+    "IndivisibleBatchError",
+    "LocalShapeMismatchError",
+    "MissingSpecError",
+    "DataPositionError",
+    "CollectiveTimeoutError",
     # torch_xla's names (see docs/migration.md)
     "MarkShardingFunction",
     "NoMeshError",

@@ -19,6 +19,8 @@ import pytest
         "spmd.sharding_plan",
         "spmd.plan",
         "spmd.plan.advisor",
+        "spmd.process_data",
+        "spmd.data_loader",
     ],
 )
 def test_all_names_exist(package):

@@ -368,6 +368,33 @@ class DTensorBackend:
         spec = spec_of(mesh, tuple(t.placements), t.dim())
         return hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))
 
+    def process_index(self) -> int:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.process_index()
+
+    def process_count(self) -> int:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.process_count()
+
+    def device_processes(self) -> tuple[int, ...]:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.device_processes()
+
+    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.all_process_values(values)
+
+    def from_local_blocks(
+        self, blocks: dict[int, torch.Tensor], sharding: NamedSharding, hlo: HloSharding, global_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.from_local_blocks(blocks, sharding, global_shape)
+
 
 def mesh_of(device_mesh: Any) -> Any:
     """Our `Mesh` for a ``DeviceMesh`` (the same ranks, order and axis names)."""

@@ -483,3 +483,30 @@ class TorchXlaBackend:
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         return sharding_of(t) if is_xla_tensor(t) else None
+
+    def process_index(self) -> int:
+        from spmd._backend import torch_xla_processes
+
+        return torch_xla_processes.process_index()
+
+    def process_count(self) -> int:
+        from spmd._backend import torch_xla_processes
+
+        return torch_xla_processes.process_count()
+
+    def device_processes(self) -> tuple[int, ...]:
+        from spmd._backend import torch_xla_processes
+
+        return torch_xla_processes.device_processes()
+
+    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        from spmd._backend import torch_xla_processes
+
+        return torch_xla_processes.all_process_values(values)
+
+    def from_local_blocks(
+        self, blocks: dict[int, torch.Tensor], sharding: Any, hlo: HloSharding, global_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        from spmd._backend import torch_xla_processes
+
+        return torch_xla_processes.from_local_blocks(blocks, hlo, global_shape)
