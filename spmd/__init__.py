@@ -35,6 +35,7 @@ from spmd.errors import (
     SpmdTypeError,
     UnknownAxisError,
 )
+from spmd.hang_report import watch_collectives
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
 from spmd.layer_norm import ShardableLayerNorm, layer_norm, use_shardable_layer_norm
 from spmd.manual import disable_manual_sharding, enable_manual_sharding, mark_manual_sharding
@@ -52,6 +53,7 @@ from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
 from spmd.parameters import shard_parameters
 from spmd.partition_spec import P, PartitionSpec
 from spmd.process_data import make_global_batch, make_global_tensor, process_rows
+from spmd.process_group import init_process_group
 from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
 from spmd.sharding_spec import ShardingSpec
 from spmd.sharding_type import ShardingType
@@ -115,6 +117,8 @@ __all__ = [
     "MissingSpecError",
     "DataPositionError",
     "CollectiveTimeoutError",
+    "init_process_group",
+    "watch_collectives",
     # torch_xla's names (see docs/migration.md)
     "MarkShardingFunction",
     "NoMeshError",

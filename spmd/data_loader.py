@@ -209,6 +209,8 @@ class ProcessDataLoader:
         specs: the batch's spec, or a spec per key for dict rows (their dim 0 entries agree).
         seed, shuffle, drop_last: see `ProcessSampler`.
         collate_fn: makes the loaded rows one local batch (``torch.utils.data.default_collate``).
+        check_shapes: check every batch that all processes loaded the same shapes (one small
+            collective per batch; see `make_global_tensor`).
 
     Iterating gives the rest of the current epoch, each batch a global tensor (or dict of
     them); `state_dict` / `load_state_dict` save and restore the position.
@@ -225,8 +227,10 @@ class ProcessDataLoader:
         shuffle: bool = True,
         drop_last: bool = True,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        check_shapes: bool = True,
     ) -> None:
         batch_dim = _batch_spec(specs)
+        self.check_shapes = check_shapes
         self.dataset, self.mesh, self.specs = dataset, mesh, specs
         self.sampler = ProcessSampler(
             len(dataset),
@@ -245,14 +249,14 @@ class ProcessDataLoader:
         for indices in self.sampler:
             local = self.collate_fn([self.dataset[i] for i in indices])
             if isinstance(local, Mapping):
-                yield make_global_batch(local, self.mesh, self.specs)
+                yield make_global_batch(local, self.mesh, self.specs, check=self.check_shapes)
             elif isinstance(self.specs, Mapping):
                 raise ProcessDataError(
                     f"specs is a dict ({sorted(self.specs)}) but the collated batch is a {type(local).__name__}; "
                     "give one spec for a tensor batch, or rows that collate to a dict."
                 )
             else:
-                yield make_global_tensor(local, self.mesh, self.specs)
+                yield make_global_tensor(local, self.mesh, self.specs, check=self.check_shapes)
 
     def state_dict(self) -> dict[str, Any]:
         """The position (see `ProcessSampler.state_dict`)."""

@@ -178,8 +178,9 @@ class ProcessLayout:
             return list(range(global_size))
         if global_size % part.ways:
             raise IndivisibleBatchError(
-                f"{self._who}: a batch of {global_size} does not split into {part.ways} equal blocks along dim {dim} "
-                f"(this process feeds {len(part.tiles)} of them). Use a global batch that is a multiple of {part.ways}."
+                f"{self._who}: {global_size} entries along dim {dim} (the batch, for dim 0) do not split into "
+                f"{part.ways} equal blocks (this process feeds {len(part.tiles)} of them). Use a size that is a "
+                f"multiple of {part.ways}."
             )
         size = global_size // part.ways
         return [i for t in part.tiles for i in range(t * size, (t + 1) * size)]

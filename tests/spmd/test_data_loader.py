@@ -92,9 +92,13 @@ def test_the_last_short_batch_and_batches_that_do_not_split():
     (one,) = samplers(1, size=40, batch=16, drop_last=False, shuffle=False)
     assert [len(b) for b in epoch(one)] == [16, 16, 8]
     assert len(one) == 3
-    with pytest.raises(IndivisibleBatchError, match=r"a batch of 4 does not split into 8 equal blocks"):
+    with pytest.raises(
+        IndivisibleBatchError, match=r"4 entries along dim 0 \(the batch, for dim 0\) do not split into 8 equal blocks"
+    ):
         samplers(4, size=36, batch=16, drop_last=False)  # the last batch, 4 rows, cannot feed 8 devices
-    with pytest.raises(IndivisibleBatchError, match=r"a batch of 12 does not split into 8"):
+    with pytest.raises(
+        IndivisibleBatchError, match=r"12 entries along dim 0 \(the batch, for dim 0\) do not split into 8"
+    ):
         samplers(2, batch=12)
     with pytest.raises(ProcessDataError, match=r"global_batch 16 is larger than the dataset \(10 rows\)"):
         ProcessSampler(10, 16)

@@ -93,7 +93,9 @@ def test_a_batch_that_does_not_split_over_a_host_s_devices_is_refused():
     host1 = layouts(mesh, P("data"), 2, [d // 2 for d in range(8)])[1]
     with pytest.raises(IndivisibleBatchError, match=r"test: process 1 of 4: dim 0 holds 3 local entries, 12 over"):
         host1.global_shape((3, 5))
-    with pytest.raises(IndivisibleBatchError, match=r"a batch of 12 does not split into 8 equal blocks"):
+    with pytest.raises(
+        IndivisibleBatchError, match=r"12 entries along dim 0 \(the batch, for dim 0\) do not split into 8 equal blocks"
+    ):
         host1.rows(0, 12)
 
 
