@@ -12,7 +12,8 @@ FAULTS is a comma-separated plan ``KIND:RANK:STEP@ATTEMPT`` (ATTEMPT: torchrun's
 
 Every rank writes OUT_DIR/attempt<A>-rank<R>.json: the steps it ran with their losses, the step
 it resumed from, and the error that ended it (a `CollectiveTimeoutError` with the time from the
-stop to the error), or ``done``.
+stop to the error), or ``done``; and, for benchmarks/kill_ranks.py, its pid (pid-a<A>-rank<R>)
+and what it is doing (phase-rank<R>: ``step N`` or ``save N``).
 """
 
 import json
@@ -35,6 +36,8 @@ mine = {(kind, int(step)) for kind, r, step, a in faults if int(r) == rank and i
 record = {"attempt": attempt, "rank": rank, "losses": {}, "positions": {}, "first_step": None, "end": "running"}
 report = out / f"attempt{attempt}-rank{rank}.json"
 saving = {"step": None}
+(out / f"pid-a{attempt}-rank{rank}").write_text(str(os.getpid()))
+phase = out / f"phase-rank{rank}"
 
 
 def write():
@@ -42,6 +45,7 @@ def write():
 
 
 def hook(event, step, info):
+    phase.write_text(f"{'save' if event == 'save' else 'step'} {step} attempt {attempt}")
     if event == "step":
         record["first_step"] = step if record["first_step"] is None else record["first_step"]
         record["positions"][step] = info["position"]
