@@ -7,18 +7,31 @@ TorchTPU, GPUs, or CPU processes with gloo):
     python examples/train_fsdp.py
     python examples/train_fsdp.py --layers 8 --d-model 512 --bf16 --checkpointing --deferred-init
     torchrun --nproc_per_node 4 examples/train_fsdp.py --backend dtensor
+    torchrun --nproc_per_node 4 --max-restarts 3 examples/train_fsdp.py --backend dtensor \
+        --checkpoint-dir ckpt --save-every 5 --timeout 60
 
 Every block is an FSDP unit: its weights are stored sharded over the ``fsdp`` mesh axis,
 gathered for its forward, dropped, gathered again for its backward, and its gradients are
 reduced back to shards. The token embedding and the LM head share one weight (GPT-2's tied
 embeddings); both live in the root unit. Plain ``optimizer.step()`` updates the shards.
+
+Each process loads only its rows of every global batch (`spmd.ProcessDataLoader`: torch_xla's
+one process here loads them all; each of 4 DTensor ranks a quarter). With ``--checkpoint-dir``
+the run saves model, optimizer, step, data position and RNG every ``--save-every`` steps and,
+on start, resumes from the newest complete checkpoint, so a run killed at any moment and
+started again (``torchrun --max-restarts``) ends with the losses of one that never stopped.
+``--timeout`` ends a collective that waits on a stopped rank (`spmd.init_process_group`).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import math
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from spmd import configure_default_devices
 
@@ -30,7 +43,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import spmd  # noqa: E402
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
-from spmd import Mesh, P, mark_sharding  # noqa: E402
+from fsdp_xla.checkpoint import load_sharded, save_sharded  # noqa: E402
+from spmd import Mesh, P, ProcessDataLoader, mark_sharding, watch_collectives  # noqa: E402
 
 
 class Attention(torch.nn.Module):
@@ -105,40 +119,103 @@ def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
 
 
-def xla_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, mesh: Mesh
-) -> torch.Tensor:
-    """One training step on torch_xla: the global batch ``tokens`` goes to the devices split over
-    the ``fsdp`` axis; returns the (computed) loss."""
-    import torch_xla
-
-    tokens = tokens.to(torch_xla.device())
-    mark_sharding(tokens, mesh, P("fsdp", None))
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> torch.Tensor:
+    """Forward, backward and AdamW on ``tokens`` (torch_xla: the global batch, sharded; DTensor:
+    this rank's rows); returns the loss (of those rows)."""
     loss = lm_loss(model(tokens[:, :-1]), tokens)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    return loss
+
+
+def xla_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, mesh: Mesh
+) -> torch.Tensor:
+    """One training step on torch_xla: the global batch ``tokens`` (on the host) goes to the
+    devices split over the ``fsdp`` axis; returns the (computed) loss."""
+    import torch_xla
+
+    tokens = tokens.to(torch_xla.device())
+    mark_sharding(tokens, mesh, P("fsdp", None))
+    loss = train_step(model, optimizer, tokens)
     torch_xla.sync()
     return loss
 
 
-def rank_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
-    """One training step of this process on the DTensor backend: it trains on its part of the
-    global batch ``tokens`` (FSDP averages the gradients); returns the global batch's mean loss."""
+def local_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, local: torch.Tensor) -> float:
+    """One training step of this process on the DTensor backend on its rows ``local`` (FSDP
+    averages the gradients); returns the global batch's mean loss."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
-    local = tokens.chunk(world)[dist.get_rank()]
-    loss = lm_loss(model(local[:, :-1]), local)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    loss = train_step(model, optimizer, local)
     total = loss.detach().clone()
     dist.all_reduce(total)
-    return total.item() / world
+    return total.item() / dist.get_world_size()
 
 
-def main(argv: list[str] | None = None) -> list[float]:
+def rank_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+    """`local_step` on this rank's part of the global batch ``tokens`` (every rank holds it all)."""
+    import torch.distributed as dist
+
+    return local_step(model, optimizer, tokens.chunk(dist.get_world_size())[dist.get_rank()])
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """``rows`` sequences counting up by a random stride mod ``vocab``; row ``i`` depends only on
+    ``(seed, i)``, so any process can load any row."""
+
+    def __init__(self, rows: int, seq: int, vocab: int, seed: int = 0) -> None:
+        self.rows, self.seq, self.vocab, self.seed = rows, seq, vocab, seed
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return synthetic_batch(torch.Generator().manual_seed(self.seed * 2**32 + i), 1, self.seq, self.vocab)[0]
+
+
+def forever(loader: ProcessDataLoader) -> Iterator[torch.Tensor]:
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def _rng_state() -> str:
+    return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+
+
+def _set_rng_state(text: str) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8))
+
+
+def save(directory: Path, model: torch.nn.Module, optimizer: Any, loader: ProcessDataLoader, step: int) -> None:
+    """A checkpoint after ``step`` steps: weights, optimizer, the data position and every
+    process's RNG state (``save_sharded`` writes it atomically; a save cut off never counts)."""
+    rng = [_rng_state()]
+    if spmd.backend_for(None).name == "dtensor":
+        import torch.distributed as dist
+
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, _rng_state())
+    extra = {"step": step, "data": loader.state_dict(), "rng": rng}
+    save_sharded(directory, model, optimizer, extra=extra, keep=2)
+
+
+def resume(directory: Path, model: torch.nn.Module, optimizer: Any, loader: ProcessDataLoader) -> int:
+    """Load the newest complete checkpoint in ``directory``, if any; the step to continue from."""
+    if not (directory / "LATEST").is_file():
+        return 0
+    extra = load_sharded(directory, model, optimizer)
+    loader.load_state_dict(extra["data"])
+    rng = extra["rng"]
+    backend = spmd.backend_for(None)
+    if len(rng) == backend.process_count():  # the same processes: each takes its own stream back
+        _set_rng_state(rng[backend.process_index()])
+    return int(extra["step"])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16, help="global batch")
@@ -152,27 +229,33 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
     parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
+    parser.add_argument("--dataset-rows", type=int, default=4096, help="rows of the synthetic dataset")
+    parser.add_argument("--checkpoint-dir", type=Path, help="save here, and resume from the newest checkpoint")
+    parser.add_argument("--save-every", type=int, default=0, help="save every N steps (0: never)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait (dtensor)")
     args = parser.parse_args(argv)
+    if args.save_every and args.checkpoint_dir is None:
+        parser.error("--save-every needs --checkpoint-dir")
+    return args
 
-    rank = 0
+
+def start_runtime(args: argparse.Namespace) -> tuple[int, int, str]:
+    """(devices, this process's rank, where) for the chosen backend."""
     if args.backend == "dtensor":  # under torchrun: one process per device
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            spmd.init_process_group(timeout=args.timeout)
         spmd.use_backend("dtensor")
-        n, rank = dist.get_world_size(), dist.get_rank()
-        where = f"{n} processes ({dist.get_backend()})"
-    else:  # torch_xla is imported only here: the dtensor path runs where it is not installed
-        import torch_xla.runtime as xr
+        return dist.get_world_size(), dist.get_rank(), f"{dist.get_world_size()} processes ({dist.get_backend()})"
+    import torch_xla.runtime as xr  # only here: the dtensor path runs where torch_xla is not installed
 
-        spmd.enable_spmd()
-        n = xr.global_runtime_device_count()
-        where = f"{n} ({xr.device_type()})"
-    mesh = Mesh(np.arange(n), (n,), ("fsdp",))
-    say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"devices: {where}, mesh: {dict(mesh.shape())}")
+    spmd.enable_spmd()
+    n = xr.global_runtime_device_count()
+    return n, 0, f"{n} ({xr.device_type()})"
 
+
+def build(args: argparse.Namespace, mesh: Mesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     config = dict(vocab=args.vocab, d_model=args.d_model, n_head=args.heads, n_layer=args.layers, seq=args.seq)
     model = deferred_init(GPT, **config) if args.deferred_init else GPT(**config)
@@ -183,22 +266,53 @@ def main(argv: list[str] | None = None) -> list[float]:
         mixed_precision=MixedPrecision(torch.bfloat16) if args.bf16 else None,
         gradient_checkpointing=args.checkpointing,
     )
+    return model, torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+Hook = Callable[[str, int, dict], None]
+
+
+def main(argv: list[str] | None = None, hook: Hook | None = None) -> list[float]:
+    """Train; the losses of the steps this run made (from the resumed step on). ``hook(event,
+    step, info)`` is called at ``"step"`` (before it; ``info["position"]``: the data position),
+    ``"loss"`` (after; ``info["loss"]``), ``"save"`` and ``"saved"``: tests kill ranks there."""
+    args = parse_args(argv)
+    hook = hook or (lambda event, step, info: None)
+    n, rank, where = start_runtime(args)
+    mesh = Mesh(np.arange(n), (n,), ("fsdp",))
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"devices: {where}, mesh: {dict(mesh.shape())}")
+    model, optimizer = build(args, mesh)
     n_params = sum(p.numel() for p in model.parameters())
     units = len(model.fsdp_units) if args.backend == "torch_xla" else sum(1 for _ in model.h) + 1
     say(f"parameters: {n_params:,} in {units} units, sharded {n} ways")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(0)
-
-    losses = []
-    for step in range(args.steps):
+    dataset = SyntheticTokens(args.dataset_rows, args.seq, args.vocab)
+    loader = ProcessDataLoader(dataset, args.batch, mesh, P("fsdp", None), seed=0)
+    first = resume(args.checkpoint_dir, model, optimizer, loader) if args.checkpoint_dir else 0
+    if first:
+        say(f"resumed from {args.checkpoint_dir} at step {first}")
+    batches, losses = forever(loader), []
+    for step in range(first, args.steps):
         started = time.perf_counter()
-        tokens = synthetic_batch(gen, args.batch, args.seq, args.vocab)
-        if args.backend == "dtensor":
-            losses.append(rank_step(model, optimizer, tokens))
-        else:
-            losses.append(xla_step(model, optimizer, tokens, mesh).item())
+        hook("step", step, {"position": loader.state_dict()})
+        with watch_collectives(f"step {step}"):
+            tokens = next(batches)
+            if args.backend == "dtensor":
+                losses.append(local_step(model, optimizer, tokens.to_local()))
+            else:
+                import torch_xla
+
+                loss = train_step(model, optimizer, tokens)
+                torch_xla.sync()
+                losses.append(loss.item())
+        hook("loss", step, {"loss": losses[-1]})
         if step % 5 == 0 or step == args.steps - 1:
             say(f"step {step:3d}  loss {losses[-1]:.4f}  {time.perf_counter() - started:.2f} s")
+        if args.save_every and (step + 1) % args.save_every == 0:
+            hook("save", step, {})
+            with watch_collectives(f"save after step {step}"):
+                save(args.checkpoint_dir, model, optimizer, loader, step + 1)
+            hook("saved", step, {})
     return losses
 
 

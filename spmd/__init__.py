@@ -18,6 +18,7 @@ from spmd.compat import api, debugging, sharding_spec, xla_sharded_tensor, xla_s
 from spmd.compat.api import auto_policy, xla_distribute_module, xla_distribute_tensor
 from spmd.compat.sharding_spec import ShardingSpec
 from spmd.compat.xla_mesh import HybridMesh, Mesh, TorchXlaGlobalMesh, get_1d_mesh
+from spmd.data_loader import DataPosition, ProcessDataLoader, ProcessSampler
 from spmd.devices import configure_default_devices, enable_spmd
 from spmd.distribute import (
     device_count,
@@ -29,12 +30,18 @@ from spmd.distribute import (
 )
 from spmd.errors import (
     AxisIndexError,
+    CollectiveTimeoutError,
+    DataPositionError,
     DeviceCountError,
     DuplicateAxisError,
     HloShardingError,
+    IndivisibleBatchError,
+    LocalShapeMismatchError,
+    MissingSpecError,
     NoMeshError,
     NotAnXlaTensorError,
     PartitionSpecTypeError,
+    ProcessDataError,
     ShardingConflictError,
     ShardingError,
     ShardLoadError,
@@ -43,6 +50,7 @@ from spmd.errors import (
     SpmdTypeError,
     UnknownAxisError,
 )
+from spmd.hang_report import watch_collectives
 from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
 from spmd.layer_norm import ShardableLayerNorm, layer_norm, use_shardable_layer_norm
 from spmd.manual import disable_manual_sharding, enable_manual_sharding, mark_manual_sharding
@@ -66,6 +74,8 @@ from spmd.placements import (
     placements_from_spec,
     spec_from_placements,
 )
+from spmd.process_data import make_global_batch, make_global_tensor, process_rows
+from spmd.process_group import init_process_group
 from spmd.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor, wrap_if_sharded
 from spmd.sharding_type import ShardingType
 from spmd.visualize import visualize_sharding
@@ -128,6 +138,20 @@ __all__ = [
     "placements_from_spec",
     "spec_from_placements",
     "step",
+    "make_global_tensor",
+    "make_global_batch",
+    "process_rows",
+    "ProcessSampler",
+    "ProcessDataLoader",
+    "DataPosition",
+    "ProcessDataError",
+    "IndivisibleBatchError",
+    "LocalShapeMismatchError",
+    "MissingSpecError",
+    "DataPositionError",
+    "CollectiveTimeoutError",
+    "init_process_group",
+    "watch_collectives",
     # torch_xla's names (see docs/migration.md)
     "MarkShardingFunction",
     "NoMeshError",

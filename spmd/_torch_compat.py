@@ -21,12 +21,23 @@ where only a measured bug tells them apart (measured on 2.9, 2.13 and 2.15):
   on a 4 x 2 mesh); 2.13 and 2.15 lay it out. `splits_empty_blocks` says whether this torch does.
 - TorchTPU (``torch-tpu``, torch 2.11 to 2.15) adds ``torch.tpu.ops.optimization_barrier``:
   `tpu_optimization_barrier` finds it.
+- A group from ``dist.new_group`` (which ``DeviceMesh`` calls for each axis of a mesh that is not
+  the world) waits 30 minutes in a collective whatever timeout ``init_process_group`` was given
+  (measured on 2.9 and 2.15, gloo: a stopped peer hangs the others past 25 s with a 4 s world
+  timeout). `group_timeout` reads a group's timeout and `set_group_timeout` changes it (gloo and
+  NCCL; public as ``dist.set_timeout`` from 2.15).
+- torch's flight recorder records gloo collectives too (2.9 and 2.15, ``TORCH_FR_BUFFER_SIZE``);
+  2.9 marks a timed-out gloo collective completed, so `flight_record` callers take the last
+  entries, not the state; its ``pg_config`` lists the world group only, so `group_ranks` finds
+  a group's ranks by name. `flight_record` reads it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import pickle
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -42,6 +53,11 @@ __all__ = [
     "splits_empty_blocks",
     "strided_shard",
     "tpu_optimization_barrier",
+    "group_timeout",
+    "set_group_timeout",
+    "group_ranks",
+    "group_sequence_numbers",
+    "flight_record",
 ]
 
 
@@ -138,3 +154,60 @@ def tpu_optimization_barrier() -> Any:
     out), or ``None`` where TorchTPU is not loaded (it registers ``torch.tpu`` only on a TPU)."""
     ops = getattr(getattr(torch, "tpu", None), "ops", None)
     return getattr(ops, "optimization_barrier", None)
+
+
+def group_timeout(group: Any) -> timedelta | None:
+    """The collective timeout of process group ``group`` (its first backend's), or ``None``
+    where this torch does not say."""
+    for device in group._device_types:
+        options = getattr(group._get_backend(device), "options", None)
+        timeout = getattr(options, "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
+
+
+def set_group_timeout(group: Any, timeout: timedelta) -> None:
+    """Make ``group``'s collectives wait at most ``timeout`` (``dist.set_timeout`` from torch
+    2.15; before, the private function it replaced)."""
+    import torch.distributed as dist
+
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timeout, group)
+
+
+def group_sequence_numbers() -> dict[str, int]:
+    """How many collectives this process has issued on each of its process groups, by the
+    group's name (``ProcessGroup._get_sequence_number_for_group``, 2.9 and 2.15)."""
+    import torch.distributed as dist
+
+    out = {}
+    for group, name in list(dist.distributed_c10d._world.pg_names.items()):
+        try:
+            out[name] = int(group._get_sequence_number_for_group())
+        except (RuntimeError, AttributeError):  # a group this backend keeps no count for
+            continue
+    return out
+
+
+def group_ranks(name: str) -> list[int] | None:
+    """The global ranks of the process group named ``name`` (as the flight recorder names it),
+    or ``None`` when this process has no such group."""
+    import torch.distributed as dist
+
+    for group, group_name in dist.distributed_c10d._world.pg_names.items():
+        if group_name == name:
+            return dist.get_process_group_ranks(group)
+    return None
+
+
+def flight_record() -> dict[str, Any] | None:
+    """torch's flight recorder dump (``entries``: this process's last collectives, oldest
+    first; ``pg_config``: each group's ranks), or ``None`` when it records nothing."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        record = pickle.loads(_dump_fr_trace())
+    except (ImportError, RuntimeError, pickle.UnpicklingError):
+        return None
+    return record if record.get("entries") else None

@@ -20,6 +20,12 @@ __all__ = [
     "HloShardingError",
     "NoMeshError",
     "TorchXlaNotInstalledError",
+    "ProcessDataError",
+    "IndivisibleBatchError",
+    "LocalShapeMismatchError",
+    "MissingSpecError",
+    "DataPositionError",
+    "CollectiveTimeoutError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -90,3 +96,31 @@ class ShardLoadError(ShardingError, RuntimeError):
 
 class HloShardingError(ShardingError):
     """An HLO sharding text that does not parse, or a sharding that does not fit an array."""
+
+
+class ProcessDataError(ShardingError):
+    """Per-process data that cannot make the global tensor asked for (`make_global_tensor`): the
+    message names the process, the local and global shapes, the spec and the mesh."""
+
+
+class IndivisibleBatchError(ProcessDataError):
+    """A dim fed in per-process parts does not split evenly over its devices (a global batch
+    that is not a multiple of the devices sharing it)."""
+
+
+class LocalShapeMismatchError(ProcessDataError):
+    """The processes passed local data of different shapes (or different keys) for one global
+    tensor; the message names the processes and their shapes."""
+
+
+class MissingSpecError(ProcessDataError):
+    """A key of a dict batch has no spec."""
+
+
+class DataPositionError(ValueError):
+    """A saved data position that belongs to another dataset, batch size, seed or order."""
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective did not complete within the process group's timeout: a rank stopped, hung
+    or died. The message names the collective, its group and the ranks that did not answer."""

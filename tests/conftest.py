@@ -42,6 +42,8 @@ collect_ignore = [
     "fsdp_xla/dtensor_checkpoint_worker.py",
     "examples_dtensor_worker.py",
     "spmd/plan/plan_worker.py",
+    "multiprocess_worker.py",
+    "train_fsdp_fault_worker.py",
 ]
 
 

@@ -21,6 +21,8 @@ import pytest
         "spmd.plan",
         "spmd.plan.advisor",
         "spmd.plan.recompile",
+        "spmd.process_data",
+        "spmd.data_loader",
     ],
 )
 def test_all_names_exist(package):

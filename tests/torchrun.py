@@ -42,8 +42,11 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def torchrun(script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+def torchrun(
+    script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: int = 600, max_restarts: int = 0
+) -> subprocess.CompletedProcess:
     """Run ``script`` with ``nproc`` processes; the project importable, no XLA device settings.
+    ``max_restarts``: torchrun restarts all workers that many times when one fails.
 
     ``USE_TORCH_XLA=0`` keeps transformers/accelerate from importing torch_xla (they do whenever it
     is installed), as on a machine without it: the dtensor backend must not need it.
@@ -60,6 +63,8 @@ def torchrun(script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: in
         "--standalone",
         "--nproc_per_node",
         str(nproc),
+        "--max-restarts",
+        str(max_restarts),
         str(script),
         *args,
     ]

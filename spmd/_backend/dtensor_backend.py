@@ -100,9 +100,23 @@ def device_mesh(mesh: Any, device_type: str) -> Any:
                 "the mesh instead of permuting it, e.g. np.arange(n).reshape(b, a).T for an (a, b) mesh whose "
                 "first axis is the inner one."
             )
+        _align_timeouts(built)
         mesh.memo[key] = built
         _release_at_exit(mesh)
     return mesh.memo[key]
+
+
+def _align_timeouts(built: Any) -> None:
+    """Give every axis group of ``built`` the world group's collective timeout: torch gives a
+    new group 30 minutes whatever ``init_process_group`` was told (`torch_compat`), so a hung
+    collective on one axis of a 2-D mesh would wait that long."""
+    world = torch_compat.group_timeout(_dist().group.WORLD)
+    if world is None:
+        return
+    for dim in range(built.ndim):
+        group = built.get_group(dim)
+        if torch_compat.group_timeout(group) != world:
+            torch_compat.set_group_timeout(group, world)
 
 
 # The meshes holding a DeviceMesh in their memo, for the exit hook below; weak, so it keeps none.
@@ -366,6 +380,33 @@ class DTensorBackend:
         mesh = mesh_of(t.device_mesh)
         spec = spec_of(mesh, tuple(t.placements), t.dim())
         return hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))
+
+    def process_index(self) -> int:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.process_index()
+
+    def process_count(self) -> int:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.process_count()
+
+    def device_processes(self) -> tuple[int, ...]:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.device_processes()
+
+    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.all_process_values(values)
+
+    def from_local_blocks(
+        self, blocks: dict[int, torch.Tensor], sharding: NamedSharding, hlo: HloSharding, global_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        from spmd._backend import dtensor_processes
+
+        return dtensor_processes.from_local_blocks(blocks, sharding, global_shape)
 
 
 def mesh_of(device_mesh: Any) -> Any:

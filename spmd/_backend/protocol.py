@@ -104,3 +104,27 @@ class ShardingBackend(Protocol):
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         """The sharding ``t`` has, as XLA would write it, or ``None`` when it has none."""
         ...
+
+    def process_index(self) -> int:
+        """This process's index among the job's processes (0 when there is one)."""
+        ...
+
+    def process_count(self) -> int:
+        """The number of processes of the job (torch_xla: one per host; DTensor: one per device)."""
+        ...
+
+    def device_processes(self) -> tuple[int, ...]:
+        """The process that holds each device id (position = device id)."""
+        ...
+
+    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every process's ``values`` (a few ints), in process order. A collective: every
+        process calls it, in the same order."""
+        ...
+
+    def from_local_blocks(
+        self, blocks: dict[int, torch.Tensor], sharding: NamedSharding, hlo: HloSharding, global_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """A tensor of ``global_shape`` laid out as ``sharding`` (``hlo``) whose device ``d``
+        holds ``blocks[d]``: host tensors, unpadded, one for each device of this process."""
+        ...

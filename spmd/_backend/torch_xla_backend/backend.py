@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from spmd._backend.torch_xla_backend import processes
 from spmd._backend.torch_xla_backend.runtime import (
     device_count,
     ensure_spmd,
@@ -20,6 +21,7 @@ from spmd._backend.torch_xla_backend.shardings import (
     attach_sharding,
     attach_sharding_constraint,
     clear_sharding,
+    reshard_in_graph,
     sharding_of,
     to_device_sharded,
 )
@@ -70,6 +72,7 @@ class TorchXlaBackend:
                     f"{sharding.spec!r} over {sharding.mesh.describe()} asks for {hlo}. Pass replace=True to reshard "
                     "it, or call clear_sharding(t) first."
                 )
+            reshard_in_graph(t)
             clear_sharding(t)
             existing = None
         if existing is None:
@@ -126,3 +129,20 @@ class TorchXlaBackend:
 
     def sharding_of(self, t: torch.Tensor) -> HloSharding | None:
         return sharding_of(t) if is_xla_tensor(t) else None
+
+    def process_index(self) -> int:
+        return processes.process_index()
+
+    def process_count(self) -> int:
+        return processes.process_count()
+
+    def device_processes(self) -> tuple[int, ...]:
+        return processes.device_processes()
+
+    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        return processes.all_process_values(values)
+
+    def from_local_blocks(
+        self, blocks: dict[int, torch.Tensor], sharding: Any, hlo: HloSharding, global_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        return processes.from_local_blocks(blocks, hlo, global_shape)

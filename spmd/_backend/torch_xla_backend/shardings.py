@@ -19,6 +19,7 @@ __all__ = [
     "attach_sharding",
     "attach_sharding_constraint",
     "clear_sharding",
+    "reshard_in_graph",
     "device_id",
     "from_cpu_shards",
     "full_to_shard_shape",
@@ -119,6 +120,25 @@ def attach_sharding(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None
 def attach_sharding_constraint(t: torch.Tensor, hlo: HloSharding, cache: dict | None = None) -> None:
     """Put a sharding custom-call on ``t``'s traced value without touching its data."""
     _xlac()._xla_annotate_custom_sharding(t, op_sharding(hlo, cache))
+
+
+def reshard_in_graph(t: torch.Tensor) -> None:
+    """Make sharded device data ``t`` a traced value (``t *= 1``), so that a new sharding
+    attached to it is laid out by the next graph instead of at once.
+
+    Resharding device data at once is torch_xla's ``ReshardData``, which builds and compiles a
+    new identity program on every call (no cache: pjrt_computation_client.cpp): alternating
+    ``mark_sharding(w, ..., replace=True)`` between two specs measured 20 compiles in 20 steps,
+    in plain torch_xla too. Traced, the reshard is part of the step's graph, which torch_xla
+    caches by its input and output shardings: 2 variants, compiled once each. Left alone: an
+    intermediate of an autograd graph (the in-place op would invalidate what backward saved).
+    """
+    if t.requires_grad and not t.is_leaf:
+        return
+    if "\nIR: None\n" not in str(_xlac()._get_xla_tensor_debug_info(t)):
+        return  # already traced: the sharding goes on its IR as it is
+    with torch.no_grad():
+        t.mul_(True)  # ``True`` is 1 in t's dtype, bool included; XLA folds the multiply away
 
 
 def clear_sharding(t: torch.Tensor) -> None:

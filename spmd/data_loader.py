@@ -1,0 +1,267 @@
+"""Per-process data loading: each process loads only its rows of every global batch, in an order
+fixed by a seed, from a position a checkpoint can save.
+
+The global batches do not depend on the number of processes: epoch ``e``'s order is a
+permutation of the dataset drawn from ``(seed, e)``, global batch ``b`` is its slice
+``[b * B, (b + 1) * B)``, and a process loads the rows of that batch its devices hold
+(`spmd.process_rows`). So every row of an epoch is loaded exactly once across the processes
+(``drop_last`` leaves out the ``len % B`` rows after the last full batch), one process on 8
+devices sees the batches 4 processes see, and a run resumed from a saved `DataPosition`
+(even with another process count) sees exactly what the uninterrupted run would have.
+
+`ProcessSampler` gives the dataset indices; `ProcessDataLoader` loads them, collates them and
+makes each process's rows one global batch (`spmd.make_global_tensor` / `make_global_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from mesh import Mesh
+from spmd.errors import DataPositionError, ProcessDataError
+from spmd.partition_spec import PartitionSpec, SpecEntry
+from spmd.process_data import make_global_batch, make_global_tensor, process_rows
+
+__all__ = ["DataPosition", "ProcessSampler", "ProcessDataLoader"]
+
+SpecLike = PartitionSpec | Sequence[SpecEntry]
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where a `ProcessSampler` is: the next batch to load, and what the order depends on.
+
+    Attributes:
+        epoch: the current epoch (0-based).
+        batch: the next batch of that epoch.
+        seed: the seed of the order.
+        dataset_size: rows in the dataset.
+        global_batch: rows per global batch.
+        shuffle: whether each epoch's order is a permutation (else the dataset's order).
+        drop_last: whether the rows after the last full batch are left out.
+    """
+
+    epoch: int
+    batch: int
+    seed: int
+    dataset_size: int
+    global_batch: int
+    shuffle: bool
+    drop_last: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (for ``save_sharded(..., extra={"data": ...})``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: object) -> DataPosition:
+        """The position `to_dict` wrote.
+
+        Raises:
+            DataPositionError: not a dict with these fields and types.
+        """
+        names = {f.name: f.type for f in fields(cls)}
+        if not isinstance(value, Mapping) or set(value) != set(names):
+            raise DataPositionError(
+                f"A saved data position is a dict with keys {sorted(names)}, got {str(value)[:200]}. Was it written by "
+                "ProcessSampler.state_dict()?"
+            )
+        for name, kind in names.items():
+            wanted = bool if kind in ("bool", bool) else int
+            if not isinstance(value[name], wanted) or (wanted is int and isinstance(value[name], bool)):
+                raise DataPositionError(
+                    f"Saved data position field {name!r} is {value[name]!r}, not an {wanted.__name__}."
+                )
+        return cls(**{n: value[n] for n in names})
+
+
+def _count(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProcessDataError(f"{what} must be an int >= {minimum}, got {value!r}.")
+    return value
+
+
+class ProcessSampler:
+    """The dataset indices this process loads for each global batch (see the module docstring).
+
+    Args:
+        dataset_size: rows in the dataset.
+        global_batch: rows per global batch (all processes together).
+        rows: which positions of a global batch of a given size this process loads (a function
+            of the size, e.g. ``lambda n: spmd.process_rows(mesh, P("data"), n)``); ``None``:
+            all of them (one process).
+        seed: the seed of the order.
+        shuffle: permute each epoch (else the dataset's order every epoch).
+        drop_last: leave out the rows after the last full batch (else a last, shorter batch).
+
+    Raises:
+        IndivisibleBatchError: a batch (the last short one included) does not split over the
+            processes' devices.
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        global_batch: int,
+        rows: Callable[[int], Sequence[int]] | None = None,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ) -> None:
+        self.dataset_size = _count(dataset_size, "dataset_size", 1)
+        self.global_batch = _count(global_batch, "global_batch", 1)
+        if self.global_batch > self.dataset_size and drop_last:
+            raise ProcessDataError(
+                f"global_batch {global_batch} is larger than the dataset ({dataset_size} rows): with drop_last=True no "
+                "batch would be loaded. Use a smaller batch or drop_last=False."
+            )
+        self.seed = _count(seed, "seed", 0)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self._rows = rows or (lambda n: range(n))
+        self._positions = {n: list(self._rows(n)) for n in self._batch_sizes()}
+        self._epoch, self._batch = 0, 0
+
+    def _batch_sizes(self) -> set[int]:
+        tail = self.dataset_size % self.global_batch
+        return {self.global_batch} | ({tail} if tail and not self.drop_last else set())
+
+    def __len__(self) -> int:
+        """Global batches per epoch."""
+        full, tail = divmod(self.dataset_size, self.global_batch)
+        return full + (1 if tail and not self.drop_last else 0)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s order of the dataset's rows (the same in every process)."""
+        if not self.shuffle:
+            return np.arange(self.dataset_size)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size)
+
+    def indices(self, epoch: int, batch: int) -> list[int]:
+        """The dataset indices this process loads for global batch ``batch`` of ``epoch``."""
+        start = batch * self.global_batch
+        members = self.order(epoch)[start : start + self.global_batch]
+        return [int(members[i]) for i in self._positions[len(members)]]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """The rest of the current epoch, batch by batch; the position moves as each is handed
+        out, and to the next epoch after the last."""
+        while self._batch < len(self):
+            indices = self.indices(self._epoch, self._batch)
+            self._batch += 1
+            yield indices
+        self._epoch, self._batch = self._epoch + 1, 0
+
+    @property
+    def position(self) -> DataPosition:
+        """The next batch to load, with what the order depends on."""
+        return DataPosition(
+            self._epoch, self._batch, self.seed, self.dataset_size, self.global_batch, self.shuffle, self.drop_last
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position as plain JSON values."""
+        return self.position.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved position (saved with any process count).
+
+        Raises:
+            DataPositionError: it was saved for another dataset size, batch, seed or order.
+        """
+        saved = DataPosition.from_dict(state)
+        mine = self.position
+        for name in ("dataset_size", "global_batch", "seed", "shuffle", "drop_last"):
+            if getattr(saved, name) != getattr(mine, name):
+                raise DataPositionError(
+                    f"The saved data position has {name}={getattr(saved, name)!r}, this sampler {getattr(mine, name)!r}: "
+                    "it would load other batches than the saved run. Build the sampler as the saved run did."
+                )
+        if not 0 <= saved.batch <= len(self):
+            raise DataPositionError(f"The saved data position's batch {saved.batch} is outside 0..{len(self)}.")
+        self._epoch, self._batch = saved.epoch, saved.batch
+
+
+def _batch_spec(specs: Mapping[str, SpecLike] | SpecLike) -> PartitionSpec:
+    """The spec of the batch dim (dim 0), which every key must share."""
+    values = [PartitionSpec.from_value(s) for s in specs.values()] if isinstance(specs, Mapping) else [specs]
+    firsts = {(tuple(PartitionSpec.from_value(s)) or (None,))[0] for s in values}
+    if len(firsts) != 1:
+        raise ProcessDataError(
+            f"The specs {dict(specs)} split the batch dim (dim 0) differently; a loader gives each process one set "
+            "of rows, so every key's spec must split dim 0 the same way."
+        )
+    return PartitionSpec(firsts.pop())
+
+
+class ProcessDataLoader:
+    """Loads this process's rows of each global batch and returns the global batch.
+
+    Args:
+        dataset: a map-style dataset (``len`` and ``dataset[i]``).
+        global_batch: rows per global batch.
+        mesh: the mesh; ``None`` uses the global mesh.
+        specs: the batch's spec, or a spec per key for dict rows (their dim 0 entries agree).
+        seed, shuffle, drop_last: see `ProcessSampler`.
+        collate_fn: makes the loaded rows one local batch (``torch.utils.data.default_collate``).
+        check_shapes: check every batch that all processes loaded the same shapes (one small
+            collective per batch; see `make_global_tensor`).
+
+    Iterating gives the rest of the current epoch, each batch a global tensor (or dict of
+    them); `state_dict` / `load_state_dict` save and restore the position.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        global_batch: int,
+        mesh: Mesh | None,
+        specs: Mapping[str, SpecLike] | SpecLike,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        check_shapes: bool = True,
+    ) -> None:
+        batch_dim = _batch_spec(specs)
+        self.check_shapes = check_shapes
+        self.dataset, self.mesh, self.specs = dataset, mesh, specs
+        self.sampler = ProcessSampler(
+            len(dataset),
+            global_batch,
+            lambda n: process_rows(mesh, batch_dim, n),
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+        )
+        self.collate_fn = collate_fn or torch.utils.data.default_collate
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        for indices in self.sampler:
+            local = self.collate_fn([self.dataset[i] for i in indices])
+            if isinstance(local, Mapping):
+                yield make_global_batch(local, self.mesh, self.specs, check=self.check_shapes)
+            elif isinstance(self.specs, Mapping):
+                raise ProcessDataError(
+                    f"specs is a dict ({sorted(self.specs)}) but the collated batch is a {type(local).__name__}; "
+                    "give one spec for a tensor batch, or rows that collate to a dict."
+                )
+            else:
+                yield make_global_tensor(local, self.mesh, self.specs, check=self.check_shapes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (see `ProcessSampler.state_dict`)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved position (see `ProcessSampler.load_state_dict`)."""
+        self.sampler.load_state_dict(state)

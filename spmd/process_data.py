@@ -1,0 +1,222 @@
+"""Global sharded tensors from each process's own rows: `make_global_tensor` and `make_global_batch`.
+
+On a pod every host loads only its part of the batch. `make_global_tensor(local, mesh, spec)`
+turns each process's ``local`` rows into one global tensor laid out as ``spec``, as JAX's
+``jax.make_array_from_process_local_data`` does: no process ever holds the global batch. The
+layout follows `spmd.process_layout` (JAX's): along a dim split over several processes, each
+process passes its part (its tiles in order); along any other dim, the whole dim.
+
+On torch_xla (one process per host) the blocks go straight to this host's devices, each device
+receiving only its block; on this machine, one process with 8 devices, ``local`` is the whole
+batch. On the dtensor backend (one process per device) each rank's rows become its block of a
+``DTensor``. `make_global_batch` does the same for a dict of tensors (a Hugging Face batch) with
+a spec per key, with one exchange of shapes for the whole dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from mesh import DeviceCountError, Mesh, mesh_or_global
+from spmd._backend import ShardingBackend, backend_for
+from spmd.errors import LocalShapeMismatchError, MissingSpecError, SpmdTypeError
+from spmd.named_sharding import NamedSharding, hlo_sharding_for
+from spmd.partition_spec import PartitionSpec, SpecEntry
+from spmd.process_layout import ProcessLayout
+
+__all__ = ["make_global_tensor", "make_global_batch", "process_rows"]
+
+SpecLike = PartitionSpec | Sequence[SpecEntry]
+
+
+def _as_tensor(local: object, what: str) -> torch.Tensor:
+    if isinstance(local, np.ndarray):
+        return torch.from_numpy(local)
+    if not isinstance(local, torch.Tensor):
+        raise SpmdTypeError(
+            f"{what}: the local data must be a torch.Tensor or numpy array, got {type(local).__name__}."
+        )
+    if local.device.type == "xla":
+        raise SpmdTypeError(
+            f"{what}: the local data of shape {tuple(local.shape)} is already on the XLA device; pass this process's "
+            "rows as a host (CPU) tensor, as a data loader gives them, and they go to the devices sharded."
+        )
+    return local.detach()
+
+
+def _runtime(mesh: Mesh | None, what: str) -> tuple[ShardingBackend, Mesh]:
+    runtime = backend_for(None)
+    mesh = mesh_or_global(mesh, what)
+    try:
+        mesh.check_device_count(runtime.device_count(), runtime.more_devices)
+    except DeviceCountError as e:
+        raise DeviceCountError(f"{what}: {e}") from None
+    return runtime, mesh
+
+
+def _layout(runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, what: str) -> ProcessLayout:
+    spec = PartitionSpec.from_value(spec)
+    hlo = hlo_sharding_for(mesh, spec, local.dim())
+    where = f"{what}(local shape {tuple(local.shape)}, spec {spec!r}, {mesh.describe()})"
+    return ProcessLayout(hlo, local.dim(), runtime.device_processes(), runtime.process_index(), where)
+
+
+def _check_same_shapes(runtime: ShardingBackend, shapes: Mapping[str, tuple[int, ...]], what: str) -> None:
+    """Every process passed the same keys and shapes (one small collective).
+
+    Raises:
+        LocalShapeMismatchError: naming the first process that differs from process 0.
+    """
+    if runtime.process_count() == 1:
+        return
+    names = sorted(shapes)
+    mine = [len(names), *(hash_key(n) for n in names)]
+    for n in names:
+        mine += [len(shapes[n]), *shapes[n]]
+    every = runtime.all_process_values(tuple(mine))
+    for process, values in enumerate(every):
+        if values != every[0]:
+            raise LocalShapeMismatchError(
+                f"{what}: the processes passed local data of different shapes: process 0 has "
+                f"{_describe(every[0], names)} and process {process} has {_describe(values, names)} (this is process "
+                f"{runtime.process_index()}). Every process must pass the same shape (its own rows, as many as the "
+                "others)."
+            )
+
+
+def hash_key(name: str) -> int:
+    """A stable 31-bit number for a key (``hash`` of a str differs between processes)."""
+    import zlib
+
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def _describe(values: tuple[int, ...], names: list[str]) -> str:
+    """Shapes in an exchanged tuple, by key where the keys match ours."""
+    count, rest = values[0], list(values[1:])
+    keys, rest = rest[:count], rest[count:]
+    shapes = []
+    while rest:
+        rank, rest = rest[0], rest[1:]
+        shapes.append(tuple(rest[:rank]))
+        rest = rest[rank:]
+    if keys == [hash_key(n) for n in names]:
+        labels = names
+    else:
+        labels = [f"key #{i} of another key set" for i in range(count)]
+    if labels == [""]:
+        return f"shape {shapes[0]}"
+    return ", ".join(f"{k!r}: {s}" for k, s in zip(labels, shapes))
+
+
+def make_global_tensor(
+    local: torch.Tensor | np.ndarray,
+    mesh: Mesh | None,
+    spec: SpecLike,
+    *,
+    global_shape: Sequence[int] | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """One global tensor laid out as ``spec`` from each process's ``local`` rows.
+
+    Every process calls it with its own rows (JAX's ``make_array_from_process_local_data``).
+    Along a dim that ``spec`` splits over several processes, ``local`` holds this process's
+    part (the blocks of its devices, in order: `process_rows` says which global rows); along
+    any other dim, the whole dim. With one process (torch_xla here), ``local`` is the whole
+    tensor.
+
+    Args:
+        local: this process's rows, on the host.
+        mesh: the mesh; ``None`` uses the global mesh.
+        spec: how the global tensor is laid out.
+        global_shape: the global shape; inferred when ``None`` (each split dim the processes'
+            parts together).
+        check: check that every process passed the same shape (one small collective; with one
+            process, nothing).
+
+    Returns:
+        The global tensor: on torch_xla an XLA tensor with the sharding (each device got only
+        its block); on the dtensor backend a ``DTensor`` whose local tensor is this rank's block.
+
+    Raises:
+        LocalShapeMismatchError: the processes passed different shapes.
+        IndivisibleBatchError: a split dim does not divide evenly over its devices.
+        ProcessDataError: ``global_shape`` does not fit, or the processes' devices do not hold
+            equal parts of a split dim.
+        ShardingError: the spec does not fit the mesh or the tensor.
+    """
+    what = "make_global_tensor"
+    tensor = _as_tensor(local, what)
+    runtime, mesh = _runtime(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
+    if check:
+        _check_same_shapes(runtime, {"": tuple(tensor.shape)}, what)
+    return _make(runtime, mesh, spec, tensor, global_shape, what)
+
+
+def _make(
+    runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, given: Sequence[int] | None, what: str
+) -> torch.Tensor:
+    layout = _layout(runtime, mesh, spec, local, what)
+    shape = layout.global_shape(tuple(local.shape), None if given is None else tuple(int(n) for n in given))
+    blocks = {d: local[slices] for d, (slices, _) in layout.blocks(shape, tuple(local.shape)).items()}
+    spec = PartitionSpec.from_value(spec)
+    hlo = hlo_sharding_for(mesh, spec, local.dim(), shape)
+    return runtime.from_local_blocks(blocks, NamedSharding(mesh, spec), hlo, shape)
+
+
+def make_global_batch(
+    batch: Mapping[str, torch.Tensor | np.ndarray],
+    mesh: Mesh | None,
+    specs: Mapping[str, SpecLike] | SpecLike,
+    *,
+    check: bool = True,
+) -> dict[str, torch.Tensor]:
+    """`make_global_tensor` for each value of a dict batch (a Hugging Face batch), with a spec
+    per key (``specs`` a dict) or one spec for all; keys of ``specs`` absent from the batch are
+    ignored (an eval batch without labels). One exchange of shapes checks the whole dict.
+
+    Raises:
+        MissingSpecError: a key of the batch has no spec; the message lists the keys that do.
+        LocalShapeMismatchError: the processes passed different keys or shapes.
+        SpmdTypeError: ``batch`` is not a dict of tensors.
+    """
+    what = "make_global_batch"
+    if not isinstance(batch, Mapping):
+        raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
+    per_key = isinstance(specs, Mapping)
+    if per_key:
+        missing = sorted(k for k in batch if k not in specs)
+        if missing:
+            raise MissingSpecError(
+                f"{what}: the batch's keys {missing} have no spec; specs are given for {sorted(specs)}. Add a spec for "
+                f"each key (e.g. {{{missing[0]!r}: P('data')}}), or pass one spec for all keys."
+            )
+    tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
+    shapes = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in tensors.items())
+    runtime, mesh = _runtime(mesh, f"{what}({{{shapes}}})")
+    if check:
+        _check_same_shapes(runtime, {k: tuple(v.shape) for k, v in tensors.items()}, what)
+    return {
+        k: _make(runtime, mesh, specs[k] if per_key else specs, v, None, f"{what}: key {k!r}")
+        for k, v in tensors.items()
+    }
+
+
+def process_rows(mesh: Mesh | None, spec: SpecLike, global_size: int, dim: int = 0) -> list[int]:
+    """The global indices along ``dim`` (the batch, by default) that this process feeds, in
+    the order `make_global_tensor` expects them: what a per-process data loader loads.
+
+    Raises:
+        IndivisibleBatchError: ``global_size`` does not split evenly over the devices of ``dim``.
+    """
+    runtime, mesh = _runtime(mesh, f"process_rows(spec {spec!r}, {global_size} rows)")
+    spec = PartitionSpec.from_value(spec)
+    entries = list(spec) + [None] * (dim + 1 - len(spec))
+    one_dim = PartitionSpec(*[entries[d] if d == dim else None for d in range(dim + 1)])
+    hlo = hlo_sharding_for(mesh, one_dim, dim + 1)
+    where = f"process_rows(spec {spec!r}, {global_size} rows along dim {dim}, {mesh.describe()})"
+    layout = ProcessLayout(hlo, dim + 1, runtime.device_processes(), runtime.process_index(), where)
+    return layout.rows(dim, global_size)

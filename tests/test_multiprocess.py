@@ -1,0 +1,97 @@
+"""Multi-process training on the dtensor backend (4 CPU ranks, gloo), in two torchrun launches.
+
+The first gives each rank its own rows (make_global_tensor, make_global_batch, the errors) and
+trains examples/train_fsdp.py from per-process loaders: its losses equal one process trained on
+the same global batches, and are the reference of the second. The second runs the same training
+under ``torchrun --max-restarts 3`` while ranks fail: rank 1 is SIGKILLed after step 10, then
+rank 3 is SIGSTOPped; every attempt resumes from the newest complete checkpoint and the run ends
+with the reference's losses. benchmarks/kill_ranks.py kills ranks at random moments, in saves too.
+"""
+
+import json
+import re
+
+import pytest
+
+from tests.torchrun import ROOT, torchrun
+
+TRAIN = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "32", "--vocab", "64"]
+TRAIN += ["--batch", "16", "--steps", "16", "--dataset-rows", "512", "--lr", "1e-2"]
+TIMEOUT = 10  # seconds a collective may wait (spmd.init_process_group's timeout)
+FAULTS = "kill:1:10@0,stop:3:13@1"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multiprocess")
+    run = torchrun(ROOT / "tests" / "multiprocess_worker.py", 4, str(out), *TRAIN)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faults")
+    args = [*TRAIN, "--checkpoint-dir", str(out / "ckpt"), "--save-every", "4", "--timeout", str(TIMEOUT)]
+    run = torchrun(ROOT / "tests" / "train_fsdp_fault_worker.py", 4, str(out), FAULTS, *args, max_restarts=3)
+    attempts = {}
+    for path in out.glob("attempt*-rank*.json"):
+        record = json.loads(path.read_text())
+        attempts[(record["attempt"], record["rank"])] = record
+    return run, attempts
+
+
+def test_each_rank_s_rows_make_the_global_tensor(reference):
+    assert reference["mismatches"] == [] and reference["cases"] >= 8  # 11 where torch orders groups (permuted mesh)
+    assert reference["dict_ok"]
+
+
+def test_per_process_input_errors_name_the_process_and_shapes(reference):
+    errors = reference["errors"]
+    assert errors["shapes"].startswith("LocalShapeMismatchError: make_global_tensor: the processes passed local data")
+    assert "process 0 has shape (2, 5) and process 2 has shape (3, 5)" in errors["shapes"]
+    assert errors["indivisible"].startswith("IndivisibleBatchError: process_rows(spec P('data'), 10 rows along dim 0")
+    assert (
+        "process 0 of 4: 10 entries along dim 0 (the batch, for dim 0) do not split into 4 equal"
+        in errors["indivisible"]
+    )
+    assert errors["missing"].startswith("MissingSpecError: make_global_batch: the batch's keys ['mask'] have no spec")
+
+
+def test_four_ranks_with_per_process_loaders_train_as_one_process(reference):
+    # Same weights and global batches; only the order of float sums differs.
+    assert reference["fsdp_losses"] == pytest.approx(reference["eager_losses"], rel=1e-5)
+    assert reference["fsdp_losses"][-1] < reference["fsdp_losses"][0]
+
+
+def test_killed_and_stopped_ranks_cost_nothing(reference, faulty):
+    run, attempts = faulty
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert sorted({a for a, _ in attempts}) == [0, 1, 2]  # two failures, two restarts
+    final = attempts[(2, 0)]
+    assert final["end"] == "done"
+    losses = {int(k): v for k, v in final["losses"].items()}
+    assert losses[15] == pytest.approx(reference["fsdp_losses"][15], rel=1e-4)
+    for attempt in range(3):  # every step any attempt ran gave the uninterrupted run's loss
+        for step, loss in attempts[(attempt, 0)]["losses"].items():
+            assert loss == pytest.approx(reference["fsdp_losses"][int(step)], rel=1e-4), (attempt, step)
+
+
+def test_each_attempt_resumes_from_the_newest_complete_checkpoint(faulty):
+    _, attempts = faulty
+    # killed after step 10: back to the save after step 7; stopped at step 13: back to 12.
+    assert [attempts[(a, 0)]["first_step"] for a in range(3)] == [0, 8, 12]
+    assert attempts[(1, 0)]["positions"]["8"] == attempts[(0, 0)]["positions"]["8"]  # the same data position
+
+
+def test_a_stopped_rank_ends_the_others_with_a_clear_error_within_the_timeout(faulty):
+    _, attempts = faulty
+    stopped = attempts[(1, 3)]
+    assert stopped["end"] == "stopped"
+    for rank in (0, 1, 2):
+        record = attempts[(1, rank)]
+        assert record["end"].startswith("CollectiveTimeoutError: step 13: "), record["end"]
+        assert "did not complete within the timeout" in record["end"]
+        assert re.search(r"step 13: \w+ #\d+ on group '\w+' \(ranks \[0, 1, 2, 3\]\)", record["end"]), record["end"]
+        assert "rank 3: its heartbeat stopped (last at 'after step 12')" in record["end"]
+        assert record["failed_at"] - stopped["stopped_at"] < TIMEOUT + 5

@@ -1,0 +1,84 @@
+"""Run under torchrun --max-restarts by test_multiprocess.py: examples/train_fsdp.py with faults.
+
+    torchrun --nproc_per_node 4 --max-restarts 3 tests/train_fsdp_fault_worker.py OUT_DIR FAULTS TRAIN_ARGS...
+
+FAULTS is a comma-separated plan ``KIND:RANK:STEP@ATTEMPT`` (ATTEMPT: torchrun's restart count):
+
+- ``kill``: the rank SIGKILLs itself after the step's loss (the step done, not yet saved);
+- ``killsave``: the rank SIGKILLs itself in the save after the step, right after writing its
+  shard file (the version is half written: LATEST must keep the previous one);
+- ``stop``: the rank SIGSTOPs itself as the step starts (torchrun SIGKILLs it 30 s after the
+  others fail).
+
+Every rank writes OUT_DIR/attempt<A>-rank<R>.json: the steps it ran with their losses, the step
+it resumed from, and the error that ended it (a `CollectiveTimeoutError` with the time from the
+stop to the error), or ``done``; and, for benchmarks/kill_ranks.py, its pid (pid-a<A>-rank<R>)
+and what it is doing (phase-rank<R>: ``step N`` or ``save N``).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.remove(str(Path(__file__).resolve().parent))  # tests/spmd would shadow the project's spmd
+
+from examples import train_fsdp  # noqa: E402
+from fsdp_xla import checkpoint  # noqa: E402
+
+out, plan, train_args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+faults = [f.replace("@", ":").split(":") for f in plan.split(",") if f]
+mine = {(kind, int(step)) for kind, r, step, a in faults if int(r) == rank and int(a) == attempt}
+record = {"attempt": attempt, "rank": rank, "losses": {}, "positions": {}, "first_step": None, "end": "running"}
+report = out / f"attempt{attempt}-rank{rank}.json"
+saving = {"step": None}
+(out / f"pid-a{attempt}-rank{rank}").write_text(str(os.getpid()))
+phase = out / f"phase-rank{rank}"
+
+
+def write():
+    report.write_text(json.dumps(record))
+
+
+def hook(event, step, info):
+    phase.write_text(f"{'save' if event == 'save' else 'step'} {step} attempt {attempt}")
+    if event == "step":
+        record["first_step"] = step if record["first_step"] is None else record["first_step"]
+        record["positions"][step] = info["position"]
+        if ("stop", step) in mine:
+            record["end"], record["stopped_at"] = "stopped", time.time()
+            write()
+            os.kill(os.getpid(), signal.SIGSTOP)
+    elif event == "loss":
+        record["losses"][step] = info["loss"]
+        write()
+        if ("kill", step) in mine:
+            os.kill(os.getpid(), signal.SIGKILL)
+    elif event == "save":
+        saving["step"] = step
+
+
+write_device_file = checkpoint._write_device_file
+
+
+def write_then_die(path, tensors):
+    write_device_file(path, tensors)
+    if ("killsave", saving["step"]) in mine:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+checkpoint._write_device_file = write_then_die
+try:
+    train_fsdp.main(train_args, hook=hook)
+    record["end"] = "done"
+except Exception as e:
+    record["end"] = f"{type(e).__name__}: {e}"
+    record["failed_at"] = time.time()
+    record["traceback"] = traceback.format_exc()[-3000:]
+    write()
+    raise
+write()
