@@ -23,8 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_leaves
 
-from fsdp_xla._phases import Phase
-from fsdp_xla.communication import CollectiveRecord
+from fsdp_xla._phases import CollectiveRecord, Phase
 from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
 
 __all__ = ["TrafficMode"]

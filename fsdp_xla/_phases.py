@@ -1,4 +1,5 @@
-"""The phases of an FSDP step, and the XLA scopes that label what each unit traces in them.
+"""The phases of an FSDP step, the XLA scopes that label what each unit traces in them, and
+`CollectiveRecord` (one collective with its unit and phase), which both readers return.
 
 The runtime opens a scope ``fsdp__<phase>__<unit path>`` around what it traces for a unit: the
 forward gather, the backward regather, the reduction of the gradients. torch_xla writes the
@@ -10,8 +11,12 @@ collective in the compiled graph can be traced back to its unit and phase
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Phase", "SCOPE_PREFIX", "scope_name", "parse_scope"]
+from spmd.inspector import CollectiveKind
+
+__all__ = ["Phase", "SCOPE_PREFIX", "scope_name", "parse_scope", "CollectiveRecord"]
 
 SCOPE_PREFIX = "fsdp__"
 """How every FSDP scope name starts (torch_xla turns ``:`` in a scope name into ``_``)."""
@@ -46,3 +51,45 @@ def parse_scope(scope: str) -> tuple[Phase, str] | None:
         return Phase(phase), unit
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective of a compiled step, with the FSDP unit and phase it belongs to.
+
+    Attributes:
+        graph: the compiled graph (HLO module) it runs in.
+        name: its HLO instruction name.
+        kind: all-gather, all-reduce, reduce-scatter, ...
+        shape: the per-device result shape, e.g. ``f32[2048,512]``.
+        bytes_sent_per_device: ring-algorithm bytes one device sends for it.
+        replica_groups: the device ids of each group that runs it.
+        phase: what it is for (`Phase.OTHER` when no FSDP scope names it).
+        unit: the unit's path (``''`` for the root); ``None`` for `Phase.OTHER`, and on the
+            dtensor backend, where the module tracker cannot tell it (`TrafficMode`).
+        where: the op it came from (``aten__nll_loss at torch/nn/functional.py:3458``).
+    """
+
+    graph: str
+    name: str
+    kind: CollectiveKind
+    shape: str
+    bytes_sent_per_device: int
+    replica_groups: tuple[tuple[int, ...], ...]
+    phase: Phase
+    unit: str | None
+    where: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (kind and phase as their string values)."""
+        return {
+            "graph": self.graph,
+            "name": self.name,
+            "kind": self.kind.value,
+            "shape": self.shape,
+            "bytes_sent_per_device": self.bytes_sent_per_device,
+            "replica_groups": [list(g) for g in self.replica_groups],
+            "phase": self.phase.value,
+            "unit": self.unit,
+            "where": self.where,
+        }

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdp_xla._phases import SCOPE_PREFIX, Phase, parse_scope
+from fsdp_xla._phases import SCOPE_PREFIX, CollectiveRecord, Phase, parse_scope
 from spmd.inspector import CollectiveKind, GraphReport, HloModuleText
 from spmd.inspector.hlo_text import Instruction, annotation_scopes
 
@@ -42,48 +41,6 @@ __all__ = [
     "dtensor_traffic_mode",
     "zero3_minimum_bytes",
 ]
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective of a compiled step, with the FSDP unit and phase it belongs to.
-
-    Attributes:
-        graph: the compiled graph (HLO module) it runs in.
-        name: its HLO instruction name.
-        kind: all-gather, all-reduce, reduce-scatter, ...
-        shape: the per-device result shape, e.g. ``f32[2048,512]``.
-        bytes_sent_per_device: ring-algorithm bytes one device sends for it.
-        replica_groups: the device ids of each group that runs it.
-        phase: what it is for (`Phase.OTHER` when no FSDP scope names it).
-        unit: the unit's path (``''`` for the root); ``None`` for `Phase.OTHER`, and on the
-            dtensor backend, where the module tracker cannot tell it (`TrafficMode`).
-        where: the op it came from (``aten__nll_loss at torch/nn/functional.py:3458``).
-    """
-
-    graph: str
-    name: str
-    kind: CollectiveKind
-    shape: str
-    bytes_sent_per_device: int
-    replica_groups: tuple[tuple[int, ...], ...]
-    phase: Phase
-    unit: str | None
-    where: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (kind and phase as their string values)."""
-        return {
-            "graph": self.graph,
-            "name": self.name,
-            "kind": self.kind.value,
-            "shape": self.shape,
-            "bytes_sent_per_device": self.bytes_sent_per_device,
-            "replica_groups": [list(g) for g in self.replica_groups],
-            "phase": self.phase.value,
-            "unit": self.unit,
-            "where": self.where,
-        }
 
 
 def _phase_of(op_names: Iterable[str]) -> tuple[Phase, str | None]:

@@ -52,7 +52,8 @@ def _strongly_connected(graph) -> list[set[str]]:
 
 
 def test_no_import_cycle_among_our_modules():
-    graph = grimp.build_graph(*PACKAGES)
+    # Imports under ``if TYPE_CHECKING:`` never run (a text renderer naming the value it renders).
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
     cycles = [sorted(c) for c in _strongly_connected(graph) if len(c) > 1]
     assert cycles == []
 
@@ -82,3 +83,31 @@ def test_only_the_torch_xla_backend_imports_torch_xla():
                     names = [node.module or ""]
                 found += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == "torch_xla"]
     assert found == []
+
+
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 400
+
+
+def _library_files() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def test_no_module_over_400_lines():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in _library_files()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these by job (at most {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_no_function_over_60_lines():
+    long = {}
+    for path in _library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
+    assert long == {}, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines): {long}"

@@ -26,17 +26,15 @@ against mesh order.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import importlib.util
 import math
-import weakref
 from typing import Any
 
-import numpy as np
 import torch
 
 from spmd import _torch_compat as torch_compat
+from spmd._backend import dtensor_processes
+from spmd._backend.dtensor_meshes import device_mesh
 from spmd.errors import ShardingConflictError, ShardingError
 from spmd.hlo_sharding import HloSharding, ShardingKind
 from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
@@ -63,92 +61,6 @@ def process_device_type() -> str:
     when there is one, else ``cpu``."""
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     return accelerator.type if accelerator is not None else "cpu"
-
-
-def _increasing_along_every_axis(ids: np.ndarray) -> bool:
-    return not any((np.diff(ids, axis=k) <= 0).any() for k in range(ids.ndim))
-
-
-def device_mesh(mesh: Any, device_type: str) -> Any:
-    """The ``DeviceMesh`` of ``mesh`` (built once per mesh, device type and process group:
-    building one makes a process group per axis, collectively, so every rank must ask in the
-    same order).
-
-    Raises:
-        MeshError: the ids do not increase along some axis and this torch cannot order a
-            process group's members (torch 2.9).
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    key = ("device_mesh", device_type, _dist().group.WORLD.group_name)
-    if key not in mesh.memo:
-        ids = mesh.get_logical_mesh()
-        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
-        if _increasing_along_every_axis(ids):
-            built = DeviceMesh(device_type, torch.as_tensor(ids), mesh_dim_names=names)
-        elif torch_compat.ordered_groups_supported():
-            built = torch_compat.device_mesh_from_ids(device_type, ids, names)
-        else:
-            from mesh import MeshError
-
-            major, minor = torch_compat.TORCH_VERSION
-            raise MeshError(
-                f"{mesh.describe()} with device ids {_bounded(ids.tolist())} cannot be a DeviceMesh on torch "
-                f"{major}.{minor}: its process groups order their ranks by id, so along an axis whose ids do not "
-                "increase DTensor would place blocks in rank order, not mesh order. The current lane's torch "
-                "(2.15, pip install 'xla-spmd[current]') orders them as the mesh does. On this torch, transpose "
-                "the mesh instead of permuting it, e.g. np.arange(n).reshape(b, a).T for an (a, b) mesh whose "
-                "first axis is the inner one."
-            )
-        _align_timeouts(built)
-        mesh.memo[key] = built
-        _release_at_exit(mesh)
-    return mesh.memo[key]
-
-
-def _align_timeouts(built: Any) -> None:
-    """Give every axis group of ``built`` the world group's collective timeout: torch gives a
-    new group 30 minutes whatever ``init_process_group`` was told (`torch_compat`), so a hung
-    collective on one axis of a 2-D mesh would wait that long."""
-    world = torch_compat.group_timeout(_dist().group.WORLD)
-    if world is None:
-        return
-    for dim in range(built.ndim):
-        group = built.get_group(dim)
-        if torch_compat.group_timeout(group) != world:
-            torch_compat.set_group_timeout(group, world)
-
-
-# The meshes holding a DeviceMesh in their memo, for the exit hook below; weak, so it keeps none.
-_holders: weakref.WeakSet = weakref.WeakSet()
-
-
-def _release_at_exit(mesh: Any) -> None:
-    if not _holders:
-        atexit.register(_release_device_meshes)
-    _holders.add(mesh)
-
-
-def _release_device_meshes() -> None:
-    """Drop the DeviceMeshes our meshes hold, while the interpreter is still whole.
-
-    A DeviceMesh keeps its process groups alive, and so their gloo worker threads, even after
-    ``dist.destroy_process_group()``. Kept into interpreter finalization, a worker that frees the
-    tensors of its last collective needs the GIL, and taking it while Python finalizes ends
-    the thread inside a noexcept frame: "terminate called without an active exception", SIGABRT
-    (torch 2.15, 2 of 3 exits measured; pytorch/pytorch#190489). Released here, at exit, a
-    destroyed group is freed now: its destructor joins the workers without holding the GIL.
-    """
-    for mesh in list(_holders):
-        for key in [k for k in mesh.memo if k[0] == "device_mesh"]:
-            del mesh.memo[key]
-    _holders.clear()
-    gc.collect()
-
-
-def _bounded(values: list, limit: int = 300) -> str:
-    text = str(values)
-    return text if len(text) <= limit else text[: limit - 5] + " ...]"
 
 
 def _gspmd_blocks(n: int, ways: int) -> list[tuple[int, int]]:
@@ -382,31 +294,23 @@ class DTensorBackend:
         return hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))
 
     def process_index(self) -> int:
-        from spmd._backend import dtensor_processes
-
         return dtensor_processes.process_index()
 
     def process_count(self) -> int:
-        from spmd._backend import dtensor_processes
-
         return dtensor_processes.process_count()
 
     def device_processes(self) -> tuple[int, ...]:
-        from spmd._backend import dtensor_processes
-
         return dtensor_processes.device_processes()
 
     def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
-        from spmd._backend import dtensor_processes
-
         return dtensor_processes.all_process_values(values)
 
     def from_local_blocks(
         self, blocks: dict[int, torch.Tensor], sharding: NamedSharding, hlo: HloSharding, global_shape: tuple[int, ...]
     ) -> torch.Tensor:
-        from spmd._backend import dtensor_processes
-
-        return dtensor_processes.from_local_blocks(blocks, sharding, global_shape)
+        kind = process_device_type()
+        placements = placements_for(sharding.mesh, sharding.spec, global_shape)
+        return dtensor_processes.from_local_block(blocks, device_mesh(sharding.mesh, kind), placements, global_shape)
 
 
 def mesh_of(device_mesh: Any) -> Any:
