@@ -64,6 +64,7 @@ SETUP: dict[tuple[str, int], str | None] = {
     ("huggingface.md", 2): None,
     # TorchTPU's launch recipe needs a TPU (torch.tpu): compiled only.
     ("backends.md", 2): None,
+    ("multiprocess.md", 1): None,  # needs a torchrun job to run in; docs/multiprocess.md's first snippet runs one
 }
 # Fragments run in this process; they need nothing a fresh process would give them.
 IN_PROCESS = {
@@ -77,7 +78,7 @@ IN_PROCESS = {
     ("migration.md", 0),
 }
 # Snippets that run as torchrun jobs: (name, index) -> processes.
-TORCHRUN = {("backends.md", 0): 4}
+TORCHRUN = {("backends.md", 0): 4, ("multiprocess.md", 0): 4}
 
 _PRINT_CHECK = re.compile(r"^(\s*)print\((.*)\)\s*#\s*(.+)$")
 CHECKER = """

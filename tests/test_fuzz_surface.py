@@ -165,8 +165,13 @@ def test_a_damaged_checkpoint_is_refused_and_changes_nothing(saved, tmp_path_fac
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     from fsdp_xla.consolidate import build_parser as consolidate_parser
     from spmd.inspector.cli import build_parser as inspector_parser
+    from spmd.plan.__main__ import parser as plan_parser
 
-    return {"spmd.inspector": inspector_parser(), "fsdp_xla.consolidate": consolidate_parser()}
+    return {
+        "spmd.inspector": inspector_parser(),
+        "fsdp_xla.consolidate": consolidate_parser(),
+        "spmd.plan": plan_parser(),
+    }
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -189,7 +194,11 @@ def test_every_cli_flag(cli, data, tmp_path_factory):
     value = data.draw(flag_value)
     script = tmp_path_factory.mktemp("cli") / "script.py"
     script.write_text("")
-    args = [flag, value, str(script)] if cli == "spmd.inspector" else [str(script.parent), flag, value]
+    args = {
+        "spmd.inspector": [flag, value, str(script)],
+        "fsdp_xla.consolidate": [str(script.parent), flag, value],
+        "spmd.plan": ["gpt2", "--topology", "v5e:2x2", flag, value],
+    }[cli]
     COUNTS[f"{cli} flags"]["tried"] += 1
     with time_bound(10), contextlib.redirect_stderr(open("/dev/null", "w")):
         try:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from spmd.atomic_file import atomic_write
+from spmd.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
 from spmd.plan.meshes import STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS
@@ -30,9 +31,9 @@ def _mesh(text: str) -> dict[str, int] | None:
     shape: dict[str, int] = {}
     for part in text.split(","):
         name, _, size = part.partition("=")
-        if not name or not size.isdigit():
+        if not name.strip().isidentifier() or not size.isdigit() or len(size) > 6 or int(size) < 1:
             raise argparse.ArgumentTypeError(
-                f"--mesh takes 'auto' or name=size pairs like fsdp=32,tensor=4; got {text!r}"
+                f"--mesh takes 'auto' or name=size pairs like fsdp=32,tensor=4 (sizes 1 or more); got {text[:80]!r}"
             )
         if name.strip() in shape:
             raise argparse.ArgumentTypeError(f"--mesh names axis {name.strip()!r} twice in {text!r}; name each once.")
@@ -40,18 +41,21 @@ def _mesh(text: str) -> dict[str, int] | None:
     return shape
 
 
+_POSITIVE = int_in(1, 2**31)
+
+
 def _ints(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4; got {text!r}") from None
+        return [_POSITIVE(v) for v in text.split(",")[:64]]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,2,4 ({e})") from None
 
 
 def _remats(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",")]
     unknown = [n for n in names if n not in REMATS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown remat policies {unknown}; choose from {','.join(REMATS)}")
+        raise argparse.ArgumentTypeError(f"unknown remat policies {unknown[:8]}; choose from {','.join(REMATS)}")
     return names
 
 
@@ -69,15 +73,25 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
     )
-    p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (a 'data' axis spans them)")
     p.add_argument(
-        "--seq", type=int, default=None, help="sequence length (default: 2048, or a shorter learned position table)"
+        "--slices", type=int_in(1, 4096), default=1, help="slices joined over DCN (a 'data' axis spans them)"
+    )
+    p.add_argument(
+        "--seq",
+        type=int_in(1, 2**24),
+        default=None,
+        help="sequence length (default: 2048, or a shorter learned position table)",
     )
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
     p.add_argument("--attention", choices=("dot", "flash"), default="dot", help="dot, or flash (splash attention)")
-    p.add_argument("--hbm-gib", type=float, default=None, help="per-device memory budget (default: the device's HBM)")
-    p.add_argument("--json", type=Path, default=None, help="write the report (or advice) as JSON")
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG of per-device memory (or the advice)")
+    p.add_argument(
+        "--hbm-gib",
+        type=finite_float(0, 2**20, open_low=True),
+        default=None,
+        help="per-device memory budget (default: the device's HBM)",
+    )
+    p.add_argument("--json", type=output_file, default=None, help="write the report (or advice) as JSON")
+    p.add_argument("--plot", type=output_file, default=None, help="write a PNG of per-device memory (or the advice)")
 
 
 def _one_plan_flags(p: argparse.ArgumentParser) -> None:
@@ -85,8 +99,12 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
         "--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 (default: auto)"
     )
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
-    p.add_argument("--tensor", type=int, default=None, help="tensor axis size of the auto 2-D mesh (default: 4)")
-    p.add_argument("--batch", type=int, default=None, help="global batch in sequences (default: one per batch shard)")
+    p.add_argument(
+        "--tensor", type=int_in(1, 4096), default=None, help="tensor axis size of the auto 2-D mesh (default: 4)"
+    )
+    p.add_argument(
+        "--batch", type=int_in(1, 2**31), default=None, help="global batch in sequences (default: one per batch shard)"
+    )
     p.add_argument("--remat", choices=REMATS, default=None, help="what each layer keeps for backward (default: dots)")
 
 
@@ -100,10 +118,14 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
     a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
     a.add_argument("--datas", type=_ints, default=[1], help="data axis sizes within a slice to try for fsdp (HSDP)")
     a.add_argument("--remats", type=_remats, default=list(REMATS), help="remat policies to try, in this order")
-    a.add_argument("--jobs", type=int, default=1, help="meshes compiled at once (2-4 GiB RAM each)")
-    a.add_argument("--cache", type=Path, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)")
+    a.add_argument("--jobs", type=int_in(1, 64), default=1, help="meshes compiled at once (2-4 GiB RAM each)")
+    a.add_argument(
+        "--cache", type=output_dir, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)"
+    )
     a.add_argument("--no-cache", action="store_true", help="compile everything afresh")
-    a.add_argument("--fsdp-config", type=Path, default=None, help="write the winner's Trainer fsdp_config.json here")
+    a.add_argument(
+        "--fsdp-config", type=output_file, default=None, help="write the winner's Trainer fsdp_config.json here"
+    )
 
 
 def parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from spmd.plan.errors import ModelSpecError, PlanError
+from spmd.regular_file import read_regular_file
 
 __all__ = [
     "BUILTIN_CONFIGS",
@@ -29,6 +30,8 @@ __all__ = [
     "parameters_on_meta",
     "resolve_seq_len",
 ]
+
+_MAX_CONFIG_BYTES = 16 * 2**20  # a Hugging Face config.json is a few KiB
 
 
 def _gpt2(n_layer: int, n_embd: int, n_head: int) -> dict[str, Any]:
@@ -120,10 +123,11 @@ def build_meta_model(model: str | Path | torch.nn.Module) -> tuple[torch.nn.Modu
     elif isinstance(model, str) and model in BUILTIN_CONFIGS:
         module, config = _from_config(_hf_config(BUILTIN_CONFIGS[model]))
     elif isinstance(model, (str, Path)) and str(model).endswith(".json"):
+        text = read_regular_file(model, limit=_MAX_CONFIG_BYTES, what="a model's config.json", error=ModelSpecError)
         try:
-            data = json.loads(Path(model).read_text())
-        except (OSError, ValueError) as e:
-            raise ModelSpecError(f"Cannot read the config {str(model)!r}: {e}") from e
+            data = json.loads(text)
+        except ValueError as e:
+            raise ModelSpecError(f"Cannot read the config {str(model)[:200]!r}: {e}") from e
         if not isinstance(data, dict):
             raise ModelSpecError(f"{str(model)!r} is not a JSON object.")
         module, config = _from_config(_hf_config(data))

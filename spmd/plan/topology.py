@@ -179,8 +179,10 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
         return TpuSlice(name, chip, shape, slices)
     count = int(m.group("count"))
     chips = count // 2 if chip.names_count_cores else count
-    if count < 1 or (chip.names_count_cores and count % 2) or chips < 1:
+    if chip.names_count_cores and (count < 2 or count % 2):
         raise TopologyError(f"{name!r}: {gen} slice names count cores, two per chip; give an even count >= 2.")
+    if count < 1 or len(m.group("count")) > 6:
+        raise TopologyError(f"{name!r}: {gen} slice names count chips; give a count from 1 to 999999.")
     try:
         shape = _default_shape(chips, chip.three_d)
     except TopologyError as e:  # say which name, in this chip's terms

@@ -4,6 +4,7 @@ compiles plan_worker.py runs in the background; and its errors, which need no co
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -262,3 +263,33 @@ def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
     with pytest.raises(SystemExit) as exit:
         cli(["gpt2", "--topology", "v5e:2x2", *argv])
     assert exit.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--hbm-gib", "-1"], "--hbm-gib: -1.0 is out of range"),
+        (["--hbm-gib", "nan"], "--hbm-gib: 'nan' is not a finite number"),
+        (["--tensor", "0"], "--tensor: 0 is out of range"),
+        (["--batch", "1" * 30], "is not a whole number"),
+        (["--slices", "0"], "--slices: 0 is out of range"),
+        (["--seq", "-5"], "--seq: -5 is out of range"),
+        (["--mesh", "fsdp=0"], "sizes 1 or more"),
+        (["--json", "/nonexistent-dir/x.json"], "--json: the directory /nonexistent-dir does not exist"),
+        (["--advise", "--per-device-batches", "0,1"], "--per-device-batches: expected comma-separated whole numbers"),
+        (["--advise", "--jobs", "0"], "--jobs: 0 is out of range"),
+    ],
+)
+def test_the_cli_checks_every_number_and_path_when_parsing(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli(["gpt2", "--topology", "v5e:2x2", *argv])
+    assert exit.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_unread(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelSpecError, match="is a FIFO; it must be a regular file"):
+        build_meta_model(str(fifo))
+    with pytest.raises(TopologyError, match="'v5e-0': v5e slice names count chips"):
+        plan("gpt2", "v5e-0")
