@@ -119,7 +119,7 @@ def test_snippet_runs(name, index, code, tmp_path, request, monkeypatch):
     if setup is None:
         compile(code, f"{name}[{index}]", "exec")
         return
-    if not HAS_TORCH_XLA and "torch_xla" in setup + code:
+    if not HAS_TORCH_XLA and ("torch_xla" in setup + code or "enable_spmd()" in code):
         pytest.skip(NEEDS_TORCH_XLA)
     if (name, index) in IN_PROCESS:
         if HAS_TORCH_XLA:

@@ -62,7 +62,7 @@ def hook(event, step, info):
         saving["step"] = step
 
 
-write_device_file = checkpoint._write_device_file
+write_device_file = checkpoint._save.write_device_file
 
 
 def write_then_die(path, tensors):
@@ -71,7 +71,7 @@ def write_then_die(path, tensors):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-checkpoint._write_device_file = write_then_die
+checkpoint._save.write_device_file = write_then_die
 try:
     train_fsdp.main(train_args, hook=hook)
     record["end"] = "done"

@@ -157,11 +157,39 @@ def import_torchax() -> Any:
     """
     if "torchax" in sys.modules:
         return sys.modules["torchax"]
-    with _flax_placeholder(), aten_stand_ins():
+    with _flax_placeholder(), aten_stand_ins(), _no_accelerator_claim():
         import torchax
 
         torchax.default_env()
     return torchax
+
+
+@contextlib.contextmanager
+def _no_accelerator_claim() -> Iterator[None]:
+    """Inside: torchax's import registers its device module for ``jax`` (torch's PrivateUse1)
+    as a device that is not available.
+
+    torchax names PrivateUse1 ``jax`` (its tensors' device) and registers a module whose
+    ``is_available()`` is true, which makes ``jax`` this process's accelerator for the rest of
+    its life with no device behind it: on torch 2.15 every later ``torch.optim.Adam(...).step()``
+    raised "PyTorch is not linked with support for jax devices", and the dtensor backend would
+    have put its DeviceMeshes on ``jax``. Not available, it is passed over as an accelerator;
+    the planner's tensors keep their ``jax`` device."""
+    import torch
+
+    register = torch._register_device_module
+
+    def register_unavailable(name: str, module: Any) -> None:
+        proxy = types.ModuleType(f"{module.__name__}_not_an_accelerator")
+        proxy.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+        proxy.is_available = lambda: False  # type: ignore[attr-defined]
+        register(name, proxy)
+
+    torch._register_device_module = register_unavailable
+    try:
+        yield
+    finally:
+        torch._register_device_module = register
 
 
 def override_function(env: Any, function: Any, impl: Any) -> None:

@@ -21,6 +21,7 @@ SCRIPT = """
 import os, signal, sys
 import torch
 from fsdp_xla import checkpoint
+from fsdp_xla.checkpoint import _files, _save
 
 path, point = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
@@ -39,11 +40,11 @@ def after(function):
     return run
 
 if point == "device-file":
-    checkpoint._write_device_file = after(checkpoint._write_device_file)
+    _save.write_device_file = after(_save.write_device_file)
 elif point == "index":
-    checkpoint._write_index = after(checkpoint._write_index)
+    _save.write_index = after(_save.write_index)
 elif point == "before-latest":
-    checkpoint.atomic_write = die
+    _files.atomic_write = die
 elif point == "latest-rename":
     real = os.replace
     os.replace = lambda src, dst: die() if str(dst).endswith("LATEST") else real(src, dst)

@@ -85,3 +85,25 @@ def test_the_shim_is_still_needed():
         "remove TORCHAX_REMOVED_* and aten_stand_ins from spmd/plan/_compat.py."
     )
     assert "has no overload name" in done.stderr or "no attribute" in done.stderr, done.stderr[-2000:]
+
+
+def test_planning_leaves_this_process_s_accelerator_alone():
+    """torchax names PrivateUse1 'jax'; it must not become the process's accelerator (on torch
+    2.15 Adam's step then raised "PyTorch is not linked with support for jax devices")."""
+    code = (
+        "import torch\n"
+        "before = torch.accelerator.current_accelerator(check_available=True)\n"
+        "from spmd.plan._compat import import_torchax\n"
+        "import_torchax()\n"
+        "assert torch.tensor([1.0]).device.type == 'cpu'\n"
+        "assert torch.accelerator.current_accelerator(check_available=True) == before, 'accelerator changed'\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.Adam(model.parameters())\n"
+        "model(torch.ones(1, 2)).sum().backward()\n"
+        "optimizer.step()\n"
+        "from spmd._backend.dtensor_backend import process_device_type\n"
+        "print(process_device_type())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "cpu"
