@@ -33,18 +33,8 @@ def _skip_what_needs_torch_xla(items) -> None:
 
 
 # Scripts the tests run in subprocesses; importing them would configure other devices.
-collect_ignore = [
-    "fsdp_xla/checkpoint_worker.py",
-    "fsdp_xla/checkpoint_race_worker.py",
-    "compat/torch_xla_style_script.py",
-    "spmd/dtensor_worker.py",
-    "fsdp_xla/dtensor_fsdp_worker.py",
-    "fsdp_xla/dtensor_checkpoint_worker.py",
-    "examples_dtensor_worker.py",
-    "spmd/plan/plan_worker.py",
-    "multiprocess_worker.py",
-    "train_fsdp_fault_worker.py",
-]
+collect_ignore = ["compat/torch_xla_style_script.py"]
+collect_ignore_glob = ["*_worker.py"]  # (--doctest-modules would import them, running their setup here)
 
 
 @pytest.fixture(scope="session")
