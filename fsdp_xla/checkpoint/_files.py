@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
@@ -137,10 +138,16 @@ def locked(root: Path, *, shared: bool) -> Iterator[None]:
     read-only location is read without the lock (nobody can write there)."""
     try:
         fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
-    except OSError:
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR) or (root / _LOCK).is_symlink():
+            kind = "a symbolic link" if (root / _LOCK).is_symlink() else "a directory"
+            raise CheckpointError(
+                f"{root / _LOCK} is {kind}; the lock file must be a regular file (saves and loads lock it, and no "
+                "link inside the checkpoint is followed). Remove it; it is recreated. Nothing was read or written."
+            ) from None
         if not shared:
-            raise
-        yield
+            raise CheckpointError(f"Cannot lock {root} for saving: {root / _LOCK}: {e.strerror}.") from None
+        yield  # a read-only location: nobody can write there
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
@@ -167,7 +174,7 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
             anything but a version directory of this checkpoint; that version is a link, or
             has no regular ``index.json``.
     """
-    root = Path(path)
+    root = check_path("checkpoint_version", path)
     latest = root / LATEST
     if not latest.exists() and not latest.is_symlink():
         raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")
