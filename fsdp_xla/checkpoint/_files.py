@@ -135,20 +135,21 @@ def is_disk_full(e: BaseException) -> bool:
 @contextlib.contextmanager
 def locked(root: Path, *, shared: bool) -> Iterator[None]:
     """Hold ``root/.lock``: exclusive while saving, shared while loading. A checkpoint on a
-    read-only location is read without the lock (nobody can write there)."""
+    read-only location, or whose ``.lock`` is a link or a directory, is read without the lock:
+    no save can take it there either. A save refuses such a ``.lock``."""
     try:
         fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
     except OSError as e:
+        if shared:  # read-only, or a .lock no save can take either: nobody writes here meanwhile
+            yield
+            return
         if e.errno in (errno.ELOOP, errno.EISDIR) or (root / _LOCK).is_symlink():
             kind = "a symbolic link" if (root / _LOCK).is_symlink() else "a directory"
             raise CheckpointError(
-                f"{root / _LOCK} is {kind}; the lock file must be a regular file (saves and loads lock it, and no "
-                "link inside the checkpoint is followed). Remove it; it is recreated. Nothing was read or written."
+                f"{root / _LOCK} is {kind}; the lock file must be a regular file (no link inside the checkpoint "
+                "is followed). Remove it; the next save recreates it. Nothing was written."
             ) from None
-        if not shared:
-            raise CheckpointError(f"Cannot lock {root} for saving: {root / _LOCK}: {e.strerror}.") from None
-        yield  # a read-only location: nobody can write there
-        return
+        raise CheckpointError(f"Cannot lock {root} for saving: {root / _LOCK}: {e.strerror}.") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield

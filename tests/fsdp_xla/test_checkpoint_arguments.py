@@ -85,14 +85,20 @@ def test_wrong_arguments_are_refused_before_anything_is_written(tmp_path, call, 
         (lambda root: (root / ".lock").mkdir(), "lock is a directory"),
     ],
 )
-def test_a_lock_that_is_not_a_regular_file_is_refused(tmp_path, make, message):
+def test_a_save_refuses_a_lock_that_is_not_a_regular_file_and_a_load_reads_without_it(tmp_path, make, message):
+    (tmp_path / "elsewhere").write_text("keep")
     root = tmp_path / "ck"
-    root.mkdir()
+    ck.save_sharded(root, model(0))
+    (root / ".lock").unlink()
     make(root)
+    files = sorted(os.listdir(root))
     with pytest.raises(CheckpointError, match=message):
-        ck.save_sharded(root, model())
-    assert not (tmp_path / "elsewhere").exists()
-    assert sorted(os.listdir(root)) == [".lock"]
+        ck.save_sharded(root, model(1))
+    assert sorted(os.listdir(root)) == files
+    target = model(1)
+    ck.load_sharded(root, target)  # no save can run here either, so nothing can change under the load
+    assert torch.equal(target[0].weight, model(0)[0].weight)
+    assert (tmp_path / "elsewhere").read_text() == "keep"
 
 
 def test_a_directory_that_cannot_be_made_is_named(tmp_path):
