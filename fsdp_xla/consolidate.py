@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 
 from fsdp_xla.checkpoint import consolidate
+from fsdp_xla.checkpoint._files import LATEST
+from fsdp_xla.checkpoint._format import is_version_name
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
 from spmd.cli_args import output_dir, output_file
@@ -39,10 +41,23 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str | os.PathLike[s
 
 
 def _output(text: str) -> Path:
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; give a file path ending in .safetensors, .pt or .bin")
     path = output_file(text)
     if path.suffix not in (".safetensors", ".pt", ".bin"):
         raise argparse.ArgumentTypeError(f"{text[:200]} does not end in .safetensors, .pt or .bin")
     return path
+
+
+def _owned_by_checkpoint(checkpoint: Path, output: Path) -> str | None:
+    """The part of ``checkpoint`` (LATEST, its lock, a version) that ``output`` is or is inside, or None."""
+    root, target = checkpoint.resolve(), output.resolve()
+    if not target.is_relative_to(root) or target == root:
+        return None
+    first = target.relative_to(root).parts[0]
+    if first in (LATEST, ".lock") or is_version_name(first.removeprefix(".").removesuffix(".partial")):
+        return first
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,13 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    owned = _owned_by_checkpoint(args.checkpoint, args.output)
+    if owned:
+        parser.error(
+            f"argument --output/-o: {args.output} is inside {owned} of the checkpoint being read; write it elsewhere"
+        )
     try:
         state = consolidate(args.checkpoint, optimizer=args.optimizer)
     except CheckpointError as e:
         print(f"fsdp_xla.consolidate: {e}", file=sys.stderr)
         return 1
-    path = write_state_dict(state, args.output)
+    try:
+        path = write_state_dict(state, args.output)
+    except OSError as e:
+        print(
+            f"fsdp_xla.consolidate: cannot write {args.output}: {e.strerror or e}. Nothing was written.",
+            file=sys.stderr,
+        )
+        return 1
     total = sum(t.numel() for t in state.values())
     print(f"wrote {len(state)} tensors ({total:,} elements) to {path}")
     return 0

@@ -24,7 +24,8 @@ before any parameter or optimizer state is written, so a refused load leaves bot
 checkpoint saved on 8 devices loads on 4 (or on any mesh, on either backend). Files are written
 with mode 0644.
 
-The modules, by job: `_format` (names, the index check, checksums), `_files` (the directory:
+The modules, by job: `_arguments` (the functions' arguments, checked before anything is read
+or written), `_format` (names, dtypes, the index check, checksums), `_files` (the directory:
 lock, LATEST, versions, reading), `_save`, `_load`, `_optimizer` (optimizer state by parameter
 name), `_dtensor` (each rank's blocks on the DTensor backend).
 """

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
@@ -134,14 +135,21 @@ def is_disk_full(e: BaseException) -> bool:
 @contextlib.contextmanager
 def locked(root: Path, *, shared: bool) -> Iterator[None]:
     """Hold ``root/.lock``: exclusive while saving, shared while loading. A checkpoint on a
-    read-only location is read without the lock (nobody can write there)."""
+    read-only location, or whose ``.lock`` is a link or a directory, is read without the lock:
+    no save can take it there either. A save refuses such a ``.lock``."""
     try:
         fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
-    except OSError:
-        if not shared:
-            raise
-        yield
-        return
+    except OSError as e:
+        if shared:  # read-only, or a .lock no save can take either: nobody writes here meanwhile
+            yield
+            return
+        if e.errno in (errno.ELOOP, errno.EISDIR) or (root / _LOCK).is_symlink():
+            kind = "a symbolic link" if (root / _LOCK).is_symlink() else "a directory"
+            raise CheckpointError(
+                f"{root / _LOCK} is {kind}; the lock file must be a regular file (no link inside the checkpoint "
+                "is followed). Remove it; the next save recreates it. Nothing was written."
+            ) from None
+        raise CheckpointError(f"Cannot lock {root} for saving: {root / _LOCK}: {e.strerror}.") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
@@ -167,7 +175,7 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
             anything but a version directory of this checkpoint; that version is a link, or
             has no regular ``index.json``.
     """
-    root = Path(path)
+    root = check_path("checkpoint_version", path)
     latest = root / LATEST
     if not latest.exists() and not latest.is_symlink():
         raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")

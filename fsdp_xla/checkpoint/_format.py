@@ -25,6 +25,7 @@ from fsdp_xla.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
+    "DTYPES",
     "DTYPE_NAMES",
     "version_name",
     "device_file_name",
@@ -35,9 +36,16 @@ __all__ = [
 ]
 
 FORMAT = "fsdp_xla.sharded/1"
-DTYPE_NAMES = frozenset(
-    {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
-)
+# Every dtype safetensors stores (its own names differ; these are torch's).
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float32", "float16", "bfloat16", "float64", "complex64",
+        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+        "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool",
+    )
+}  # fmt: skip
+DTYPE_NAMES = frozenset(DTYPES)
 _VERSION = re.compile(r"v-\d{8}T\d{6}-[0-9a-f]{8}")
 _DEVICE_FILE = re.compile(r"device-\d{5}\.safetensors")
 # A GSPMD layout is a grid of blocks; an index whose cut points make far more grid cells than
@@ -120,8 +128,13 @@ def check_index(meta: object, where: Path) -> None:
     if not isinstance(aliases, dict):
         raise CheckpointError(f"{where}: 'aliases' must be an object; the checkpoint is damaged.")
     for alias, target in aliases.items():
-        if target not in tensors:
+        if not isinstance(target, str) or target not in tensors:
             raise _fail(str(where), str(alias), f"is an alias of {str(target)[:200]!r}, which the index does not hold")
+        if not (alias.startswith("model/") and target.startswith("model/")):
+            # A model tensor shares storage only with another model tensor (tied weights).
+            raise _fail(
+                str(where), alias, f"is an alias of {target[:200]!r}; an alias names a model/ tensor of the model"
+            )
     for section in ("optimizer", "extra"):
         if not isinstance(meta.get(section, {}), dict):
             raise CheckpointError(f"{where}: {section!r} must be an object; the checkpoint is damaged.")

@@ -10,35 +10,23 @@ model's are now, and set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fsdp_xla.checkpoint._dtensor import is_dtensor, place_dtensor
+from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
+from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
-from fsdp_xla.checkpoint._format import checksum
+from fsdp_xla.checkpoint._format import DTYPES, checksum
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
-from fsdp_xla.checkpoint._save import check_arguments
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
 
 __all__ = ["consolidate", "load_sharded"]
-
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
 
 
 def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict[str, Any]) -> torch.Tensor:
@@ -141,7 +129,8 @@ def load_sharded(
     strict: bool = True,
 ) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``), in place, laid out as
-    the model's tensors are now (any mesh, any device count). A refused load changes nothing.
+    the model's tensors are now (any mesh, any device count). A refused load changes nothing;
+    on the DTensor backend the ranks agree first, so one rank's refusal is every rank's.
 
     Returns:
         The ``extra`` values saved with it.
@@ -151,43 +140,88 @@ def load_sharded(
             not the index's included), a missing or unexpected key (when ``strict``), or a
             shape that does not match; the message names the key.
     """
-    check_arguments("load_sharded", path, model, optimizer)
-    latest = Path(path) / LATEST
-    if not latest.exists() and not latest.is_symlink():  # no checkpoint: say so, and leave no lock file
-        checkpoint_version(path)  # raises, naming the path (the version is read under the lock below)
-    with locked(Path(path), shared=True):  # no save removes this version meanwhile
-        version = checkpoint_version(path)
-        meta = read_index(version)
-        reader = Reader(version)
+    root = check_arguments("load_sharded", path, model, optimizer)
+    check_flag("load_sharded", "strict", strict)
+    ranks = distributed(model.state_dict(keep_vars=True))
+    with contextlib.ExitStack() as stack:
+        try:
+            if not (root / LATEST).exists() and not (root / LATEST).is_symlink():
+                checkpoint_version(root)  # raises, naming the path; no lock file is left in a non-checkpoint
+            stack.enter_context(locked(root, shared=True))  # no save removes this version meanwhile
+            prepared = _prepare(root, model, optimizer, strict)
+            refusal = None
+        except Exception as e:  # re-raised as it is, after the ranks have agreed (none waits for another)
+            refusal = e
+        if ranks:
+            _agree_on_refusal(refusal)
+        if refusal is not None:
+            raise refusal
+        meta, reader, todo, plan = prepared
         index = meta["tensors"]
-        todo = _model_targets(model, meta, version, strict)
-        plan = optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
-        keys = [key for key, _ in todo] + ([key for key, _, _ in plan.tensors] if plan is not None else [])
-        for key in keys:  # every block verified before anything is written
-            _verify(reader, key, index[key])
+        if plan is not None:  # first: torch's own checks of the state run before the model changes
+            load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
         for key, target in todo:
             _set(target, _place(target, _assemble(reader, key, index[key])))
-        if plan is not None:
-            load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
+            _set_extra_state(model, key.removeprefix("model/"), target)
         return dict(meta.get("extra", {}))
+
+
+def _set_extra_state(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    """A module's tensor ``get_extra_state()`` goes back through its ``set_extra_state`` (the
+    tensor ``state_dict`` showed may be a fresh one, which setting would not reach)."""
+    owner, _, leaf = name.rpartition(".")
+    if leaf == "_extra_state":  # torch's name for it: no parameter or buffer may take it
+        model.get_submodule(owner).set_extra_state(value)
+
+
+def _prepare(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, strict: bool) -> tuple:
+    """(index, reader, model targets, optimizer plan): everything checked, every block the load
+    needs read and verified, nothing written."""
+    version = checkpoint_version(root)
+    meta = read_index(version)
+    reader = Reader(version)
+    index = meta["tensors"]
+    todo = _model_targets(model, meta, version, strict)
+    plan = optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
+    keys = [key for key, _ in todo] + ([key for key, _, _ in plan.tensors] if plan is not None else [])
+    for key in keys:
+        _verify(reader, key, index[key])
+    return meta, reader, todo, plan
+
+
+def _agree_on_refusal(refusal: Exception | None) -> None:
+    """Every rank's verdict (a collective): if any rank refused, every rank refuses, naming it."""
+    verdicts = agree(str(refusal) if refusal is not None else "")
+    if refusal is None:
+        first = next(((r, v) for r, v in enumerate(verdicts) if v), None)
+        if first is not None:
+            raise CheckpointError(
+                f"Rank {first[0]} refused the load ({first[1][:500]}); so every rank refuses and nothing was loaded on "
+                "any. Every rank must read the same, undamaged checkpoint."
+            )
 
 
 def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict of the checkpoint at ``path``, on the host.
 
     With ``optimizer=True`` the optimizer tensors are included as ``optim/<param>/<field>``.
-    Tied weights appear under each of their names, as in ``model.state_dict()``.
+    Tied weights appear under each of their names, as in ``model.state_dict()``. Every block is
+    verified (shape, dtype, checksum) before any tensor is assembled.
     """
-    with locked(Path(path), shared=True):
-        version = checkpoint_version(path)
+    root = check_path("consolidate", path)
+    check_flag("consolidate", "optimizer", optimizer)
+    if not (root / LATEST).exists() and not (root / LATEST).is_symlink():
+        checkpoint_version(root)  # raises, naming the path; no lock file is left in a non-checkpoint
+    with locked(root, shared=True):
+        version = checkpoint_version(root)
         meta = read_index(version)
         reader = Reader(version)
+        keys = [k for k in meta["tensors"] if k.startswith("model/") or optimizer]
+        for key in keys:  # a block unlike its index entry is refused before its tensor is allocated
+            _verify(reader, key, meta["tensors"][key])
         out: dict[str, torch.Tensor] = {}
-        for key, entry in meta["tensors"].items():
-            if key.startswith("model/"):
-                out[key.removeprefix("model/")] = _assemble(reader, key, entry)
-            elif optimizer:
-                out[key] = _assemble(reader, key, entry)
+        for key in keys:
+            out[key.removeprefix("model/")] = _assemble(reader, key, meta["tensors"][key])
         for alias, target in meta.get("aliases", {}).items():
             if alias.startswith("model/") and target.removeprefix("model/") in out:
                 out[alias.removeprefix("model/")] = out[target.removeprefix("model/")]

@@ -4,7 +4,6 @@ version directory, then commits it with the ``LATEST`` rename (`fsdp_xla.checkpo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._arguments import check_arguments, check_extra, check_keep
 from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor
 from fsdp_xla.checkpoint._files import (
     LATEST,
@@ -24,12 +24,13 @@ from fsdp_xla.checkpoint._files import (
     write_device_file,
     write_index,
 )
-from fsdp_xla.checkpoint._format import FORMAT, checksum, device_file_name
+from fsdp_xla.checkpoint._format import DTYPE_NAMES, FORMAT, checksum, device_file_name
+from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
 
-__all__ = ["check_arguments", "save_sharded"]
+__all__ = ["dtype_name", "save_sharded"]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -62,44 +63,32 @@ def _blocks(t: torch.Tensor) -> list[_Block]:
 
 
 def _named_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict, dict]:
-    """(tensors by checkpoint name, aliases {name: name it shares storage with}, optimizer JSON)."""
+    """(tensors by checkpoint name, aliases {name: name it shares storage with}, optimizer JSON),
+    each checked to load back as it is, before anything is written."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[int, str] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         key = f"model/{name}"
+        if not isinstance(t, torch.Tensor):  # a module's get_extra_state() that is not a tensor
+            raise CheckpointTypeError(
+                f"save_sharded: the model's state {name!r} is a {type(t).__name__}, not a tensor (a module's "
+                "get_extra_state()); save_sharded saves tensors. Return a tensor from get_extra_state, or keep the "
+                "value in extra={...}. Nothing was written."
+            )
         if id(t) in seen:
             aliases[key] = seen[id(t)]
             continue
         seen[id(t)] = key
         tensors[key] = t
-    optim_json: dict[str, Any] = {}
-    if optimizer is not None:
-        names = {id(p): n for n, p in model.named_parameters()}
-        state = optimizer.state_dict()
-        index_to_name = {}
-        groups = []
-        flat = [p for g in optimizer.param_groups for p in g["params"]]
-        for i, p in enumerate(flat):
-            if id(p) not in names:
-                raise CheckpointError(
-                    f"The optimizer holds a parameter of shape {tuple(p.shape)} that the model does not: build "
-                    "the optimizer from this model's parameters (after wrapping it with FSDP)."
-                )
-            index_to_name[i] = names[id(p)]
-        for group in state["param_groups"]:
-            g = {k: v for k, v in group.items() if k != "params"}
-            g["params"] = [index_to_name[i] for i in group["params"]]
-            groups.append(g)
-        scalars: dict[str, dict[str, Any]] = {}
-        for i, pstate in state["state"].items():
-            pname = index_to_name[i]
-            for key, value in pstate.items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"optim/{pname}/{key}"] = value
-                else:
-                    scalars.setdefault(pname, {})[key] = value
-        optim_json = {"param_groups": groups, "scalars": scalars}
+    optim_tensors, optim_json = optimizer_json(optimizer, model) if optimizer is not None else ({}, {})
+    tensors.update(optim_tensors)
+    for key, t in tensors.items():
+        if dtype_name(t.dtype) not in DTYPE_NAMES:
+            raise CheckpointTypeError(
+                f"save_sharded: {key!r} (shape {tuple(t.shape)}) has dtype {dtype_name(t.dtype)}, which a checkpoint "
+                f"cannot hold (safetensors stores {sorted(DTYPE_NAMES)}); convert it first. Nothing was written."
+            )
     return tensors, aliases, optim_json
 
 
@@ -117,27 +106,17 @@ def save_sharded(
         path: the checkpoint directory (created if needed).
         model: the model, FSDP-wrapped or not; names are its ``state_dict()`` keys.
         optimizer: its optimizer; state is saved by parameter name, sharded like the params.
-        extra: JSON-serializable values to keep beside (step, epoch, ...).
+        extra: values to keep beside (step, epoch, ...): a dict of JSON values (string keys, no
+            tuples or tensors), so that the load returns them as they were.
         keep: complete versions to keep (the newest ``keep``; at least 1).
 
     Returns:
         The version directory written.
     """
-    check_arguments("save_sharded", path, model, optimizer)
-    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
-        raise CheckpointError(f"save_sharded: keep must be an int >= 1 (versions to keep), got {keep!r}.")
-    try:
-        json.dumps(extra or {})
-    except (TypeError, ValueError) as e:
-        raise CheckpointTypeError(
-            f"save_sharded: extra={extra!r} is not JSON-serializable ({e}); give plain numbers and strings "
-            "(e.g. {'step': int(step)}, not a tensor). Nothing was written."
-        ) from None
-    root = Path(path)
-    if root.exists() and not root.is_dir():
-        raise CheckpointError(f"save_sharded: {root} is a file; a checkpoint is a directory. Give another path.")
-    root.mkdir(parents=True, exist_ok=True)
+    root = check_arguments("save_sharded", path, model, optimizer)
+    keep, extra = check_keep(keep), check_extra(extra)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
+    _make_root(root)
     if distributed(tensors):
         return _save_distributed(root, tensors, aliases, optim_json, extra, keep)
     pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
@@ -163,25 +142,18 @@ def save_sharded(
     return root / version
 
 
-def check_arguments(what: str, path: object, model: object, optimizer: object) -> None:
-    """TypeErrors naming the argument, before anything is read or written."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise CheckpointTypeError(
-            f"{what}: path must be a str or os.PathLike (the checkpoint directory), got {path!r:.100}."
-        )
-    text = os.fspath(path)
-    if not text or "\x00" in str(text):  # "" would be the current directory, silently
-        raise CheckpointError(f"{what}: path {text!r:.100} is not a directory path; give the checkpoint directory.")
-    if not isinstance(model, torch.nn.Module):
-        hint = " (model and optimizer swapped?)" if isinstance(model, torch.optim.Optimizer) else ""
-        raise CheckpointTypeError(
-            f"{what}: model must be an nn.Module, got {type(model).__name__}{hint}. Pass the model itself, not its "
-            "state_dict()."
-        )
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise CheckpointTypeError(
-            f"{what}: optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}."
-        )
+def _make_root(root: Path) -> None:
+    """Create the checkpoint directory (and its parents), or say why it cannot be."""
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"save_sharded: {root} is a file; a checkpoint is a directory. Give another path.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a directory" if blocker is not None else e.strerror
+        raise CheckpointError(
+            f"save_sharded: cannot create the checkpoint directory {root}: {why}. Give a path in a writable directory."
+        ) from None
 
 
 def _save_distributed(

@@ -56,3 +56,16 @@ def test_checkpoints_cross_between_torch_xla_and_dtensor_and_to_fewer_processes(
     (on_two,) = dtensor_jobs(2, ("load_continue", tmp_path / "dt_ck", tmp_path / "two.json"))
     assert on_two["extra"] == {"steps": 2}
     assert on_two["losses"] == pytest.approx(dtensor_saved["losses"], rel=1e-5)
+
+
+def test_a_load_one_rank_refuses_is_refused_by_every_rank(tmp_path):
+    """Rank 0 reads a damaged copy (a node-local disk), rank 1 a good one: both refuse, neither changes."""
+    _, refused = dtensor_jobs(
+        2,
+        ("train_save", tmp_path / "ck", tmp_path / "saved.json"),
+        ("refuse_on_one_rank", tmp_path / "ck", tmp_path / "refused.json"),
+    )
+    first, second = refused["ranks"]
+    assert "checksum" in first["verdict"], first
+    assert second["verdict"].startswith("CheckpointError: Rank 0 refused the load") and "checksum" in second["verdict"]
+    assert first["unchanged"] and second["unchanged"]

@@ -155,6 +155,13 @@ B0 = (*W, "blocks", 0)
         (set_path(*W, "blocks", []), "has no list of blocks"),
         (set_path("tensors", "weights/w", {}), "neither model/<name> nor optim"),
         (set_path("aliases", {"model/v": "model/nope"}), "alias of 'model/nope'"),
+        (
+            lambda meta: meta.update(
+                aliases={"model/v": "optim/w/exp_avg"},
+                tensors={**meta["tensors"], "optim/w/exp_avg": meta["tensors"]["model/w"]},
+            ),
+            "an alias names a model/ tensor",
+        ),
         (set_path("format", "pickle/1"), "has format 'pickle/1'"),
         (set_path("optimizer", {"param_groups": "all"}), "param_groups"),
         (
