@@ -56,8 +56,10 @@ def test_sharded_gpt_step_matches_single_device(xla):
 
 
 def test_train_fsdp_runs_all_features_and_loss_falls(xla):
-    losses = load("train_fsdp").main(["--steps", "8", "--bf16", "--checkpointing", "--deferred-init", "--lr", "1e-2"])
-    assert len(losses) == 8
+    # A fresh global batch every step: at lr 3e-3 the loss falls steadily (5.58 -> 4.49 in 12
+    # steps); at 1e-2 it jumped around 5.0-5.6 and 8 steps fell below 0.9x only by luck.
+    losses = load("train_fsdp").main(["--steps", "12", "--bf16", "--checkpointing", "--deferred-init", "--lr", "3e-3"])
+    assert len(losses) == 12
     assert losses[-1] < 0.9 * losses[0]
 
 
