@@ -39,8 +39,7 @@ def configure_default_devices(num_cpu_devices: int = 8) -> str:
 
     Sets ``PJRT_DEVICE=CPU``, ``CPU_NUM_DEVICES`` (torch_xla) and adds
     ``--xla_force_host_platform_device_count`` to ``XLA_FLAGS`` (JAX), each only if unset (a
-    ``CPU_NUM_DEVICES`` from the environment wins; a later call may change the count this
-    function set, until a runtime starts).
+    ``CPU_NUM_DEVICES`` from the environment, or from an earlier call, wins).
     On the CPU it also selects XLA's memory-minimizing scheduler
     (``--xla_cpu_enable_concurrency_optimized_scheduler=false``): the CPU default schedules
     for parallelism and starts every all-gather as early as it can, so all of an FSDP model's
@@ -53,8 +52,8 @@ def configure_default_devices(num_cpu_devices: int = 8) -> str:
     Raises:
         DeviceCountError: ``num_cpu_devices`` is not an int from 1 to `MAX_DEVICES` (torch_xla
             takes 0 and crashes at the first device use); ``CPU_NUM_DEVICES`` in the environment
-            is not one either; or torch_xla or JAX already started with the count an earlier call
-            set, and this call asks for another.
+            is not one either; or torch_xla or JAX already started with another count (the call
+            would have no effect).
     """
     count = _device_count_arg(num_cpu_devices, f"configure_default_devices(num_cpu_devices={num_cpu_devices!r:.40})")
     if "PJRT_DEVICE" not in os.environ:
@@ -74,9 +73,6 @@ def configure_default_devices(num_cpu_devices: int = 8) -> str:
 
 
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
-_set_by_us: list[str] = []
-"""The ``CPU_NUM_DEVICES`` value `configure_default_devices` last set in this process (one
-item, or none): a value it set may be changed by a later call, one from the environment not."""
 
 
 def _device_count_arg(value: object, where: str) -> int:
@@ -90,33 +86,28 @@ def _device_count_arg(value: object, where: str) -> int:
 
 
 def _set_cpu_device_count(count: int) -> None:
-    """``CPU_NUM_DEVICES`` (and the JAX flag this module added) set to ``count`` unless the
-    environment chose a count, which is checked instead: torch_xla crashes on 0 or a non-number."""
+    """``CPU_NUM_DEVICES=count`` unless a count is set (the environment's, or an earlier call's: the
+    first wins, so a script's own call does not undo ``python -m spmd.inspector --devices n``).
+    A count already set is checked (torch_xla crashes on 0 or a non-number), and refused when a
+    runtime already started with it and this call asks for another (it would have no effect)."""
     current = os.environ.get("CPU_NUM_DEVICES")
-    if current is not None and current not in _set_by_us:
-        text = current.strip()
-        _device_count_arg(
-            int(text) if text.isdigit() else current,
-            f"CPU_NUM_DEVICES={current!r:.40} in the environment (torch_xla's virtual CPU device count; set it "
-            f"right, or unset it for {count})",
-        )
+    if current is None:
+        os.environ["CPU_NUM_DEVICES"] = str(count)
         return
-    if current == str(count):
-        return
-    if current is not None and _runtime_started():
+    text = current.strip()
+    started_with = _device_count_arg(
+        int(text) if text.isdigit() else current,
+        f"CPU_NUM_DEVICES={current!r:.40} in the environment (torch_xla's virtual CPU device count; set it right, "
+        f"or unset it for {count})",
+    )
+    if started_with != count and _runtime_started():
         from mesh.errors import DeviceCountError
 
         raise DeviceCountError(
-            f"configure_default_devices({count}): the runtime already started with CPU_NUM_DEVICES={current} "
-            f"virtual CPU devices, and its device count cannot change. Call configure_default_devices({count}) "
-            "first thing in the program, before torch_xla or JAX is imported."
-        )
-    os.environ["CPU_NUM_DEVICES"] = str(count)
-    _set_by_us[:] = [str(count)]
-    flags = os.environ.get("XLA_FLAGS", "")
-    if current is not None and f"{_HOST_COUNT_FLAG}={current}" in flags.split():
-        os.environ["XLA_FLAGS"] = " ".join(
-            f"{_HOST_COUNT_FLAG}={count}" if f == f"{_HOST_COUNT_FLAG}={current}" else f for f in flags.split()
+            f"configure_default_devices({count}): the runtime already started with {started_with} virtual CPU "
+            f"devices (CPU_NUM_DEVICES={current}, from the environment or an earlier call), and its device count "
+            f"cannot change now. Call configure_default_devices({count}) first thing in the program, before torch_xla "
+            "or JAX is imported (and with no CPU_NUM_DEVICES in the environment)."
         )
 
 

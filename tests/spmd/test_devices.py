@@ -53,7 +53,6 @@ def cpu_env(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    monkeypatch.setattr(spmd.devices, "_set_by_us", [], raising=False)
     return monkeypatch
 
 
@@ -76,15 +75,15 @@ def test_the_environment_count_wins_and_a_numpy_count_is_an_int(cpu_env):
     assert spmd.devices.os.environ["CPU_NUM_DEVICES"] == "2"
 
 
-def test_a_later_call_changes_the_count_until_the_runtime_starts():
+def test_the_first_count_wins_and_a_call_too_late_to_change_it_is_refused():
     pytest.importorskip("torch_xla", reason="the runtime that starts here is torch_xla's")
     code = (
         "import os, spmd; spmd.configure_default_devices(4); spmd.configure_default_devices(2); "
         "print(os.environ['CPU_NUM_DEVICES']); print(os.environ['XLA_FLAGS']); "
-        "import torch, torch_xla; spmd.enable_spmd(); print(spmd.device_count()); spmd.configure_default_devices(2)\n"
-        'try:\n    spmd.configure_default_devices(4)\nexcept ValueError as e:\n    print(f"{type(e).__name__}: {e}")'
+        "import torch, torch_xla; spmd.enable_spmd(); print(spmd.device_count()); spmd.configure_default_devices(4)\n"
+        "try:\n    spmd.configure_default_devices(2)\nexcept ValueError as e:\n    print(f'{type(e).__name__}: {e}')"
     )
     count, flags, devices, error = run(code, {})
-    assert count == "2" and devices == "2"
-    assert "--xla_force_host_platform_device_count=2" in flags.split() and "count=4" not in flags
-    assert error.startswith("DeviceCountError: configure_default_devices(4): the runtime already started with")
+    assert count == "4" and devices == "4"  # `spmd.inspector --devices 4` then the script's own call: 4
+    assert "--xla_force_host_platform_device_count=4" in flags.split()
+    assert error.startswith("DeviceCountError: configure_default_devices(2): the runtime already started with 4")
