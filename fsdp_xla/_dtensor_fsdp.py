@@ -34,7 +34,7 @@ import torch
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._sharding import SpecFn, spec_from_fn
 from fsdp_xla._units import UnitPlan, plan_units
-from fsdp_xla.deferred import materialize_unit, needs_materialization
+from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
@@ -172,12 +172,13 @@ class DTensorEngine:
     """`fsdp_xla._engines.FSDPEngine` on DTensor: torch's ``fully_shard`` per unit."""
 
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
-        """What FSDP2 cannot express (`check_output_sharding`, `fsdp_shard_dims`), and the world
-        the mesh needs; all before anything is sharded."""
+        """What FSDP2 cannot express (`check_output_sharding`, `fsdp_shard_dims`), deferred init's
+        hooks, and the world the mesh needs; all before anything is sharded."""
         check_output_sharding(options.shard_output, options.fsdp_axis)
-        fsdp_shard_dims(
-            plan_units(module, options.auto_wrap_policy), options.mesh, options.fsdp_axis, options.param_spec_fn
-        )
+        plans = plan_units(module, options.auto_wrap_policy)
+        fsdp_shard_dims(plans, options.mesh, options.fsdp_axis, options.param_spec_fn)
+        if needs_materialization(module):
+            check_materializable(module, plans, options.param_init_fn)
         runtime = DTensorBackend()
         options.mesh.check_device_count(runtime.device_count(), runtime.more_devices)
 

@@ -4,14 +4,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fsdp_xla._module import fsdp_class
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
-from fsdp_xla._sharding import SpecFn, default_fsdp_spec, spec_from_fn, without_axis
+from fsdp_xla._sharding import default_fsdp_spec, spec_from_fn, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
-from fsdp_xla.deferred import materialize_unit, needs_materialization
+from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
@@ -28,26 +30,31 @@ class GspmdEngine:
     """`fsdp_xla._engines.FSDPEngine` on torch_xla's GSPMD."""
 
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
-        """Everything GSPMD's FSDP accepts; the runtime in SPMD mode over the mesh's devices."""
+        """Everything GSPMD's FSDP accepts (every parameter's layout, deferred init's hooks); the
+        runtime in SPMD mode over the mesh's devices. Nothing is changed before this passes."""
         backend.ensure_spmd()
         options.mesh.check_device_count(backend.device_count(), backend.TorchXlaBackend.more_devices)
+        plans = plan_units(module, options.auto_wrap_policy)
+        _layouts(plans, options)
+        if needs_materialization(module):
+            check_materializable(module, plans, options.param_init_fn)
 
     def apply(self, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
         """Shard ``module`` unit by unit (materializing deferred ones) and make each an FSDP unit."""
+        plans = plan_units(module, options.auto_wrap_policy)
+        layouts = _layouts(plans, options)  # may refuse: before the first change
         if options.shardable_layer_norm:
             use_shardable_layer_norm(module)
-        plans = plan_units(module, options.auto_wrap_policy)
         registry = Registry(
             backend.platform() == "CPU" if options.sync_after_backward is None else options.sync_after_backward
         )
         config = _unit_config(options)
-        specs: dict[str, PartitionSpec] = {}
         deferred = needs_materialization(module)
         unit_paths = [p.path for p in plans]
         for plan in plans:
             if deferred:
                 materialize_unit(module, plan, unit_paths, options.param_init_fn, options.init_seed)
-            shardings = _place_parameters(plan, options.mesh, options.fsdp_axis, options.param_spec_fn, specs)
+            shardings = _place_parameters(plan, options.mesh, layouts)
             _place_buffers(plan, options.mixed_precision)
             checkpoint = options.gradient_checkpointing and plan.path != ""
             unit = plan.module
@@ -55,7 +62,7 @@ class GspmdEngine:
             unit.__dict__["_fsdp_runtime"] = UnitRuntime(plan, shardings, config, registry, checkpoint)
             unit.__dict__["_fsdp_mesh"] = options.mesh
         module.__dict__["_fsdp_shard_output"] = options.shard_output
-        module.__dict__["_fsdp_specs"] = specs
+        module.__dict__["_fsdp_specs"] = {name: layout.spec for name, layout in layouts.items()}
         return module
 
 
@@ -70,48 +77,60 @@ def _unit_config(options: FSDPOptions) -> UnitConfig:
     )
 
 
-def _place_parameters(
-    plan: UnitPlan,
-    mesh: Mesh,
-    fsdp_axis: str,
-    spec_fn: SpecFn | None,
-    specs_out: dict[str, PartitionSpec],
-) -> list[tuple[HloSharding, HloSharding]]:
-    """Store each of the unit's parameters sharded; return (stored, gathered) shardings."""
-    size = mesh.axis_size(fsdp_axis)
+@dataclass(frozen=True)
+class _Layout:
+    """Where one parameter is stored (``spec``, ``stored``) and computed (``gathered``)."""
+
+    spec: PartitionSpec
+    stored: HloSharding
+    gathered: HloSharding
+
+
+def _layouts(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, _Layout]:
+    """Every parameter's layout, by name, each checked against its shape, the mesh and the
+    sharding it may already carry: all refusals happen here, before anything is changed."""
+    mesh, axis, spec_fn = options.mesh, options.fsdp_axis, options.param_spec_fn
+    size = mesh.axis_size(axis)
+    layouts: dict[str, _Layout] = {}
+    for slot in (slot for plan in plans for slot in plan.slots):
+        p = slot.param
+        shape = tuple(p.shape)
+        spec = spec_from_fn(spec_fn, slot.name, p) if spec_fn is not None else default_fsdp_spec(shape, axis, size)
+        try:
+            stored = hlo_sharding_for(mesh, spec, p.dim(), shape)
+        except ShardingError as e:  # say which parameter
+            raise type(e)(f"FSDP, parameter {slot.name!r}: {e}") from None
+        existing = backend.sharding_of(p) if backend.is_xla_tensor(p) else None
+        if existing is not None and not existing.is_replicated and existing != stored:
+            raise FSDPError(
+                f"Parameter {slot.name!r} of shape {shape} is already sharded as {existing}; FSDP would store it "
+                f"as {spec!r}. Pass param_spec_fn returning the full spec (tensor axes and {axis!r}), or do not "
+                "mark it before wrapping."
+            )
+        layouts[slot.name] = _Layout(spec, stored, hlo_sharding_for(mesh, without_axis(spec, axis), p.dim(), shape))
+    return layouts
+
+
+def _place_parameters(plan: UnitPlan, mesh: Mesh, layouts: dict[str, _Layout]) -> list[tuple[HloSharding, HloSharding]]:
+    """Store each of the unit's parameters sharded (``layouts`` from `_layouts`); return
+    (stored, gathered) shardings."""
     shardings = []
     for slot in plan.slots:
         p = slot.param
-        if spec_fn is not None:
-            spec = spec_from_fn(spec_fn, slot.name, p)
-        else:
-            spec = default_fsdp_spec(tuple(p.shape), fsdp_axis, size)
-        try:
-            stored = hlo_sharding_for(mesh, spec, p.dim(), tuple(p.shape))
-        except ShardingError as e:  # say which parameter
-            raise type(e)(f"FSDP, parameter {slot.name!r}: {e}") from None
-        gathered = hlo_sharding_for(mesh, without_axis(spec, fsdp_axis), p.dim(), tuple(p.shape))
-        specs_out[slot.name] = spec
+        layout = layouts[slot.name]
         if backend.is_xla_tensor(p):
-            existing = backend.sharding_of(p)
-            if existing is not None and not existing.is_replicated and existing != stored:
-                raise FSDPError(
-                    f"Parameter {slot.name!r} of shape {tuple(p.shape)} is already sharded as {existing}; FSDP "
-                    f"would store it as {spec!r}. Pass param_spec_fn returning the full spec (tensor axes and "
-                    f"{fsdp_axis!r}), or do not mark it before wrapping."
-                )
-            mark_sharding(p, mesh, spec, replace=True)
+            mark_sharding(p, mesh, layout.spec, replace=True)
             new = p
         else:
             data = p.detach()
             if data.device.type != "cpu":
                 data = data.cpu()
-            new = torch.nn.Parameter(backend.to_device_sharded(data, stored), requires_grad=p.requires_grad)
+            new = torch.nn.Parameter(backend.to_device_sharded(data, layout.stored), requires_grad=p.requires_grad)
         if new is not p:
             for owner, attr in slot.owners:
                 owner._parameters[attr] = new
             slot.param = new
-        shardings.append((stored, gathered))
+        shardings.append((layout.stored, layout.gathered))
     return shardings
 
 

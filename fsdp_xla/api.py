@@ -12,6 +12,7 @@ so build the optimizer after wrapping.
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec
 from spmd._backend import backend_for
+from spmd.errors import ShardingError
+from spmd.named_sharding import resolve_spec
 
 __all__ = ["FullyShardedDataParallel", "FSDP", "OutputSharding", "fully_shard"]
 
@@ -125,9 +128,12 @@ def fully_shard(
         optimization_barriers=optimization_barriers,
         shardable_layer_norm=shardable_layer_norm,
     )
-    _check_shard_output(shard_output)
+    _check_optional_bool("sync_after_backward", sync_after_backward)
+    _check_hooks(param_spec_fn=param_spec_fn, param_init_fn=param_init_fn)
+    mesh = _resolve_mesh(mesh, fsdp_axis)
+    _check_shard_output(shard_output, mesh)
     options = FSDPOptions(
-        mesh=_resolve_mesh(mesh, fsdp_axis),
+        mesh=mesh,
         fsdp_axis=fsdp_axis,
         auto_wrap_policy=_resolve_policy(auto_wrap_policy),
         mixed_precision=_resolve_precision(mixed_precision),
@@ -137,7 +143,7 @@ def fully_shard(
         shard_output=shard_output,
         param_spec_fn=param_spec_fn,
         param_init_fn=param_init_fn,
-        init_seed=init_seed,
+        init_seed=_resolve_seed(init_seed),
         sync_after_backward=sync_after_backward,
         shardable_layer_norm=shardable_layer_norm,
     )
@@ -158,12 +164,40 @@ def _construct(cls: type, module: torch.nn.Module, **options: Any) -> Any:
 FullyShardedDataParallel.__new__ = staticmethod(_construct)  # type: ignore[method-assign, assignment]
 
 
-def _check_shard_output(shard_output: object) -> None:
+def _check_shard_output(shard_output: object, mesh: Mesh) -> None:
     if shard_output is not None and not isinstance(shard_output, PartitionSpec) and not callable(shard_output):
         raise FSDPTypeError(
             f"shard_output must be a PartitionSpec, a function (output, mesh) -> output, or None; got "
             f"{shard_output!r:.100}. Write P('fsdp') for a tuple spec."
         )
+    if isinstance(shard_output, PartitionSpec):  # its axes now, not at the first forward
+        try:
+            resolve_spec(mesh, shard_output, len(shard_output))
+        except ShardingError as e:
+            raise type(e)(f"FSDP shard_output={shard_output!r}: {e}") from None
+
+
+def _check_optional_bool(option: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):  # a string such as 'no' is truthy
+        raise FSDPTypeError(f"FSDP: {option} must be True, False or None, got {value!r:.60} ({type(value).__name__}).")
+
+
+def _check_hooks(**hooks: object) -> None:
+    for option, value in hooks.items():
+        if value is not None and not callable(value):
+            raise FSDPTypeError(
+                f"FSDP: {option} must be a function or None, got {value!r:.60} ({type(value).__name__})."
+            )
+
+
+def _resolve_seed(init_seed: object) -> int:
+    """``init_seed`` as a Python int (a numpy integer is one; its arithmetic would overflow)."""
+    if isinstance(init_seed, bool) or not isinstance(init_seed, Integral):
+        raise FSDPTypeError(
+            f"FSDP: init_seed must be an int (the seed of deferred init), got {init_seed!r:.60} "
+            f"({type(init_seed).__name__})."
+        )
+    return int(init_seed)
 
 
 def _check_flags(**flags: object) -> None:

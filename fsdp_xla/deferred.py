@@ -23,7 +23,14 @@ import torch
 from fsdp_xla._units import UnitPlan, innermost_unit
 from fsdp_xla.errors import DeferredInitError, FSDPTypeError
 
-__all__ = ["deferred_init", "params_on_meta", "needs_materialization", "materialize_unit", "module_seed"]
+__all__ = [
+    "deferred_init",
+    "params_on_meta",
+    "needs_materialization",
+    "check_materializable",
+    "materialize_unit",
+    "module_seed",
+]
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -60,9 +67,14 @@ def deferred_init(build_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         model = FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy({GPT2Block}))
 
     Raises:
-        TypeError: ``build_fn`` did not return an ``nn.Module``, or loads weights
+        TypeError: ``build_fn`` is not callable, did not return an ``nn.Module``, or loads weights
             (``from_pretrained``), which the meta device would silently discard.
     """
+    if not callable(build_fn):
+        raise FSDPTypeError(
+            f"deferred_init takes the model's class or a function that builds it (deferred_init(GPT2LMHeadModel, "
+            f"config)), got {build_fn!r:.60} ({type(build_fn).__name__})."
+        )
     if getattr(build_fn, "__name__", "") == "from_pretrained":
         raise FSDPTypeError(
             "deferred_init(...from_pretrained, ...) would build the model on the meta device, where the loaded "
@@ -93,6 +105,46 @@ def _unit_modules(root: torch.nn.Module, plan: UnitPlan, unit_paths: list[str]) 
     return [(path, m) for path, m in root.named_modules() if innermost_unit(path, unit_paths) == plan.path]
 
 
+def check_materializable(
+    root: torch.nn.Module, plans: list[UnitPlan], init_fn: Callable[[torch.nn.Module], None] | None
+) -> None:
+    """Refuse, before any unit is materialized, what `materialize_unit` would refuse for one of
+    ``plans`` (so a refused FSDP call leaves the model as it was).
+
+    Raises:
+        DeferredInitError: as `materialize_unit`.
+    """
+    unit_paths = [p.path for p in plans]
+    for plan in plans:
+        _check_unit(root, plan, unit_paths, init_fn)
+
+
+def _check_unit(
+    root: torch.nn.Module, plan: UnitPlan, unit_paths: list[str], init_fn: Callable[[torch.nn.Module], None] | None
+) -> None:
+    if init_fn is not None:
+        return
+    for name, owner, attr in plan.buffers:
+        b = owner._buffers[attr]
+        if b is not None and b.is_meta:
+            raise DeferredInitError(
+                f"Buffer {name!r} {tuple(b.shape)} is on the meta device and its value cannot be recomputed. "
+                "Build the model with fsdp_xla.deferred_init(...) (it keeps buffers real) or pass "
+                "param_init_fn that fills it."
+            )
+    if not any(slot.param.is_meta for slot in plan.slots) or callable(getattr(root, "_init_weights", None)):
+        return
+    own = {id(owner) for slot in plan.slots for owner, _ in slot.owners}
+    for path, module in _unit_modules(root, plan, unit_paths):
+        has_params = any(True for _ in module.parameters(recurse=False))
+        if id(module) in own and has_params and not callable(getattr(module, "reset_parameters", None)):
+            raise DeferredInitError(
+                f"Module {path or '<root>'!r} ({type(module).__name__}) holds parameters but has no "
+                "reset_parameters() to initialize them after deferred init. Add one, or pass "
+                "param_init_fn=lambda module: ... to FSDP."
+            )
+
+
 def materialize_unit(
     root: torch.nn.Module,
     plan: UnitPlan,
@@ -107,6 +159,7 @@ def materialize_unit(
             model has no ``_init_weights`` and no ``init_fn`` was given; or a buffer is on the
             meta device with no ``init_fn`` to fill it.
     """
+    _check_unit(root, plan, unit_paths, init_fn)
     allocated = False
     for slot in plan.slots:
         if slot.param.is_meta:
@@ -115,22 +168,15 @@ def materialize_unit(
                 owner._parameters[attr] = host
             slot.param = host
             allocated = True
-    for name, owner, attr in plan.buffers:
+    for _, owner, attr in plan.buffers:
         b = owner._buffers[attr]
         if b is not None and b.is_meta:
-            if init_fn is None:
-                raise DeferredInitError(
-                    f"Buffer {name!r} {tuple(b.shape)} is on the meta device and its value cannot be recomputed. "
-                    "Build the model with fsdp_xla.deferred_init(...) (it keeps buffers real) or pass "
-                    "param_init_fn that fills it."
-                )
             owner._buffers[attr] = torch.empty(b.shape, dtype=b.dtype)
             allocated = True
     if not allocated:
         return
     hf_init = getattr(root, "_init_weights", None)
     modules = _unit_modules(root, plan, unit_paths)
-    own = {id(owner) for slot in plan.slots for owner, _ in slot.owners}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for path, module in modules:
             torch.manual_seed(module_seed(seed, path))
@@ -142,9 +188,3 @@ def materialize_unit(
                 reset()
             if callable(hf_init):
                 hf_init(module)
-            elif not callable(reset) and id(module) in own and any(True for _ in module.parameters(recurse=False)):
-                raise DeferredInitError(
-                    f"Module {path or '<root>'!r} ({type(module).__name__}) holds parameters but has no "
-                    "reset_parameters() to initialize them after deferred init. Add one, or pass "
-                    "param_init_fn=lambda module: ... to FSDP."
-                )

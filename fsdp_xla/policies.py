@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import torch
 
@@ -76,13 +77,28 @@ class SizeWrapPolicy(WrapPolicy):
     exclude: tuple[type[torch.nn.Module], ...] = field(default=(torch.nn.ModuleList, torch.nn.ModuleDict))
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_num_params, bool) or not isinstance(self.min_num_params, int):
-            raise WrapPolicyError(f"min_num_params must be an int, got {self.min_num_params!r}.")
+        if isinstance(self.min_num_params, bool) or not isinstance(self.min_num_params, Integral):
+            raise WrapPolicyError(f"min_num_params must be an int, got {self.min_num_params!r:.60}.")
         if self.min_num_params < 1:
             raise WrapPolicyError(f"min_num_params must be >= 1, got {self.min_num_params}.")
+        object.__setattr__(self, "min_num_params", int(self.min_num_params))  # a numpy int is one too
+        object.__setattr__(self, "exclude", _module_classes(self.exclude))
 
     def should_wrap(self, module: torch.nn.Module, unwrapped_params: int) -> bool:
         return unwrapped_params >= self.min_num_params and not isinstance(module, self.exclude)
+
+
+def _module_classes(exclude: object) -> tuple[type[torch.nn.Module], ...]:
+    """``SizeWrapPolicy.exclude`` as a tuple of module classes (one class alone is accepted)."""
+    classes = (exclude,) if isinstance(exclude, type) else exclude
+    if isinstance(classes, (list, tuple, set, frozenset)) and all(
+        isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes
+    ):
+        return tuple(classes)
+    raise WrapPolicyError(
+        f"SizeWrapPolicy(exclude=...) takes a tuple of nn.Module classes that are never wrapped (default "
+        f"(nn.ModuleList, nn.ModuleDict)), got {exclude!r:.80}."
+    )
 
 
 def transformer_auto_wrap_policy(layer_classes: Iterable[type[torch.nn.Module]]) -> TransformerWrapPolicy:

@@ -19,8 +19,9 @@ Ordering (the rule the tests pin down):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 
@@ -46,23 +47,74 @@ class DeviceInfo:
     core_on_chip: int = 0
     slice_index: int = 0
 
+    def __post_init__(self) -> None:
+        """Every field an int >= 0 (numpy ints become ints); ``coords`` a sequence of them.
+
+        Raises:
+            MeshTypeError: a field is not an int (or ``coords`` not ints).
+            MeshError: a field is negative.
+        """
+        for name in ("id", "core_on_chip", "slice_index"):
+            object.__setattr__(self, name, _count(getattr(self, name), f"DeviceInfo.{name}"))
+        if self.coords is not None:
+            if isinstance(self.coords, (str, bytes, Mapping)) or not isinstance(self.coords, Iterable):
+                raise MeshTypeError(
+                    f"DeviceInfo.coords must be a tuple of ints (x, y, z) or None, got {self.coords!r:.60}."
+                )
+            object.__setattr__(self, "coords", tuple(_count(c, "DeviceInfo.coords") for c in self.coords))
+
     @classmethod
-    def from_attributes(cls, device_id: int, attributes: dict) -> DeviceInfo:
+    def from_attributes(cls, device_id: int, attributes: Mapping[str, object]) -> DeviceInfo:
         """Build from one entry of torch_xla's ``global_runtime_device_attributes()``.
 
         The id is the ordinal in the entry's ``name`` (``"TPU:3"`` is device 3) when it has one,
         as torch_xla reads it; the list's order need not be the ordinal order.
+
+        Raises:
+            MeshTypeError: ``attributes`` is not a dict, or an attribute is not an int (a list of ints for ``coords``).
         """
+        if not isinstance(attributes, Mapping):
+            raise MeshTypeError(f"attributes must be a dict of device attributes, got {type(attributes).__name__}.")
         coords = attributes.get("coords")
         name = attributes.get("name")
         if isinstance(name, str) and name.rsplit(":", 1)[-1].isdigit():
             device_id = int(name.rsplit(":", 1)[-1])
-        return cls(
-            id=device_id,
-            coords=tuple(int(c) for c in coords) if coords is not None else None,
-            core_on_chip=int(attributes.get("core_on_chip", 0)),
-            slice_index=int(attributes.get("slice_index", 0)),
-        )
+        try:
+            return cls(
+                id=device_id,  # type: ignore[arg-type]
+                coords=coords,  # type: ignore[arg-type]
+                core_on_chip=attributes.get("core_on_chip", 0),  # type: ignore[arg-type]
+                slice_index=attributes.get("slice_index", 0),  # type: ignore[arg-type]
+            )
+        except (MeshTypeError, MeshError) as e:
+            raise type(e)(f"device attributes {_bounded(attributes)}: {e}") from None
+
+
+def _count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise MeshTypeError(f"{what} must be an int, got {value!r:.60} ({type(value).__name__}).")
+    if value < 0:
+        raise MeshError(f"{what} must be >= 0, got {value}.")
+    return int(value)
+
+
+def _bounded(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _devices_arg(devices: object) -> list[DeviceInfo]:
+    """``devices`` as a non-empty list of `DeviceInfo`.
+
+    Raises:
+        MeshTypeError: not a list or tuple of DeviceInfo.
+        MeshError: empty.
+    """
+    if not isinstance(devices, (list, tuple)) or not all(isinstance(d, DeviceInfo) for d in devices):
+        raise MeshTypeError(f"devices must be a list of mesh.DeviceInfo, got {_bounded(devices)}.")
+    if not devices:
+        raise MeshError("HybridMesh needs at least one device; devices=[] was given.")
+    return list(devices)
 
 
 def _physical_grid(devices: Sequence[DeviceInfo]) -> np.ndarray:
@@ -145,9 +197,15 @@ def ici_device_order(devices: Sequence[DeviceInfo], ici_mesh_shape: Sequence[int
 def hybrid_device_order(
     devices: Sequence[DeviceInfo], ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int]
 ) -> np.ndarray:
-    """Device ids as an array of shape ``dcn * ici`` (elementwise), per the module's rules."""
-    ici = tuple(int(s) for s in ici_mesh_shape)
-    dcn = tuple(int(s) for s in dcn_mesh_shape)
+    """Device ids as an array of shape ``dcn * ici`` (elementwise), per the module's rules.
+
+    Raises:
+        MeshTypeError: a shape is not ints, or ``devices`` not a list of `DeviceInfo`.
+        MeshError: a size below 1, or shapes that do not fit the devices and their slices.
+    """
+    devices = _devices_arg(devices)
+    ici = shape_arg(ici_mesh_shape, "ici_mesh_shape")
+    dcn = shape_arg(dcn_mesh_shape, "dcn_mesh_shape")
     if len(ici) != len(dcn):
         raise MeshError(
             f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have the same number of axes; "
@@ -210,11 +268,6 @@ class HybridMesh(Mesh):
                 "mesh.HybridMesh needs devices= (a Mesh is a value; it does not ask a runtime). spmd.HybridMesh "
                 "takes the runtime's devices, or describe them: [DeviceInfo(id, coords=..., slice_index=...), ...]."
             )
-        devices = list(devices) if isinstance(devices, (list, tuple)) else devices
-        if not isinstance(devices, list) or not all(isinstance(d, DeviceInfo) for d in devices):
-            raise MeshTypeError(f"devices must be a list of mesh.DeviceInfo, got {devices!r:.200}.")
-        if not devices:
-            raise MeshError("HybridMesh needs at least one device; devices=[] was given.")
         order = hybrid_device_order(devices, ici, dcn)
         super().__init__(order.reshape(-1), tuple(a * b for a, b in zip(ici, dcn)), axis_names)
         object.__setattr__(self, "_ici_mesh_shape", ici)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from numbers import Integral
@@ -14,6 +15,9 @@ from mesh.errors import DeviceCountError, MeshError, MeshTypeError
 __all__ = ["Mesh", "AxisRef"]
 
 MAX_AXES = 32  # numpy arrays have at most 64 dims; no device layout needs more than a few axes
+
+_MESH_TEXT = re.compile(r"\s*\{[\w\s'\",:\[\]()]*\}\s*")
+"""What ``str(mesh)`` can print: a dict of ids, sizes and identifier names (no operators)."""
 
 AxisRef = str | int
 """A mesh axis, by name or by index (torch_xla accepts both)."""
@@ -225,7 +229,12 @@ class Mesh:
         return self._mesh_shape[self.axis_index(axis)]
 
     def axis_label(self, index: int) -> AxisRef:
-        """The name of axis ``index``, or the index itself on an unnamed mesh."""
+        """The name of axis ``index``, or the index itself on an unnamed mesh.
+
+        Raises:
+            MeshError, MeshTypeError: as `axis_index`.
+        """
+        index = self.axis_index(index)
         return self._axis_names[index] if self._axis_names is not None else index
 
     def describe(self) -> str:
@@ -236,6 +245,8 @@ class Mesh:
         """Raise `DeviceCountError` unless the mesh uses exactly the runtime's ``available``
         devices (each id below it, each once); ``more_devices`` says how to get more (the
         backend's ``more_devices``)."""
+        if isinstance(available, bool) or not isinstance(available, Integral) or available < 0:
+            raise MeshTypeError(f"available must be the runtime's device count (an int >= 0), got {available!r:.60}.")
         missing = sorted(i for i in self._device_ids if i >= available)
         if missing:
             raise DeviceCountError(
@@ -320,13 +331,22 @@ class Mesh:
 
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
-        """The mesh ``str(mesh)`` printed, or ``None`` if ``mesh_str`` is not such a text."""
+        """The mesh ``str(mesh)`` printed, or ``None`` if ``mesh_str`` is not such a text.
+
+        Raises:
+            MeshTypeError: ``mesh_str`` is not a string.
+        """
         import ast
 
+        if not isinstance(mesh_str, str):
+            raise MeshTypeError(f"Mesh.from_str reads the text str(mesh) prints, got {type(mesh_str).__name__}.")
+        text = mesh_str.replace("Mesh", "")
+        if not _MESH_TEXT.fullmatch(text):  # no operators: '-' * 10**5 exhausts the parser's memory
+            return None
         try:
-            d = ast.literal_eval(mesh_str.replace("Mesh", ""))
+            d = ast.literal_eval(text)
             return Mesh(d["device_ids"], d["mesh_shape"], d["axis_names"])
-        except (ValueError, SyntaxError, KeyError, TypeError, MeshError):
+        except (ValueError, SyntaxError, KeyError, TypeError, MeshError, RecursionError, MemoryError):
             return None
 
     def get_jax_mesh(self) -> object:

@@ -15,12 +15,13 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fsdp_xla.errors import FSDPError, WrapPolicyError
+from fsdp_xla.errors import FSDPError, FSDPTypeError, WrapPolicyError
 from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
 from spmd.regular_file import read_regular_file
@@ -135,7 +136,9 @@ def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
                 f"fsdp_config file {path} is not UTF-8 text (byte {e.start}); pass the path of a JSON file or a dict."
             ) from None
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+        except HFConfigError as e:
+            raise HFConfigError(f"fsdp_config file {path}: {e}") from None
         except json.JSONDecodeError as e:
             line = e.doc.splitlines()[e.lineno - 1] if e.lineno <= len(e.doc.splitlines()) else ""
             raise HFConfigError(
@@ -151,6 +154,16 @@ def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
             raise HFConfigError(f"fsdp_config file {path} holds a {type(data).__name__}; it must be a JSON object.")
         return data
     raise HFConfigError(f"fsdp_config must be a path to a JSON file or a dict, got {type(config).__name__}.")
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (``json`` would keep the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise HFConfigError(f"the key {key!r:.100} is given twice in one object; keep one.")
+        out[key] = value
+    return out
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -177,10 +190,13 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
         warn: emit one ``UserWarning`` per key that has no meaning on GSPMD.
 
     Raises:
-        HFConfigError: unknown key, wrong type, ``min_num_params`` together with
+        FSDPTypeError: ``warn`` is not a bool.
+        HFConfigError: unknown key (or one given twice), wrong type, ``min_num_params`` together with
             ``transformer_layer_cls_to_wrap``, ``xla_fsdp_grad_ckpt`` without a wrap policy,
             a callable setting in JSON, or a path that is not a regular JSON file.
     """
+    if not isinstance(warn, bool):  # a string such as 'no' is truthy
+        raise FSDPTypeError(f"read_fsdp_config: warn must be True or False, got {warn!r:.60} ({type(warn).__name__}).")
     cfg = _normalized_keys(_load(config))
     ignored = _ignored_keys(cfg)
     layer_classes = _layer_classes(cfg)
@@ -274,8 +290,9 @@ def _layer_classes(cfg: dict[str, Any]) -> tuple[str, ...] | None:
 
 def _min_num_params(cfg: dict[str, Any], layer_classes: tuple[str, ...] | None) -> int:
     min_num_params = cfg.get("min_num_params", 0)
-    if isinstance(min_num_params, bool) or not isinstance(min_num_params, int) or min_num_params < 0:
+    if isinstance(min_num_params, bool) or not isinstance(min_num_params, Integral) or min_num_params < 0:
         raise HFConfigError(f"fsdp_config 'min_num_params' must be an integer >= 0, got {min_num_params!r:.100}.")
+    min_num_params = int(min_num_params)  # a numpy int (in a dict config) is one too
     if min_num_params > 0 and layer_classes:
         raise HFConfigError(
             "fsdp_config sets both 'min_num_params' and 'transformer_layer_cls_to_wrap'; they are mutually exclusive "

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from fsdp_xla.api import FSDP
+from fsdp_xla.errors import FSDPTypeError
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
-from mesh import Mesh, set_global_mesh
+from mesh import Mesh, as_mesh, set_global_mesh
 from spmd._backend import backend
 from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
@@ -96,6 +97,21 @@ def _replace_the_fused_adamw_default(training_args: Any) -> None:
         training_args.optim = OptimizerNames.ADAMW_TORCH
 
 
+def _check_mesh_and_plan(mesh: object, sharding_plan: object) -> Mesh | None:
+    """``mesh`` as a `Mesh` (a torch_xla Mesh or a DeviceMesh converted), ``sharding_plan`` a `ShardingPlan`.
+
+    Raises:
+        MeshTypeError: ``mesh`` is not a mesh.
+        FSDPTypeError: ``sharding_plan`` is not a `ShardingPlan`.
+    """
+    if sharding_plan is not None and not isinstance(sharding_plan, ShardingPlan):
+        raise FSDPTypeError(
+            f"FSDPTrainer(sharding_plan=...) takes a spmd.sharding_plan.ShardingPlan (e.g. fsdp_xla.hf.gpt2_plan()) "
+            f"or None, got {sharding_plan!r:.60} ({type(sharding_plan).__name__})."
+        )
+    return None if mesh is None else as_mesh(mesh, "FSDPTrainer(mesh=...)")
+
+
 def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
     """What transformers' own __init__ would fail on with an unrelated message, said first.
 
@@ -143,6 +159,8 @@ class FSDPTrainer(Trainer):
     Raises:
         HFConfigError: ``fsdp`` is not enabled, or the config has a bad key (see
             `read_fsdp_config`), or the batch size does not divide by the ``fsdp`` axis.
+        MeshTypeError: ``mesh`` is not a mesh.
+        FSDPTypeError: ``sharding_plan`` is not a `ShardingPlan`.
     """
 
     def __init__(
@@ -165,6 +183,7 @@ class FSDPTrainer(Trainer):
                 "XLA device and may place tensors on it)."
             ) from e
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        mesh = _check_mesh_and_plan(mesh, sharding_plan)
         _check_before_the_trainer(training_args, mesh)
         _replace_the_fused_adamw_default(training_args)
         super().__init__(*args, **kwargs)

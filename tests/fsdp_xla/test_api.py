@@ -10,14 +10,16 @@ import torch
 from fsdp_xla import (
     FSDP,
     FSDPError,
+    FSDPTypeError,
     FullyShardedDataParallel,
     MeshAxisError,
     WrapPolicyError,
+    deferred_init,
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
 )
 from mesh import Mesh, NoMeshError, set_global_mesh, use_mesh
-from spmd import P, ShardableLayerNorm, get_sharding, mark_sharding
+from spmd import P, ShardableLayerNorm, UnknownAxisError, clear_sharding, get_sharding, mark_sharding
 from spmd.named_sharding import hlo_sharding_for
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, lm_loss, train
 
@@ -159,3 +161,63 @@ def test_output_sharding(xla):
     model2(tokens[:, :-1])
     assert calls == [mesh]
     assert lm_loss(logits, tokens).item() > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error", "message"),
+    [
+        ("sync_after_backward", "no", FSDPTypeError, r"sync_after_backward must be True, False or None, got 'no'"),
+        ("init_seed", "x", FSDPTypeError, r"init_seed must be an int \(the seed of deferred init\), got 'x'"),
+        ("init_seed", True, FSDPTypeError, r"init_seed must be an int"),
+        ("param_spec_fn", 5, FSDPTypeError, r"param_spec_fn must be a function or None, got 5 \(int\)"),
+        ("param_init_fn", 5, FSDPTypeError, r"param_init_fn must be a function or None, got 5 \(int\)"),
+        ("shard_output", P("zz"), UnknownAxisError, r"shard_output=P\('zz'\).*'zz' is not in the mesh"),
+    ],
+)
+@pytest.mark.parametrize("deferred", [False, True])
+def test_options_of_the_wrong_type_are_refused_when_wrapping(xla, option, value, error, message, deferred):
+    model = deferred_init(GPT, **SMALL) if deferred else GPT(**SMALL)
+    with pytest.raises(error, match=message):
+        FSDP(model, mesh=fsdp_mesh(), **{option: value})
+    assert not isinstance(model, FullyShardedDataParallel)
+
+
+def test_a_numpy_seed_is_an_int(xla):
+    a = FSDP(deferred_init(GPT, **SMALL), mesh=fsdp_mesh(), init_seed=np.int64(3))
+    b = FSDP(deferred_init(GPT, **SMALL), mesh=fsdp_mesh(), init_seed=3)
+    torch.testing.assert_close(a.wte.weight.cpu(), b.wte.weight.cpu(), rtol=0, atol=0)
+
+
+def _state(model):
+    """Each module's class, each parameter's identity, device and sharding."""
+    classes = {name: type(m) for name, m in model.named_modules()}
+    params = {name: (id(p), p.device.type, str(get_sharding(p))) for name, p in model.named_parameters()}
+    return classes, params
+
+
+def _last_unit_bad_axis(model, mesh, xla):
+    return dict(param_spec_fn=lambda name, p: P("zz") if name.startswith("h.2.") else P("fsdp"))
+
+
+def _last_unit_marked(model, mesh, xla):
+    model.to(xla)
+    model.lm_head.weight = model.wte.weight
+    mark_sharding(model.h[2].c_fc.weight, mesh, P("model", None))
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("refusal", "error"), [(_last_unit_bad_axis, UnknownAxisError), (_last_unit_marked, FSDPError)]
+)
+def test_a_refused_wrap_changes_nothing_and_a_retry_works(xla, refusal, error):
+    mesh = Mesh(np.arange(8), (4, 2), ("fsdp", "model"))
+    model = GPT(**SMALL)
+    bad = refusal(model, mesh, xla)
+    before = _state(model)
+    with pytest.raises(error, match="h.2."):
+        FSDP(model, mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}), **bad)
+    assert _state(model) == before  # no class swapped (LayerNorms, units), no parameter moved or resharded
+    if refusal is _last_unit_marked:  # the user's fix: drop the mark
+        clear_sharding(model.h[2].c_fc.weight)
+    FSDP(model, mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
+    assert model.fsdp_units == ["", "h.0", "h.1", "h.2"]

@@ -55,21 +55,43 @@ def test_deferred_model_trains(xla):
     assert losses[-1] < losses[0]
 
 
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return x * self.gain
+
+
 def test_modules_without_an_init_are_named(xla):
-    class Scale(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gain = torch.nn.Parameter(torch.ones(8))
-
-        def forward(self, x):
-            return x * self.gain
-
     with pytest.raises(
         DeferredInitError, match=r"Module '<root>' \(Scale\) holds parameters but has no reset_parameters"
     ):
         FSDP(deferred_init(Scale), mesh=fsdp_mesh())
     model = FSDP(deferred_init(Scale), mesh=fsdp_mesh(), param_init_fn=lambda m: torch.nn.init.ones_(m.gain))
     assert torch.all(model.gain.cpu() == 1)
+
+
+def test_a_unit_without_an_init_is_refused_before_any_unit_is_materialized(xla):
+    model = deferred_init(lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), Scale()))
+    with pytest.raises(DeferredInitError, match=r"Module '1' \(Scale\) holds parameters"):
+        FSDP(model, mesh=fsdp_mesh(), auto_wrap_policy=transformer_auto_wrap_policy({Scale}))
+    assert all(p.is_meta for p in model.parameters())  # the root unit (the Linear) was not materialized
+    assert type(model) is torch.nn.Sequential
+    FSDP(model, mesh=fsdp_mesh(), auto_wrap_policy=transformer_auto_wrap_policy({Scale}), param_init_fn=init_ones)
+    assert torch.all(model[1].gain.cpu() == 1) and torch.all(model[0].weight.cpu() == 1)
+
+
+def init_ones(module):
+    for p in module.parameters(recurse=False):
+        torch.nn.init.ones_(p)
+
+
+@pytest.mark.parametrize("build_fn", [5, "GPT", None])
+def test_deferred_init_takes_a_callable(build_fn):
+    with pytest.raises(TypeError, match=r"deferred_init takes the model's class or a function that builds it"):
+        deferred_init(build_fn)
 
 
 def test_meta_buffers_need_deferred_init_or_an_init_fn(xla):

@@ -1,5 +1,6 @@
 """Wrap policies and mixed precision values: validation with clear messages."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +42,19 @@ def test_size_policy():
         size_based_auto_wrap_policy(0)
     with pytest.raises(WrapPolicyError, match="must be an int"):
         size_based_auto_wrap_policy(1.5)
+
+
+def test_size_policy_takes_numpy_ints_and_one_exclude_class():
+    policy = size_based_auto_wrap_policy(np.int64(100))
+    assert policy.min_num_params == 100 and type(policy.min_num_params) is int
+    assert SizeWrapPolicy(100, exclude=torch.nn.Linear).exclude == (torch.nn.Linear,)
+    assert not SizeWrapPolicy(100, exclude=[torch.nn.Linear]).should_wrap(torch.nn.Linear(10, 10), 110)
+
+
+@pytest.mark.parametrize("exclude", [5, "Linear", (torch.nn.Linear, 5), (torch.nn.Linear(2, 2),), int])
+def test_size_policy_refuses_an_exclude_that_is_not_module_classes(exclude):
+    with pytest.raises(WrapPolicyError, match=r"exclude=\.\.\.\) takes a tuple of nn.Module classes"):
+        SizeWrapPolicy(100, exclude=exclude)
 
 
 def test_mixed_precision():

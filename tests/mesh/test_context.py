@@ -51,6 +51,7 @@ def test_get_1d_mesh_explicit_count():
     m = get_1d_mesh("data", num_devices=4)
     assert m.shape() == {"data": 4}
     assert get_1d_mesh(num_devices=2).axis_names is None
+    assert get_1d_mesh("x", np.int64(8)) == get_1d_mesh("x", 8)  # a numpy int is an int
 
 
 def test_get_1d_mesh_needs_the_count_here_and_spmd_reads_the_runtime(xla):

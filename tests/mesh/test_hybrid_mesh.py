@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mesh import DeviceInfo, HybridMesh, MeshError
+from mesh import DeviceInfo, HybridMesh, MeshError, MeshTypeError, hybrid_device_order
 
 
 def tpu_slice(dims, start_id=0, slice_index=0, cores=1, shuffle_seed=None):
@@ -130,3 +130,45 @@ def test_runtime_devices_on_cpu(xla):
     m = spmd.HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
     assert isinstance(m, HybridMesh) and m.get_op_sharding(("data",)) is not None
     assert m.device_ids.tolist() == list(range(8))
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: DeviceInfo("a"), MeshTypeError, r"DeviceInfo.id must be an int, got 'a' \(str\)"),
+        (lambda: DeviceInfo(-1), MeshError, r"DeviceInfo.id must be >= 0, got -1"),
+        (lambda: DeviceInfo(0, coords=("x", 0, 0)), MeshTypeError, r"DeviceInfo.coords must be an int, got 'x'"),
+        (lambda: DeviceInfo(0, coords="ab"), MeshTypeError, r"coords must be a tuple of ints \(x, y, z\) or None"),
+        (lambda: DeviceInfo(0, slice_index=1.5), MeshTypeError, r"DeviceInfo.slice_index must be an int, got 1.5"),
+        (lambda: DeviceInfo.from_attributes(0, None), MeshTypeError, r"attributes must be a dict.*got NoneType"),
+        (
+            lambda: DeviceInfo.from_attributes(0, {"coords": "ab"}),
+            MeshTypeError,
+            r"device attributes \{'coords': 'ab'\}: DeviceInfo.coords must be a tuple of ints",
+        ),
+        (
+            lambda: hybrid_device_order([DeviceInfo(i) for i in range(4)], (-2, -2), (1, 1)),
+            MeshError,
+            r"Every size in ici_mesh_shape must be >= 1, got \(-2, -2\)",
+        ),
+        (
+            lambda: hybrid_device_order([DeviceInfo(i) for i in range(4)], "ab", "cd"),
+            MeshTypeError,
+            r"ici_mesh_shape must be a tuple of ints such as \(4, 2\), got 'ab'",
+        ),
+        (
+            lambda: hybrid_device_order([0, 1], (2,), (1,)),
+            MeshTypeError,
+            r"devices must be a list of mesh.DeviceInfo, got \[0, 1\]",
+        ),
+    ],
+)
+def test_device_descriptions_and_shapes_are_checked(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_device_info_takes_numpy_ints():
+    info = DeviceInfo(np.int64(3), coords=np.array([1, 0, 0]), slice_index=np.int32(1))
+    assert info == DeviceInfo(3, coords=(1, 0, 0), slice_index=1) and type(info.id) is int
+    assert hybrid_device_order([DeviceInfo(i) for i in range(4)], (np.int64(2), 2), (1, 1)).shape == (2, 2)

@@ -86,6 +86,11 @@ def test_axis_lookup_errors_name_the_mesh():
         mesh.axis_index("tensor")
     with pytest.raises(MeshError, match="out of range"):
         mesh.axis_index(2)
+    with pytest.raises(
+        MeshError, match=r"Mesh axis index 5 is out of range for mesh\{'data': 4, 'model': 2\}; use 0..1"
+    ):
+        mesh.axis_label(5)
+    assert mesh.axis_label(1) == "model" and mesh.axis_label(np.int64(0)) == "data"
 
 
 def test_device_count_checked_where_used():
@@ -95,6 +100,20 @@ def test_device_count_checked_where_used():
     mesh.check_device_count(16)
     with pytest.raises(DeviceCountError, match=r"the mesh has 16 devices but the runtime has 32.*range\(32\)"):
         mesh.check_device_count(32)  # every device once: a smaller mesh is refused too
+    mesh.check_device_count(np.int64(16))
+    for bad in ("16", -1, 16.0, None):
+        with pytest.raises(MeshTypeError, match=r"available must be the runtime's device count \(an int >= 0\)"):
+            mesh.check_device_count(bad)
+
+
+def test_from_str_reads_what_str_prints_and_nothing_else():
+    mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+    assert Mesh.from_str(str(mesh)) == mesh
+    assert Mesh.from_str(str(Mesh(np.arange(8), (8,)))) == Mesh(np.arange(8), (8,))
+    for text in ("-" * 100_000 + "1", "{" + "[" * 100_000 + "}", "{'device_ids': [-1]}", "not a mesh", ""):
+        assert Mesh.from_str(text) is None  # the parser's memory and recursion are not reached
+    with pytest.raises(MeshTypeError, match="Mesh.from_str reads the text str\\(mesh\\) prints, got NoneType"):
+        Mesh.from_str(None)
 
 
 def test_from_ranks_and_from_device_mesh_keep_order_shape_and_names():

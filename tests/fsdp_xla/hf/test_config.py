@@ -135,6 +135,32 @@ def test_json_file_errors(tmp_path):
         read_fsdp_config(bad)
 
 
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('{"min_num_params": 0, "min_num_params": 1000}', "min_num_params"),
+        ('{"xla_fsdp_settings": {"compute_dtype": "bfloat16", "compute_dtype": "float32"}}', "compute_dtype"),
+    ],
+)
+def test_a_key_given_twice_in_a_json_file_is_refused(tmp_path, text, key):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(HFConfigError, match=rf"c.json: the key '{key}' is given twice in one object; keep one"):
+        read_fsdp_config(path)
+
+
+def test_numpy_ints_are_ints_and_warn_is_a_bool():
+    import numpy as np
+
+    from fsdp_xla import FSDPTypeError
+
+    cfg = read_fsdp_config({"min_num_params": np.int64(100)})
+    assert cfg.min_num_params == 100 and type(cfg.min_num_params) is int and cfg.wrap == "size"
+    for warn in ("no", 0, None):
+        with pytest.raises(FSDPTypeError, match=r"warn must be True or False, got"):
+            read_fsdp_config({}, warn=warn)
+
+
 def test_the_callers_dict_is_not_modified():
     config = {"fsdp_transformer_layer_cls_to_wrap": "GPT2Block", "xla": True}
     read_fsdp_config(config)

@@ -10,7 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel, TrainingArguments
 
 import fsdp_xla
+from fsdp_xla import FSDPTypeError
 from fsdp_xla.hf import FSDPTrainer, HFConfigError
+from mesh import MeshTypeError
 from spmd import get_sharding
 from tests.fsdp_xla.hf.models import gpt2_config
 
@@ -112,6 +114,20 @@ def test_what_transformers_would_fail_on_obscurely_is_said_first(xla, tmp_path, 
     the_mesh = Mesh(np.arange(8), (8,), (mesh,)) if mesh else None
     with pytest.raises(HFConfigError, match=says):
         FSDPTrainer(model=GPT2LMHeadModel(gpt2_config()), args=args, train_dataset=Counting(32), mesh=the_mesh)
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "says"),
+    [
+        (dict(mesh="fsdp"), MeshTypeError, r"FSDPTrainer\(mesh=\.\.\.\) expects a mesh.Mesh .* got builtins.str"),
+        (dict(sharding_plan="x"), FSDPTypeError, r"sharding_plan=\.\.\.\) takes a spmd.sharding_plan.ShardingPlan"),
+    ],
+)
+def test_a_mesh_or_plan_of_the_wrong_type_is_named(xla, tmp_path, extra, error, says):
+    model = GPT2LMHeadModel(gpt2_config())
+    with pytest.raises(error, match=says):
+        FSDPTrainer(model=model, args=training_args(tmp_path), train_dataset=Counting(32), **extra)
+    assert not isinstance(model, fsdp_xla.FSDP)
 
 
 def test_batch_must_divide_by_the_fsdp_axis(xla, tmp_path):
