@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spmd import HloSharding, ShardingKind
@@ -138,3 +138,28 @@ def test_widest_valid_tilings_still_parse():
     s = HloSharding.parse("{devices=[" + "1," * 63 + "1]0 last_tile_dim_replicate}")
     assert len(s.tile_shape) == 63 and s.replication == 1
     assert HloSharding.maximal(np.int64(3)) == HloSharding.maximal(3)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    kind=st.sampled_from(list(ShardingKind)),
+    tile=st.lists(st.integers(-2, 4), max_size=3),
+    devices=st.lists(st.integers(-2, 9), max_size=8),
+    replication=st.integers(-1, 3),
+    shape=st.lists(st.integers(-2, 9), max_size=3),
+    query=st.lists(st.integers(-1, 9), max_size=4),
+)
+def test_any_values_give_a_valid_sharding_or_a_typed_error(kind, tile, devices, replication, shape, query):
+    """The probe's fuzz target: 6 classes of bad values were accepted before (negative ids and
+    tile sizes, empty tilings, negative shapes)."""
+    try:
+        h = HloSharding(kind, tuple(tile), tuple(devices), replication)
+        bounds = h.shard_bounds(tuple(shape), query)
+    except (HloShardingError, SpmdTypeError) as e:
+        assert 15 < len(str(e)) < 1000
+        return
+    assert all(0 <= d < 2**31 for d in h.devices) and all(n >= 0 for n in shape)
+    assert h.kind is not ShardingKind.TILED or (h.tile_shape and min(h.tile_shape) >= 1 and h.devices)
+    assert HloSharding.parse(str(h)) == h
+    for b in bounds:
+        assert all(0 <= s.start <= s.stop <= n for s, n in zip(b.index, shape))
