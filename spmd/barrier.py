@@ -43,7 +43,14 @@ def apply_backward_optimization_barrier(module: torch.nn.Module) -> torch.utils.
 
     XLA then cannot fuse this module's backward with its neighbours', which keeps it from
     allocating one large buffer for all of their gradients at once. Returns the hook's handle.
+
+    Raises:
+        SpmdTypeError: ``module`` is not an ``nn.Module``.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise SpmdTypeError(
+            f"apply_backward_optimization_barrier needs an nn.Module, got {module!r:.80} ({type(module).__name__})."
+        )
 
     def barrier(mod: torch.nn.Module, grad_input: tuple, grad_output: tuple) -> None:
         grads = [p.grad for p in mod.parameters() if p.grad is not None]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mesh import Mesh, as_mesh
+from mesh import Mesh, MeshTypeError, as_mesh
 from spmd._backend import backend_for
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
@@ -47,15 +47,23 @@ def device_mesh(mesh: MeshLike) -> Any:
     return backend_for().device_mesh(as_mesh(mesh, "device_mesh"))
 
 
-def init_device_mesh(mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None = None) -> Any:
+def init_device_mesh(mesh_shape: int | Sequence[int], mesh_dim_names: Sequence[str] | None = None) -> Any:
     """A ``DeviceMesh`` of ``mesh_shape`` over every device of the runtime in use, in id order
-    (torch's ``init_device_mesh``, with the device type of the runtime).
+    (torch's ``init_device_mesh``, with the device type of the runtime). An int is a 1-D shape,
+    as `Mesh` takes it.
 
     Raises:
         MeshError: the shape does not hold the runtime's device count.
+        MeshTypeError: the shape is not ints, or ``mesh_dim_names`` is a string (not a tuple of
+            names: ``'ab'`` would be read as the names ``'a'``, ``'b'``).
     """
+    if isinstance(mesh_dim_names, (str, bytes)):
+        raise MeshTypeError(
+            f"init_device_mesh's mesh_dim_names is a tuple of names, one per mesh axis, e.g. ({mesh_dim_names!r:.60},); "
+            f"got the string {mesh_dim_names!r:.60}."
+        )
     count = device_count()
-    mesh = Mesh(np.arange(count), tuple(mesh_shape), None if mesh_dim_names is None else tuple(mesh_dim_names))
+    mesh = Mesh(np.arange(count), mesh_shape, None if mesh_dim_names is None else mesh_dim_names)
     return device_mesh(mesh)
 
 
@@ -102,6 +110,9 @@ def distribute_module(
     """
     if not isinstance(module, torch.nn.Module):
         raise SpmdTypeError(f"distribute_module takes an nn.Module, got {type(module).__name__}.")
+    for what, fn in (("partition_fn", partition_fn), ("input_fn", input_fn), ("output_fn", output_fn)):
+        if fn is not None and not callable(fn):  # checked before the module moves
+            raise SpmdTypeError(f"distribute_module's {what} is a function or None, got {fn!r:.80}.")
     first = next(iter(module.parameters()), None)
     runtime = backend_for(first if first is not None else torch.empty(0))
     module.to(runtime.compute_device())

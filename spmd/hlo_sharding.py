@@ -13,10 +13,12 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 
-from spmd.errors import HloShardingError
+from mesh._mesh import summarize_ids
+from spmd.errors import HloShardingError, SpmdTypeError
 
 __all__ = ["ShardingKind", "HloSharding", "ShardBounds", "iota_device_ids"]
 
@@ -61,6 +63,32 @@ class ShardBounds:
 
 
 _MAX_DEVICES = 1 << 20  # more devices than any pod; bounds the work a malformed text can ask for
+_MAX_DEVICE_ID = 2**31  # runtime device ordinals are int32, as `Mesh` checks
+_MAX_TILE_DIMS = 63  # numpy's 64 dims, less the replication dim of the tile assignment
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _int_tuple(value: object, what: str, fix: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints, or SpmdTypeError naming ``what``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise SpmdTypeError(f"{what} is a tuple of ints, got {value!r:.200} ({type(value).__name__}). {fix}")
+    items = list(value)
+    bad = [v for v in items if not _is_int(v)]
+    if bad:
+        raise SpmdTypeError(f"{what} is a tuple of ints; {bad[0]!r:.80} ({type(bad[0]).__name__}) is not. {fix}")
+    return tuple(int(v) for v in items)
+
+
+def _check_device_ids(devices: tuple[int, ...], what: str) -> None:
+    bad = [d for d in devices if not 0 <= d < _MAX_DEVICE_ID]
+    if bad:
+        raise HloShardingError(
+            f"{what}: device ids are >= 0 and below 2**31 (runtime device ordinals), got {summarize_ids(bad)} in "
+            f"{summarize_ids(devices)}."
+        )
 
 
 def _int_list(text: str, where: str) -> list[int]:
@@ -78,6 +106,8 @@ def iota_device_ids(text: str, count: int | None = None, where: str = "") -> np.
     Raises:
         HloShardingError: malformed, not ``count`` ids, or the T(...) is not a permutation.
     """
+    if not isinstance(text, str):
+        raise HloShardingError(f"An iota device list is text such as '<=[4,2]T(1,0)', got {type(text).__name__}.")
     where = where or f"iota {text[:80]!r}"
     m = re.fullmatch(r"<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", text.strip())
     if m is None:
@@ -115,19 +145,51 @@ class HloSharding:
     replication: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, ShardingKind):
+            raise SpmdTypeError(
+                f"HloSharding's kind is a ShardingKind (e.g. ShardingKind.TILED), got {self.kind!r:.80} "
+                f"({type(self.kind).__name__}). Or build one with HloSharding.tiled/.replicated/.maximal/.parse."
+            )
+        fix = "Build it with HloSharding.tiled(array of device ids) or HloSharding.parse(text)."
+        object.__setattr__(self, "tile_shape", _int_tuple(self.tile_shape, "tile_shape", fix))
+        object.__setattr__(self, "devices", _int_tuple(self.devices, "devices", fix))
+        if not _is_int(self.replication):
+            raise SpmdTypeError(f"replication is an int >= 1, got {self.replication!r:.80}. {fix}")
+        object.__setattr__(self, "replication", int(self.replication))
         if self.kind is ShardingKind.TILED:
-            if len(set(self.devices)) != len(self.devices):
-                raise HloShardingError(
-                    f"A tiled sharding names each device once; {self.devices[:64]} repeats some. Check the device list."
-                )
-            need = math.prod(self.tile_shape) * self.replication
-            if need != len(self.devices):
-                raise HloShardingError(
-                    f"Tile shape {self.tile_shape} x replication {self.replication} needs {need} "
-                    f"devices, got {len(self.devices)}."
-                )
+            self._check_tiled()
+        elif self.tile_shape or self.replication != 1:
+            raise HloShardingError(
+                f"A {self.kind.value} sharding has no tile shape or replication, got tile_shape={self.tile_shape}, "
+                f"replication={self.replication}. Use HloSharding.{self.kind.value}()."
+            )
         if self.kind is ShardingKind.MAXIMAL and len(self.devices) != 1:
-            raise HloShardingError(f"A maximal sharding names one device, got {self.devices}.")
+            raise HloShardingError(f"A maximal sharding names one device, got {summarize_ids(self.devices)}.")
+        if self.kind in (ShardingKind.REPLICATED, ShardingKind.MANUAL) and self.devices:
+            raise HloShardingError(
+                f"A {self.kind.value} sharding names no devices, got {summarize_ids(self.devices)}. "
+                f"Use HloSharding.{self.kind.value}()."
+            )
+        _check_device_ids(self.devices, f"{self.kind.value} sharding")
+
+    def _check_tiled(self) -> None:
+        if not 1 <= len(self.tile_shape) <= _MAX_TILE_DIMS or any(t < 1 for t in self.tile_shape):
+            raise HloShardingError(
+                f"A tiled sharding has 1 to {_MAX_TILE_DIMS} tile dims (one per tensor dim), each >= 1 block; got "
+                f"tile_shape {self.tile_shape!s:.200} ({len(self.tile_shape)} dims). A scalar or an unsharded array is HloSharding.replicated()."
+            )
+        if self.replication < 1:
+            raise HloShardingError(f"replication counts the devices holding each block (>= 1), got {self.replication}.")
+        if len(set(self.devices)) != len(self.devices):
+            raise HloShardingError(
+                f"A tiled sharding names each device once; {summarize_ids(self.devices)} repeats some. Check the device list."
+            )
+        need = math.prod(self.tile_shape) * self.replication
+        if need != len(self.devices):
+            raise HloShardingError(
+                f"Tile shape {self.tile_shape} x replication {self.replication} needs {need} "
+                f"devices, got {len(self.devices)}."
+            )
 
     # Constructors --------------------------------------------------------------------------
     @classmethod
@@ -143,6 +205,10 @@ class HloSharding:
     @classmethod
     def maximal(cls, device: int) -> HloSharding:
         """One device holds the whole array."""
+        if not _is_int(device):
+            raise SpmdTypeError(
+                f"A maximal sharding's device is an int id, got {device!r:.80} ({type(device).__name__})."
+            )
         return cls(ShardingKind.MAXIMAL, devices=(int(device),))
 
     @classmethod
@@ -150,7 +216,18 @@ class HloSharding:
         """From an n-d array of device ids; with ``replicate_last_dim`` its last axis lists the
         devices that hold the same block. Replication groups are stored sorted (their order
         does not matter to XLA; torch_xla prints them sorted)."""
-        arr = np.asarray(tile_assignment, dtype=np.int64)
+        arr = np.asarray(tile_assignment)
+        if arr.dtype.kind not in "iu":
+            raise SpmdTypeError(
+                f"A tile assignment is an array of int device ids, got dtype {arr.dtype} ({arr.reshape(-1)[:8]}...)."
+            )
+        if not isinstance(replicate_last_dim, bool):
+            raise SpmdTypeError(f"replicate_last_dim takes True or False, got {replicate_last_dim!r:.80}.")
+        if arr.ndim < 1 + replicate_last_dim:
+            raise HloShardingError(
+                f"A tile assignment has one axis per tensor dim{' plus the replication axis' * replicate_last_dim}; "
+                f"got a {arr.ndim}-d array. A scalar or an unsharded array is HloSharding.replicated()."
+            )
         if replicate_last_dim:
             tile_shape, replication = arr.shape[:-1], arr.shape[-1]
             arr = np.sort(arr, axis=-1)
@@ -204,6 +281,11 @@ class HloSharding:
             )
         where = f"HLO sharding {text[:200]!r}"
         dims = _int_list(m.group("dims"), where)
+        if len(dims) > _MAX_TILE_DIMS + 1:
+            raise HloShardingError(
+                f"{where} has {len(dims)} tile dims; a sharding has at most {_MAX_TILE_DIMS} (one per tensor dim) "
+                "and a replication dim."
+            )
         count = math.prod(dims)
         if not 0 < count <= _MAX_DEVICES or 0 in dims:
             raise HloShardingError(f"{where} tiles over {count} devices; a sharding names 1..{_MAX_DEVICES}.")
@@ -220,10 +302,22 @@ class HloSharding:
         """Replace device ``i`` by ``ids[i]`` (JAX writes positions in the mesh's device list)."""
         if self.kind in (ShardingKind.REPLICATED, ShardingKind.MANUAL):
             return self
+        new = _int_tuple(ids, "map_devices' ids", "Give one device id per position, e.g. mesh.device_ids.tolist().")
+        _check_device_ids(new, "map_devices' ids")
+        if self.devices and max(self.devices) >= len(new):
+            raise HloShardingError(
+                f"{self._label()} names devices up to {max(self.devices)}, but map_devices got {len(new)} ids "
+                f"{summarize_ids(new)}; give at least {max(self.devices) + 1}, one per position."
+            )
         if self.kind is ShardingKind.MAXIMAL:
-            return HloSharding.maximal(ids[self.devices[0]])
-        arr = np.asarray(ids)[np.asarray(self.devices)].reshape(self._assignment_shape())
+            return HloSharding.maximal(new[self.devices[0]])
+        arr = np.asarray(new, dtype=np.int64)[np.asarray(self.devices)].reshape(self._assignment_shape())
         return HloSharding.tiled(arr, replicate_last_dim=self.replication > 1)
+
+    def _label(self) -> str:
+        """The HLO text, cut short for a message (a sharding of a pod lists thousands of ids)."""
+        text = str(self)
+        return text if len(text) <= 200 else f"{text[:200]}... ({len(self.devices)} devices)"
 
     # Geometry ------------------------------------------------------------------------------
     def _assignment_shape(self) -> tuple[int, ...]:
@@ -232,7 +326,7 @@ class HloSharding:
     def tile_assignment(self) -> np.ndarray:
         """Device ids of shape ``tile_shape + (replication,)`` (tiled shardings only)."""
         if self.kind is not ShardingKind.TILED:
-            raise HloShardingError(f"{self} has no tile assignment.")
+            raise HloShardingError(f"{self._label()} has no tile assignment.")
         return np.asarray(self.devices, dtype=np.int64).reshape(self.tile_shape + (self.replication,))
 
     @property
@@ -246,21 +340,28 @@ class HloSharding:
         A dim of size ``n`` split ``k`` ways gives every device ``ceil(n / k)`` elements; the
         last blocks are cut short (or empty) and XLA pads them, as GSPMD does.
         """
-        shape = tuple(int(s) for s in global_shape)
+        fix = "Pass the array's shape, e.g. (8, 4), and the device ids, e.g. [0, 1, 2, 3]."
+        shape = _int_tuple(global_shape, "shard_bounds' global_shape", fix)
+        devices = _int_tuple(devices, "shard_bounds' devices", fix)
+        if any(n < 0 for n in shape):
+            raise HloShardingError(f"A global shape has sizes >= 0, got {shape!s:.200}. {fix}")
         if self.kind is ShardingKind.MANUAL:
             raise HloShardingError("A {manual} value has no global layout: each device holds its own block.")
         if self.kind is not ShardingKind.TILED:
+            _check_device_ids(devices, "shard_bounds' devices")
             full = tuple(slice(0, s) for s in shape)
             return [ShardBounds(d, (0,) * len(shape), full, shape, i) for i, d in enumerate(devices)]
         if len(self.tile_shape) != len(shape):
-            raise HloShardingError(f"{self} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}.")
+            raise HloShardingError(
+                f"{self._label()} tiles {len(self.tile_shape)} dims; the array {shape} has {len(shape)}."
+            )
         assignment = self.tile_assignment()
         where = {int(d): idx for idx, d in np.ndenumerate(assignment)}
         per_tile = [-(-n // k) for n, k in zip(shape, self.tile_shape)]  # exact: no float rounding past 2**53
         out = []
         for d in devices:
             if int(d) not in where:
-                raise HloShardingError(f"Device {d} is not in the tile assignment of {self}.")
+                raise HloShardingError(f"Device {d} is not in the tile assignment of {self._label()}.")
             *tile, replica = where[int(d)]
             index = tuple(slice(min(t * p, n), min((t + 1) * p, n)) for t, p, n in zip(tile, per_tile, shape))
             out.append(ShardBounds(int(d), tuple(tile), index, tuple(per_tile), int(replica)))

@@ -12,15 +12,48 @@ partitions like any elementwise op: each device normalizes its own rows, with no
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 
-__all__ = ["layer_norm", "ShardableLayerNorm", "use_shardable_layer_norm"]
+from spmd.errors import SpmdTypeError
+
+__all__ = ["layer_norm", "LayerNormShapeError", "ShardableLayerNorm", "use_shardable_layer_norm"]
+
+
+class LayerNormShapeError(ValueError):
+    """``normalized_shape``, ``weight`` or ``bias`` that does not fit the input's trailing dims
+    (``F.layer_norm`` refuses these too, with a RuntimeError)."""
+
+
+def _normalized_dims(x: object, normalized_shape: object, weight: object, bias: object) -> tuple[int, ...]:
+    """The dims to normalize over (negative), after checking every argument against ``x``."""
+    if not isinstance(x, torch.Tensor):
+        raise SpmdTypeError(f"layer_norm needs a tensor, got {x!r:.80} ({type(x).__name__}).")
+    if isinstance(normalized_shape, Integral) and not isinstance(normalized_shape, bool):
+        normalized_shape = (int(normalized_shape),)  # as nn.LayerNorm(8) takes it
+    if not isinstance(normalized_shape, Sequence) or not all(
+        isinstance(n, Integral) and not isinstance(n, bool) for n in normalized_shape
+    ):
+        raise SpmdTypeError(f"normalized_shape is an int or a tuple of ints, got {normalized_shape!r:.80}.")
+    shape = tuple(int(n) for n in normalized_shape)
+    trailing = tuple(x.shape[-len(shape) :]) if shape else ()
+    if not shape or len(shape) > x.dim() or trailing != shape:
+        raise LayerNormShapeError(
+            f"normalized_shape {shape} must be the trailing dims of the input of shape {tuple(x.shape)} (1 to "
+            f"{x.dim()} dims, e.g. {tuple(x.shape[-1:])}); got {'no dims' if not shape else trailing}."
+        )
+    for name, value in (("weight", weight), ("bias", bias)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise SpmdTypeError(f"{name} is a tensor of shape {shape} or None, got {type(value).__name__}.")
+        if value is not None and tuple(value.shape) != shape:
+            raise LayerNormShapeError(f"{name} must have shape normalized_shape {shape}, got {tuple(value.shape)}.")
+    return tuple(range(-len(shape), 0))
 
 
 def layer_norm(
     x: torch.Tensor,
-    normalized_shape: Sequence[int],
+    normalized_shape: int | Sequence[int],
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
@@ -28,8 +61,13 @@ def layer_norm(
     """``F.layer_norm`` in reductions and elementwise ops (same result up to rounding).
 
     Statistics are computed in float32 for low-precision inputs, as PyTorch does.
+
+    Raises:
+        LayerNormShapeError: ``normalized_shape`` is not the input's trailing dims, or ``weight``
+            or ``bias`` is not of that shape.
+        SpmdTypeError: ``x`` is not a tensor, or ``normalized_shape`` not an int or ints.
     """
-    dims = tuple(range(-len(normalized_shape), 0))
+    dims = _normalized_dims(x, normalized_shape, weight, bias)
     compute = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
     xf = x.to(compute)
     mean = xf.mean(dim=dims, keepdim=True)
@@ -53,7 +91,15 @@ class ShardableLayerNorm(torch.nn.LayerNorm):
 def use_shardable_layer_norm(module: torch.nn.Module) -> int:
     """Make every ``nn.LayerNorm`` in ``module`` (exactly that class) a `ShardableLayerNorm`,
     in place; returns how many were changed. Subclasses of LayerNorm are left alone: their
-    forward may do more."""
+    forward may do more.
+
+    Raises:
+        SpmdTypeError: ``module`` is not an ``nn.Module``.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise SpmdTypeError(
+            f"use_shardable_layer_norm needs an nn.Module, got {module!r:.80} ({type(module).__name__})."
+        )
     changed = 0
     for sub in module.modules():
         if type(sub) is torch.nn.LayerNorm:

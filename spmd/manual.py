@@ -10,12 +10,13 @@ torch_xla's functions of the same names.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 
 from mesh import Mesh, mesh_or_global
 from spmd._backend import backend
-from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError
+from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError, SpmdTypeError
 from spmd.hlo_sharding import ShardingKind
 from spmd.mark_sharding import SpecLike, _unwrap, mark_sharding
 from spmd.named_sharding import NamedSharding
@@ -50,8 +51,18 @@ def disable_manual_sharding(
     Raises:
         NoMeshError: no ``mesh`` and no global mesh.
         ShardingError: ``full_shape`` and ``partition_spec`` do not fit ``t``'s block shape.
+        SpmdTypeError: ``full_shape`` is not a tuple of sizes.
     """
     tensor = _unwrap(t)
+    if (
+        isinstance(full_shape, (str, bytes))
+        or not isinstance(full_shape, Sequence)
+        or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in full_shape)
+    ):
+        raise SpmdTypeError(
+            f"disable_manual_sharding's full_shape is the global shape, a tuple of sizes >= 0 such as (8, 4); got "
+            f"{full_shape!r:.80} ({type(full_shape).__name__})."
+        )
     shape = tuple(int(n) for n in full_shape)
     mesh = mesh_or_global(mesh, f"disable_manual_sharding(tensor of shape {tuple(tensor.shape)})")
     if not backend.is_xla_tensor(tensor):

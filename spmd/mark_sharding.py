@@ -144,6 +144,8 @@ def mark_sharding(
         >>> x.shard_bounds[0].shape                                 # doctest: +SKIP
         (4, 32)
     """
+    if not isinstance(replace, bool):  # a truthy string such as 'no' would replace the sharding
+        raise SpmdTypeError(f"mark_sharding's replace takes True or False, got {replace!r:.80}.")
     tensor = _unwrap(t)
     runtime = backend_for(tensor)
     sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", runtime)
@@ -213,6 +215,8 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
 
     Raises:
         TypeError: the trees differ in structure, or a leaf is ``None`` in one tree only.
+        ShardingError: two matching tensors differ in shape (XLA's ShardAlike pairs equal shapes).
+        NotAnXlaTensorError: a tensor is not on the XLA device.
     """
     a_leaves, a_tree = tree_flatten(a)
     b_leaves, b_tree = tree_flatten(b)
@@ -224,7 +228,19 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
             if (x is None) != (y is None):
                 raise SpmdTypeError(f"shard_as: leaf {i} is None in one tree only; put None in both or neither.")
         else:
-            x, y = backend.shard_alike(_unwrap(x), _unwrap(y))
+            x, y = backend.shard_alike(*_shard_as_pair(i, _unwrap(x), _unwrap(y)))
         out_a.append(x)
         out_b.append(y)
     return tree_unflatten(out_a, a_tree), tree_unflatten(out_b, b_tree)
+
+
+def _shard_as_pair(i: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leaf ``i`` of both trees, checked: one shape, both on the XLA device."""
+    context = f"shard_as(leaf {i}: tensors of shape {tuple(x.shape)} and {tuple(y.shape)})"
+    if x.shape != y.shape:
+        raise ShardingError(f"{context}: the two differ in shape; shard_as pairs tensors of one shape.")
+    xla = backend.TorchXlaBackend()
+    for t in (x, y):
+        if not xla.accepts(t):
+            raise xla.refusal(t, context)
+    return x, y

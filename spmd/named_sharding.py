@@ -38,19 +38,10 @@ def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank:
     return f"{tensor}, spec {spec!r}, {mesh.describe()}"
 
 
-def resolve_spec(
-    mesh: Mesh, spec: PartitionSpec, rank: int, shape: Sequence[int] | None = None
-) -> tuple[tuple[int, ...], ...]:
-    """The mesh axis indices sharding each of the ``rank`` tensor dims.
-
-    Raises:
-        SpecRankError: the spec is longer than ``rank``.
-        UnknownAxisError: a name is not a mesh axis.
-        AxisIndexError: an integer axis is out of range.
-        DuplicateAxisError: a mesh axis is used twice (e.g. by name and by index).
-    """
+def _check_rank_and_shape(rank: object, shape: object) -> None:
+    """``rank`` an int 0..63 and ``shape`` (if given) that many sizes >= 0, or SpecRankError."""
     if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank <= _MAX_RANK:
-        raise SpecRankError(f"rank must be an int from 0 to {_MAX_RANK} (a tensor's number of dims), got {rank!r}.")
+        raise SpecRankError(f"rank must be an int from 0 to {_MAX_RANK} (a tensor's number of dims), got {rank!r:.80}.")
     if shape is not None:
         dims = tuple(shape) if isinstance(shape, (tuple, list, torch_size_type())) else None
         if (
@@ -59,8 +50,30 @@ def resolve_spec(
             or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in dims)
         ):
             raise SpecRankError(
-                f"shape must be {rank} non-negative ints (one per dim of the rank-{rank} tensor), got {shape!r}."
+                f"shape must be {rank} non-negative ints (one per dim of the rank-{rank} tensor), got {shape!r:.200}."
             )
+
+
+def resolve_spec(
+    mesh: Mesh, spec: PartitionSpec | Sequence[object], rank: int, shape: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """The mesh axis indices sharding each of the ``rank`` tensor dims.
+
+    Raises:
+        SpecRankError: the spec is longer than ``rank``.
+        UnknownAxisError: a name is not a mesh axis.
+        AxisIndexError: an integer axis is out of range.
+        DuplicateAxisError: a mesh axis is used twice (e.g. by name and by index).
+        MeshTypeError: ``mesh`` is not a `Mesh`.
+        PartitionSpecTypeError: ``spec`` is not a `PartitionSpec` or a tuple of entries.
+    """
+    if not isinstance(mesh, Mesh):
+        swapped = " (mesh and spec are swapped?)" if isinstance(spec, Mesh) else ""
+        raise MeshTypeError(
+            f"resolve_spec(mesh, spec, rank) needs a Mesh first, got {mesh!r:.80} ({type(mesh).__name__}){swapped}."
+        )
+    spec = PartitionSpec.from_value(spec)
+    _check_rank_and_shape(rank, shape)
     where = _context(mesh, spec, shape, rank)
     if len(spec) > rank:
         fix = "For a scalar the spec is P()." if rank == 0 else f"Give at most {rank} entries, one per dim."
@@ -93,7 +106,9 @@ def resolve_spec(
     return tuple(out)
 
 
-def hlo_sharding_for(mesh: Mesh, spec: PartitionSpec, rank: int, shape: Sequence[int] | None = None) -> HloSharding:
+def hlo_sharding_for(
+    mesh: Mesh, spec: PartitionSpec | Sequence[object], rank: int, shape: Sequence[int] | None = None
+) -> HloSharding:
     """The XLA sharding that ``(mesh, spec)`` gives a tensor of ``rank`` dims.
 
     A one-device mesh gives a maximal sharding on that device (as torch_xla does); a spec

@@ -43,7 +43,8 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
         SpmdTypeError: ``module`` is not an ``nn.Module``, or ``specs`` is neither a mapping nor
             a function.
         ShardingError: ``specs`` names parameters the module does not have, or a spec does not
-            fit its parameter (from `mark_sharding`).
+            fit its parameter (from `mark_sharding`). Every spec is checked before any
+            parameter is sharded, so a refused call leaves the module as it was.
     """
     if not isinstance(module, torch.nn.Module):
         raise SpmdTypeError(f"shard_parameters takes an nn.Module, got {type(module).__name__}.")
@@ -67,13 +68,14 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
     if not params:
         return module
     runtime = backend_for(params[0][1])
-    new: dict[int, torch.nn.Parameter] = {}
+    resolved = []  # every spec checked (against its parameter, the mesh and the devices) before any is applied
     for name, p in params:  # each parameter once, under its first name
         spec = spec_of(name, p)
         sharding, hlo = resolve_sharding(
             p, mesh, PartitionSpec() if spec is None else spec, "shard_parameters", runtime
         )
-        new[id(p)] = runtime.parameter(p, sharding, hlo, specified=spec is not None)
+        resolved.append((p, sharding, hlo, spec is not None))
+    new = {id(p): runtime.parameter(p, sharding, hlo, specified=given) for p, sharding, hlo, given in resolved}
     for sub in module.modules():
         for attr, p in sub._parameters.items():
             if p is not None and new[id(p)] is not p:

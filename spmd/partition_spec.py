@@ -15,26 +15,31 @@ SpecEntry = AxisName | tuple[AxisName, ...] | None
 """One dim's entry: a mesh axis (name or index), a tuple of them (major to minor), or None."""
 
 
-def _check_axis(axis: object, spec_text: str) -> AxisName:
+def _check_axis(axis: object, entries: tuple[object, ...], pos: int) -> AxisName:
     if isinstance(axis, str):
+        if not axis.isidentifier():
+            raise PartitionSpecTypeError(
+                f"{_format(entries)}: entry {pos} names mesh axis {axis!r:.60}, which is not a name; mesh axis names "
+                "are non-empty identifiers (letters, digits and _), as Mesh requires. Use None to replicate that dim."
+            )
         return axis
     if isinstance(axis, Integral) and not isinstance(axis, bool):
         return int(axis)
     raise PartitionSpecTypeError(
-        f"{spec_text}: {axis!r} ({type(axis).__name__}) is not a mesh axis; an entry is a mesh "
-        "axis name (str), a mesh axis index (int), a tuple of those, or None (replicated)."
+        f"{_format(entries)}: entry {pos}: {axis!r:.80} ({type(axis).__name__}) is not a mesh axis; an entry is a "
+        "mesh axis name (str), a mesh axis index (int), a tuple of those, or None (replicated)."
     )
 
 
-def _normalize(entry: object, spec_text: str) -> SpecEntry:
+def _normalize(entry: object, entries: tuple[object, ...], pos: int) -> SpecEntry:
     if entry is None:
         return None
     if isinstance(entry, (tuple, list)):
-        axes = tuple(_check_axis(a, spec_text) for a in entry)
+        axes = tuple(_check_axis(a, entries, pos) for a in entry)
         if not axes:
             return None  # JAX: an empty tuple means "not sharded"
         return axes[0] if len(axes) == 1 else axes
-    return _check_axis(entry, spec_text)
+    return _check_axis(entry, entries, pos)
 
 
 class PartitionSpec:
@@ -62,8 +67,7 @@ class PartitionSpec:
     _entries: tuple[SpecEntry, ...]
 
     def __init__(self, *entries: object) -> None:
-        text = "PartitionSpec" + repr(tuple(entries))
-        norm = tuple(_normalize(e, text) for e in entries)
+        norm = tuple(_normalize(e, entries, i) for i, e in enumerate(entries))
         seen: set[AxisName] = set()
         for entry in norm:
             for axis in entry if isinstance(entry, tuple) else (entry,):
@@ -71,7 +75,7 @@ class PartitionSpec:
                     continue
                 if axis in seen:
                     raise DuplicateAxisError(
-                        f"{_format(norm)} uses mesh axis {axis!r} more than once; a mesh axis can "
+                        f"{_format(norm)} uses mesh axis {axis!r:.80} more than once; a mesh axis can "
                         "shard at most one tensor dim. Drop one of the uses."
                     )
                 seen.add(axis)
@@ -127,14 +131,19 @@ class PartitionSpec:
         return hash(("PartitionSpec", self._entries))
 
     def __repr__(self) -> str:
-        return _format(self._entries)
+        return "P(" + ", ".join(repr(e) for e in self._entries) + ")"
 
     def __reduce__(self):
         return (PartitionSpec, self._entries)
 
 
-def _format(entries: tuple[SpecEntry, ...]) -> str:
-    return "P(" + ", ".join(repr(e) for e in entries) + ")"
+def _format(entries: tuple[object, ...], limit: int = 16) -> str:
+    """``P(...)`` text for a message: entries cut at 80 characters, and past ``limit`` entries the
+    first ones and a count (a 100,000-entry spec made a 989,001-character message)."""
+    if len(entries) <= limit:
+        return "P(" + ", ".join(f"{e!r:.80}" for e in entries) + ")"
+    head = ", ".join(f"{e!r:.80}" for e in entries[: limit // 2])
+    return f"P({head}, ... ({len(entries) - limit // 2} more, {len(entries)} entries in all))"
 
 
 P = PartitionSpec

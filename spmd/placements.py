@@ -13,11 +13,12 @@ two axes at most). Pure conversion: no runtime, no process group.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
-from mesh import Mesh
+from mesh import Mesh, MeshTypeError
 from spmd import _torch_compat as torch_compat
-from spmd.errors import ShardingError
+from spmd.errors import ShardingError, SpmdTypeError
 from spmd.named_sharding import resolve_spec
 from spmd.partition_spec import PartitionSpec
 
@@ -59,6 +60,37 @@ def is_placements(value: object) -> bool:
     return all(isinstance(p, placement) for p in value)
 
 
+_MAX_RANK = 63  # numpy's 64 dims less the replication dim, as `resolve_spec` allows
+
+
+def _check_arguments(placements: object, mesh: object, rank: object) -> list[Any]:
+    """The placements as a list, after checking the three arguments' types (no placement math)."""
+    if not isinstance(mesh, Mesh):
+        raise MeshTypeError(f"spec_from_placements needs a Mesh, got {mesh!r:.80} ({type(mesh).__name__}).")
+    if isinstance(rank, bool) or not isinstance(rank, Integral):
+        raise SpmdTypeError(f"rank is an int (the tensor's number of dims), got {rank!r:.80} ({type(rank).__name__}).")
+    if not 0 <= rank <= _MAX_RANK:
+        raise PlacementError(f"rank is the tensor's number of dims, 0 to {_MAX_RANK}; got {rank}.")
+    if isinstance(placements, (str, bytes, PartitionSpec)) or not isinstance(placements, Sequence):
+        raise PlacementError(
+            f"placements are a sequence of Shard(dim)/Replicate(), one per axis of {mesh.describe()}; got "
+            f"{placements!r:.80} ({type(placements).__name__})."
+        )
+    return list(placements)
+
+
+def _shard_dim(p: Any, rank: int, where: str) -> int:
+    """The tensor dim a ``Shard`` splits, checked against ``rank``."""
+    if isinstance(p.dim, bool) or not isinstance(p.dim, Integral):
+        raise PlacementError(f"{where}: {p!r:.80} splits dim {p.dim!r:.40}; Shard takes an int tensor dim.")
+    dim = p.dim + rank if p.dim < 0 else p.dim
+    if not 0 <= dim < rank:
+        raise PlacementDimError(
+            f"Shard dimension {p.dim} is out of bounds for tensor with {rank} dimensions ({where})."
+        )
+    return int(dim)
+
+
 def spec_from_placements(placements: Sequence[Any], mesh: Mesh, rank: int, *, by_index: bool = False) -> PartitionSpec:
     """The `PartitionSpec` of ``placements`` (one per axis of ``mesh``) for a tensor of ``rank``
     dims. Entries name mesh axes by name where the mesh has names, else (or with ``by_index``)
@@ -66,12 +98,13 @@ def spec_from_placements(placements: Sequence[Any], mesh: Mesh, rank: int, *, by
 
     Raises:
         PlacementError: not one placement per mesh axis, or not a placement.
+        MeshTypeError: ``mesh`` is not a `Mesh`.
         PartialPlacementError: a ``Partial()``.
         PlacementDimError: a ``Shard(dim)`` beyond the tensor's dims.
     """
     placement, replicate, partial = _placement_types()
-    placements = list(placements)
-    where = f"placements {placements} over {mesh.describe()}"
+    placements = _check_arguments(placements, mesh, rank)
+    where = f"placements {placements!s:.300} over {mesh.describe()}"
     if len(placements) != mesh.ndim:
         raise PlacementError(
             f"Number of placements ({len(placements)}) must match mesh dimensions ({mesh.ndim}): {where}. Give one "
@@ -86,11 +119,7 @@ def spec_from_placements(placements: Sequence[Any], mesh: Mesh, rank: int, *, by
                 "placements (redistribute a Partial DTensor to Replicate() first)."
             )
         if torch_compat.is_shard(p):
-            dim = p.dim + rank if p.dim < 0 else p.dim
-            if not 0 <= dim < rank:
-                raise PlacementDimError(
-                    f"Shard dimension {p.dim} is out of bounds for tensor with {rank} dimensions ({where})."
-                )
+            dim = _shard_dim(p, rank, where)
             per_dim.setdefault(dim, []).append(axis)
             if torch_compat.is_strided_shard(p):
                 strided[dim] = axis

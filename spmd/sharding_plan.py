@@ -17,18 +17,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from mesh import Mesh
-from spmd.errors import ShardingError
+from spmd.errors import ShardingError, SpmdTypeError
 from spmd.partition_spec import P, PartitionSpec
 
 __all__ = ["LogicalAxisRules", "ShardingPlan", "UnmatchedParameterError"]
 
 MeshAxes = str | tuple[str, ...]
+
+
+def _pairs(value: object, what: str, example: str) -> list[tuple[Any, Any]]:
+    """``value`` as a list of 2-item pairs whose first item is a str, or SpmdTypeError naming ``what``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise SpmdTypeError(
+            f"{what} is a sequence of pairs such as {example}, got {value!r:.80} ({type(value).__name__})."
+        )
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise SpmdTypeError(f"{what}[{i}] is {pair!r:.80}, not a pair such as {example}.")
+    return [tuple(pair) for pair in value]
+
+
+def _names(value: object, allow_none_entries: bool) -> tuple | str | None:
+    """A str, None, or a tuple of str (or None entries) from a tuple or list, else ``False`` (not valid)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (tuple, list)) and all(
+        isinstance(v, str) or (allow_none_entries and v is None) for v in value
+    ):
+        return tuple(value)
+    return False
 
 
 class UnmatchedParameterError(ShardingError):
@@ -41,6 +64,18 @@ class LogicalAxisRules:
     (its fallbacks, tried in order)."""
 
     rules: tuple[tuple[str, MeshAxes | None], ...]
+
+    def __post_init__(self) -> None:
+        rules = []
+        for i, (logical, axes) in enumerate(_pairs(self.rules, "LogicalAxisRules.rules", "('embed', 'fsdp')")):
+            mesh_axes = _names(axes, allow_none_entries=False)
+            if mesh_axes is False or mesh_axes == ():
+                raise SpmdTypeError(
+                    f"LogicalAxisRules.rules[{i}] maps {logical!r} to {axes!r:.80}; give a mesh axis name, a tuple of "
+                    "them, or None (replicated)."
+                )
+            rules.append((logical, mesh_axes))
+        object.__setattr__(self, "rules", tuple(rules))
 
     def mesh_axes_for(self, logical: str | None, mesh: Mesh, used: set[str]) -> MeshAxes | None:
         """The first usable mesh axes for ``logical`` on ``mesh`` given those already ``used``."""
@@ -87,6 +122,37 @@ class ShardingPlan:
     axes: LogicalAxisRules
     strict: bool = True
     name: str = "plan"
+    _patterns: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise SpmdTypeError(f"ShardingPlan.name is a str label, got {self.name!r:.80}.")
+        if not isinstance(self.axes, LogicalAxisRules):
+            raise SpmdTypeError(
+                f"{self.name}: axes is a LogicalAxisRules, e.g. LogicalAxisRules((('embed', 'fsdp'),)), got "
+                f"{self.axes!r:.80} ({type(self.axes).__name__})."
+            )
+        if not isinstance(self.strict, bool):
+            raise SpmdTypeError(f"{self.name}: strict takes True or False, got {self.strict!r:.80}.")
+        params, patterns = [], []
+        for i, (pattern, logical) in enumerate(
+            _pairs(self.params, f"{self.name}: params", r"(r'mlp\.c_fc\.weight$', ('embed', 'mlp'))")
+        ):
+            axes = _names(logical, allow_none_entries=True)
+            if not isinstance(axes, tuple):
+                raise SpmdTypeError(
+                    f"{self.name}: params[{i}] gives {logical!r:.80} for {pattern!r:.80}; give a tuple of logical "
+                    "axis names (or None), one per dim of the parameter."
+                )
+            try:
+                patterns.append(re.compile(pattern))
+            except re.error as e:
+                raise ShardingError(
+                    f"{self.name}: params[{i}]'s regex {pattern!r:.120} does not compile: {e}."
+                ) from None
+            params.append((pattern, axes))
+        object.__setattr__(self, "params", tuple(params))
+        object.__setattr__(self, "_patterns", tuple(patterns))
 
     def logical_axes(self, name: str, shape: Sequence[int]) -> tuple[str | None, ...] | None:
         """The logical axes of parameter ``name`` (``None`` when no rule matches).
@@ -95,8 +161,8 @@ class ShardingPlan:
             UnmatchedParameterError: strict plan and no rule matches.
             ShardingError: the rule names more or fewer dims than the parameter has.
         """
-        for pattern, logical in self.params:
-            if re.search(pattern, name):
+        for compiled, (pattern, logical) in zip(self._patterns, self.params):
+            if compiled.search(name):
                 if len(logical) != len(shape):
                     raise ShardingError(
                         f"{self.name}: rule {pattern!r} gives {len(logical)} logical axes {logical} but parameter "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from spmd.errors import SpmdTypeError
 from spmd.hlo_sharding import ShardBounds
 from spmd.named_sharding import NamedSharding
+from spmd.partition_spec import PartitionSpec
 from spmd.sharded_tensor import ShardedTensor
 
 if TYPE_CHECKING:
@@ -84,6 +86,7 @@ def visualize_sharding(
     from rich.markup import escape
     from rich.table import Table
 
+    _check_arguments(tensor, sharding, console)
     if isinstance(tensor, ShardedTensor) and sharding is None:
         shape = tensor.global_shape
         sharding = tensor.sharding
@@ -115,6 +118,29 @@ def visualize_sharding(
     console.print(table)
     console.print(str(hlo), soft_wrap=True, markup=False, highlight=False)
     return table
+
+
+def _check_arguments(tensor: object, sharding: object, console: object) -> None:
+    """Types only, before anything is drawn (a wrong one failed deep inside with AttributeError)."""
+    from rich.console import Console
+
+    if sharding is not None and not isinstance(sharding, NamedSharding):
+        fix = f"; write NamedSharding(mesh, {sharding!r:.80})" if isinstance(sharding, PartitionSpec) else ""
+        raise SpmdTypeError(
+            f"visualize_sharding's sharding is a NamedSharding(mesh, spec), got {type(sharding).__name__}{fix}."
+        )
+    shape = getattr(tensor, "shape", None)
+    if not isinstance(tensor, ShardedTensor) and not (
+        isinstance(shape, Sequence) and all(isinstance(n, Integral) and not isinstance(n, bool) for n in shape)
+    ):
+        raise SpmdTypeError(
+            f"visualize_sharding draws a tensor (anything with a .shape of ints), got {tensor!r:.80} "
+            f"({type(tensor).__name__})."
+        )
+    if console is not None and not isinstance(console, Console):
+        raise SpmdTypeError(
+            f"console is a rich.console.Console or None, got {console!r:.80} ({type(console).__name__})."
+        )
 
 
 def _console() -> Any:

@@ -192,6 +192,8 @@ class DTensorBackend:
     def shard(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
+        if not isinstance(t, DTensor):
+            self._check_same_global_shape(t, sharding)
         placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
         if isinstance(t, DTensor):
             existing = self.sharding_of(t)
@@ -206,6 +208,28 @@ class DTensorBackend:
             return torch_compat.redistribute(t, device_mesh(sharding.mesh, t.device_mesh.device_type), placements)
         mesh = device_mesh(sharding.mesh, device_type_of(t))
         return distribute_tensor(t.detach() if not t.requires_grad else t, mesh, placements)
+
+    def _check_same_global_shape(self, t: torch.Tensor, sharding: NamedSharding) -> None:
+        """Every process passes the global tensor: one shape on all (one small collective).
+        DTensor sends rank 0's data and each rank cuts blocks by its own shape, so a rank with
+        another shape (a last, short batch) got blocks of a tensor that is not the one it holds.
+
+        Raises:
+            LocalShapeMismatchError: naming process 0's shape and the first that differs.
+        """
+        if self.process_count() == 1:
+            return
+        every = self.all_process_values((t.dim(), *t.shape))
+        for process, values in enumerate(every):
+            if values != every[0]:
+                from spmd.errors import LocalShapeMismatchError
+
+                raise LocalShapeMismatchError(
+                    f"mark_sharding(spec {sharding.spec!r}, {sharding.mesh.describe()}): every process passes the same "
+                    f"global tensor, but process 0 has shape {every[0][1:]} and process {process} has {values[1:]} "
+                    f"(this is process {self.process_index()}). Pass one global shape on every process, or per-process "
+                    "parts through spmd.make_global_tensor."
+                )
 
     def constrain(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
         from torch.distributed.tensor import DTensor

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from mesh import DeviceCountError, Mesh
+from mesh._mesh import summarize_ids
 from spmd._backend import backend_for
 from spmd.compat.xla_mesh import Mesh as XlaMesh
 from spmd.distribute import distribute_module, distribute_tensor
-from spmd.placements import spec_from_placements
+from spmd.errors import SpmdTypeError
+from spmd.placements import PlacementError, spec_from_placements
 
 __all__ = [
     "MeshSizeError",
@@ -41,15 +43,17 @@ def convert_to_xla_mesh(dt_mesh: Any) -> Mesh:
 
     Raises:
         MeshSizeError: the DeviceMesh does not cover the runtime's devices.
+        MeshTypeError: ``dt_mesh`` is not a DeviceMesh.
     """
+    mesh = Mesh.from_device_mesh(dt_mesh)  # checks it is a DeviceMesh before asking anything of it
     available = backend_for().device_count()
-    if dt_mesh.size() != available:
+    if mesh.size() != available:
         raise MeshSizeError(
-            f"convert_to_xla_mesh: the DeviceMesh has {dt_mesh.size()} devices ({dt_mesh.mesh.tolist()}) but the "
-            f"runtime has {available}; every program is partitioned over all of them. Build the DeviceMesh over "
-            f"range({available})."
+            f"convert_to_xla_mesh: the DeviceMesh has {mesh.size()} devices ({summarize_ids(mesh.device_ids.tolist())}) "
+            f"but the runtime has {available}; every program is partitioned over all of them. Build the DeviceMesh "
+            f"over range({available})."
         )
-    return XlaMesh.of(Mesh.from_device_mesh(dt_mesh))
+    return XlaMesh.of(mesh)
 
 
 def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Any]) -> tuple:
@@ -59,7 +63,15 @@ def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Any
 
     Raises:
         PlacementError: a placement other than ``Shard``/``Replicate`` (a ``ValueError``).
+        SpmdTypeError: ``tensor`` is not a tensor.
     """
+    if not isinstance(tensor, torch.Tensor):
+        raise SpmdTypeError(
+            f"convert_to_xla_partition_spec(tensor, placements) needs a tensor first (for its rank), got "
+            f"{tensor!r:.80} ({type(tensor).__name__})."
+        )
+    if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
+        raise PlacementError(f"placements are a sequence of Shard(dim)/Replicate(), got {placements!r:.80}.")
     # Only the axis count matters for integer entries: a mesh of that many size-1 axes stands in.
     mesh = Mesh(range(1), (1,) * max(len(placements), 1))
     return tuple(spec_from_placements(placements, mesh, tensor.dim(), by_index=True).padded(tensor.dim()))
@@ -89,8 +101,6 @@ def xla_distribute_module(
             which we do not run; give a partition function).
     """
     if partition_fn is auto_policy:
-        from spmd.errors import SpmdTypeError
-
         raise SpmdTypeError(
             "xla_distribute_module(partition_fn=auto_policy): torch_xla's auto-sharding pass is not supported; "
             "give a partition_fn that lays parameters out (spmd.shard_parameters), or none to replicate them."

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from spmd.errors import SpmdTypeError
+from spmd.hlo_sharding import HloSharding
 from spmd.mark_sharding import get_sharding
 
 __all__ = ["visualize_sharding", "visualize_tensor_sharding"]
@@ -22,15 +23,16 @@ def visualize_sharding(sharding: str, **kwargs: Any) -> Any:
     """torch_xla's table of an HLO sharding text (``'{devices=[2,2]0,1,2,3}'``); imports torch_xla.
 
     Raises:
+        HloShardingError: ``sharding`` is not an HLO sharding text (parsed here first: torch_xla's
+            table fails on one with a bare ValueError).
         TorchXlaNotInstalledError: torch_xla is not installed (`spmd.visualize_sharding` draws
             the same blocks without it).
     """
     from spmd._backend import backend
 
+    text = str(HloSharding.parse(sharding))  # iota forms expanded: torch_xla's table reads listed ids
     feature = "spmd.debugging.visualize_sharding (torch_xla's own table; spmd.visualize_sharding needs no torch_xla)"
-    return backend.torch_xla_module("torch_xla.distributed.spmd.debugging", feature).visualize_sharding(
-        sharding, **kwargs
-    )
+    return backend.torch_xla_module("torch_xla.distributed.spmd.debugging", feature).visualize_sharding(text, **kwargs)
 
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:

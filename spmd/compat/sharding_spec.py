@@ -14,7 +14,7 @@ import torch
 
 from mesh import Mesh, MeshTypeError
 from spmd._backend import backend
-from spmd.errors import ShardingError
+from spmd.errors import ShardingError, SpmdTypeError
 from spmd.named_sharding import hlo_sharding_for
 from spmd.partition_spec import PartitionSpec
 
@@ -56,6 +56,8 @@ class ShardingSpec:
         spec = PartitionSpec.from_value(self.partition_spec)
         hlo_sharding_for(self.mesh, spec, len(spec))  # a spec that cannot fit this mesh fails here, not per batch
         object.__setattr__(self, "partition_spec", spec)
+        if not isinstance(self.minibatch, bool):  # a truthy string such as 'no' would turn it on
+            raise SpmdTypeError(f"ShardingSpec's minibatch takes True or False, got {self.minibatch!r:.80}.")
 
     def spec_for(self, t: torch.Tensor) -> PartitionSpec | None:
         """The spec ``t`` is sent with (trailing ``None`` entries beyond its rank dropped), or
@@ -63,7 +65,10 @@ class ShardingSpec:
 
         Raises:
             ShardingError: the spec splits a dim ``t`` does not have.
+            SpmdTypeError: ``t`` is not a tensor.
         """
+        if not isinstance(t, torch.Tensor):
+            raise SpmdTypeError(f"ShardingSpec lays out tensors, got {t!r:.80} ({type(t).__name__}).")
         if t.dim() == 0:
             return None
         entries = list(self.partition_spec)

@@ -13,7 +13,8 @@ differs, measured here:
   overloads). A stand-in can only be reached through torchax's own tables, never by torch's
   dispatcher; if anything calls one, it raises `StandInReachedError`.
 - **torchax 0.0.13's wheel imports flax** at the top (checkpoint helpers the planner never
-  calls); a placeholder stands in while it imports, when flax is absent.
+  calls); a placeholder stands in while it imports, when flax is absent; it and the guard on
+  torchax's device registration live in `spmd._backend.torchax_import` (shard_as needs them too).
 - **libtpu 0.0.20** knows no ``tpu7x`` (Ironwood): "Invalid TPU external name". `topology_devices`
   turns that into `CompilerVersionError` naming the current lane.
 - **torchax's builds**: two builds both named 0.0.13 differ in ``override_op_definition``
@@ -30,11 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import tempfile
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,8 @@ from typing import Any
 
 import torch
 
+from spmd._backend.torchax_import import flax_placeholder as _flax_placeholder
+from spmd._backend.torchax_import import no_accelerator_claim as _no_accelerator_claim
 from spmd.plan.errors import CompilerVersionError, StandInReachedError, TopologyError
 
 __all__ = [
@@ -132,24 +133,6 @@ def aten_stand_ins() -> Iterator[list[str]]:
             delattr(owner, key)
 
 
-@contextlib.contextmanager
-def _flax_placeholder() -> Iterator[None]:
-    """A bare ``flax`` while torchax 0.0.13's wheel imports it (module docstring), if flax is absent."""
-    if importlib.util.find_spec("flax") is not None:
-        yield
-        return
-    names = ("flax", "flax.training", "flax.training.checkpoints")
-    for name in names:
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["flax"].training = sys.modules["flax.training"]  # type: ignore[attr-defined]
-    sys.modules["flax.training"].checkpoints = sys.modules["flax.training.checkpoints"]  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
-
-
 def import_torchax() -> Any:
     """``torchax``, imported and its op tables loaded (its default ``Environment``), on this torch.
 
@@ -162,34 +145,6 @@ def import_torchax() -> Any:
 
         torchax.default_env()
     return torchax
-
-
-@contextlib.contextmanager
-def _no_accelerator_claim() -> Iterator[None]:
-    """Inside: torchax's import registers its device module for ``jax`` (torch's PrivateUse1)
-    as a device that is not available.
-
-    torchax names PrivateUse1 ``jax`` (its tensors' device) and registers a module whose
-    ``is_available()`` is true, which makes ``jax`` this process's accelerator for the rest of
-    its life with no device behind it: on torch 2.15 every later ``torch.optim.Adam(...).step()``
-    raised "PyTorch is not linked with support for jax devices", and the dtensor backend would
-    have put its DeviceMeshes on ``jax``. Not available, it is passed over as an accelerator;
-    the planner's tensors keep their ``jax`` device."""
-    import torch
-
-    register = torch._register_device_module
-
-    def register_unavailable(name: str, module: Any) -> None:
-        proxy = types.ModuleType(f"{module.__name__}_not_an_accelerator")
-        proxy.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
-        proxy.is_available = lambda: False  # type: ignore[attr-defined]
-        register(name, proxy)
-
-    torch._register_device_module = register_unavailable
-    try:
-        yield
-    finally:
-        torch._register_device_module = register
 
 
 def override_function(env: Any, function: Any, impl: Any) -> None:

@@ -201,6 +201,14 @@ try:
 except spmd.DeviceCountError as e:
     counts["larger_mesh_error"] = str(e)
 
+# A "global" tensor whose shape differs on one rank (a short last batch): refused on every rank,
+# naming both shapes, where DTensor cut rank 0's data by each rank's own shape.
+try:
+    mark_sharding(torch.ones(8 if rank == 0 else 6, 4), mesh, ("data",))
+    counts["mismatches"].append("a global tensor of different shapes on the ranks was accepted")
+except spmd.LocalShapeMismatchError as e:
+    counts["shape_mismatch_error"] = str(e)
+
 if rank == 0:
     with open(sys.argv[1], "w") as f:
         json.dump({"world": world, "ordered_groups": ORDERED_GROUPS, **counts}, f)

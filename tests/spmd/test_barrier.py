@@ -45,3 +45,10 @@ def test_on_dtensor_without_torchtpu_the_barrier_returns_the_tensors():
     assert getattr(torch, "tpu", None) is None  # TorchTPU registers torch.tpu only on a TPU
     a = torch.ones(2)
     assert DTensorBackend().barrier([a])[0] is a
+
+
+def test_backward_barrier_needs_a_module():
+    from spmd import SpmdTypeError, apply_backward_optimization_barrier
+
+    with pytest.raises(SpmdTypeError, match="needs an nn.Module, got 'x'"):
+        apply_backward_optimization_barrier("x")

@@ -25,6 +25,15 @@ def test_visualize_tensor_sharding_prints_what_torch_xla_prints(xla, capsys):
         debugging.visualize_tensor_sharding(torch.zeros(2).to(xla))
 
 
+def test_visualize_sharding_parses_the_text_first(xla, capsys):
+    from spmd import HloShardingError, debugging
+
+    with pytest.raises(HloShardingError, match="Not an HLO sharding this parser knows: 'garbage'"):
+        debugging.visualize_sharding("garbage")
+    debugging.visualize_sharding("{devices=[2,4]<=[8]}", use_color=False)  # the iota form JAX prints
+    assert "Visualizing {devices=[2,4]0,1,2,3,4,5,6,7}" in capsys.readouterr().out
+
+
 def test_torch_xla_submodule_names_are_here():
     """torch_xla's submodule paths import from spmd.compat, whose helpers are ours."""
     import spmd.api

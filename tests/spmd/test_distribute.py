@@ -7,8 +7,8 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 
 import spmd
-from mesh import Mesh
-from spmd import P, XLAShardedTensor, get_sharding, mark_sharding
+from mesh import Mesh, MeshTypeError
+from spmd import P, SpmdTypeError, XLAShardedTensor, get_sharding, mark_sharding
 
 MESH = Mesh(np.arange(8), (2, 4), ("data", "model"))
 
@@ -78,3 +78,24 @@ def test_distribute_module_replicates_what_partition_fn_leaves(xla):
     assert seen == ["in", "out"]
     with pytest.raises(TypeError, match="auto-sharding pass is not supported"):
         spmd.xla_distribute_module(torch.nn.Linear(2, 2), MESH, spmd.auto_policy)
+
+
+def test_init_device_mesh_takes_an_int_shape_and_refuses_a_string_of_names(xla):
+    assert tuple(spmd.init_device_mesh(8).mesh.shape) == (8,)
+    with pytest.raises(MeshTypeError, match=r"mesh_dim_names is a tuple of names.*got the string 'ab'"):
+        spmd.init_device_mesh((8,), "ab")
+
+
+@pytest.mark.parametrize("what", ["partition_fn", "input_fn", "output_fn"])
+def test_distribute_module_functions_are_checked_before_the_module_moves(what):
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(SpmdTypeError, match=f"{what} is a function or None, got 5"):
+        spmd.distribute_module(model, MESH, **{what: 5})
+    assert model.weight.device.type == "cpu"
+
+
+def test_convert_to_xla_mesh_needs_a_device_mesh():
+    from spmd.compat.api import convert_to_xla_mesh
+
+    with pytest.raises(MeshTypeError, match="takes a torch.distributed DeviceMesh, got str"):
+        convert_to_xla_mesh("x")

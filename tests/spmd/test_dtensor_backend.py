@@ -115,6 +115,16 @@ def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     larger = result["larger_mesh_error"]
     assert f"mark_sharding(tensor of shape (8,), spec P('x'), mesh{{'x': {2 * ranks}}})" in larger
     assert "torchrun --nproc_per_node n" in larger and "configure_default_devices" not in larger
+    assert "process 0 has shape (8, 4) and process 1 has (6, 4)" in result["shape_mismatch_error"]
+
+
+def test_replace_takes_a_bool_on_the_dtensor_backend_too():
+    use_backend("dtensor")
+    try:  # checked before the backend needs a process group
+        with pytest.raises(TypeError, match="replace takes True or False, got 'no'"):
+            spmd.mark_sharding(torch.zeros(4), Mesh(np.arange(4), (4,), ("x",)), PartitionSpec("x"), replace="no")
+    finally:
+        use_backend(None)
 
 
 EXIT_SCRIPT = """

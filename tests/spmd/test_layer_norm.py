@@ -2,11 +2,14 @@
 own LayerNorm all-gathers the activation (read from the partitioned HLO)."""
 
 import numpy as np
+import pytest
 import torch
 
 from mesh import Mesh
 from spmd import P, ShardableLayerNorm, layer_norm, mark_sharding, use_shardable_layer_norm
+from spmd.errors import SpmdTypeError
 from spmd.inspector import CollectiveKind, capture
+from spmd.layer_norm import LayerNormShapeError
 
 
 def test_equal_to_torch_layer_norm_with_gradients():
@@ -33,6 +36,42 @@ def test_use_shardable_layer_norm_swaps_exact_layer_norms_only():
     assert use_shardable_layer_norm(model) == 1
     assert type(model[0]) is ShardableLayerNorm and type(model[1]) is Custom
     assert model.state_dict().keys() == state.keys()
+
+
+def test_an_int_normalized_shape_is_one_dim_as_nn_layer_norm_takes_it():
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(layer_norm(x, 8), torch.nn.functional.layer_norm(x, (8,)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        (
+            ((5,),),
+            {},
+            LayerNormShapeError,
+            r"normalized_shape \(5,\) must be the trailing dims of the input of shape \(4, 8\)",
+        ),
+        (((),), {}, LayerNormShapeError, "got no dims"),
+        (((4, 8, 2),), {}, LayerNormShapeError, r"\(4, 8, 2\) must be the trailing dims"),
+        (
+            ((8,),),
+            {"weight": torch.ones(3)},
+            LayerNormShapeError,
+            r"weight must have shape normalized_shape \(8,\), got \(3,\)",
+        ),
+        (((8,),), {"bias": 5}, SpmdTypeError, "bias is a tensor"),
+        ((("8",),), {}, SpmdTypeError, "normalized_shape is an int or a tuple of ints"),
+    ],
+)
+def test_shapes_that_do_not_fit_the_input_are_refused(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        layer_norm(torch.randn(4, 8), *args, **kwargs)
+
+
+def test_use_shardable_layer_norm_needs_a_module():
+    with pytest.raises(SpmdTypeError, match="needs an nn.Module, got 5"):
+        use_shardable_layer_norm(5)
 
 
 def collectives_of_layer_norm(xla, module):

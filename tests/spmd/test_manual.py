@@ -6,9 +6,11 @@ import torch
 
 from mesh import Mesh, set_global_mesh
 from spmd import (
+    P,
     ShardingConflictError,
     ShardingError,
     ShardingType,
+    SpmdTypeError,
     disable_manual_sharding,
     enable_manual_sharding,
     mark_manual_sharding,
@@ -50,3 +52,9 @@ def test_errors(xla):
         disable_manual_sharding(block + 1, ("data", None), (8, 4), mesh=MESH)
     with pytest.raises(RuntimeError, match="device data"):  # a ShardingConflictError, as torch_xla's type
         mark_manual_sharding(torch.zeros(3, 2).to(xla))
+
+
+@pytest.mark.parametrize("full_shape", ["ab", (8, "4"), (8, -4), 8, (8, True)])
+def test_disable_manual_sharding_names_a_full_shape_that_is_not_sizes(full_shape):
+    with pytest.raises(SpmdTypeError, match="full_shape is the global shape, a tuple of sizes >= 0"):
+        disable_manual_sharding(torch.zeros(4, 1), P("data"), full_shape, mesh=MESH)

@@ -12,12 +12,15 @@ from spmd import (
     P,
     ShardedTensor,
     ShardingConflictError,
+    ShardingError,
+    SpmdTypeError,
     UnknownAxisError,
     clear_sharding,
     get_sharding,
     hlo_sharding_for,
     mark_sharding,
     mark_sharding_with_gradients,
+    shard_as,
     with_sharding_constraint,
 )
 from spmd._backend import backend
@@ -249,3 +252,20 @@ def test_input_errors(xla):
         match=r"mark_sharding\(tensor of shape \(8, 8\), over mesh\{'data': 4, 'model': 2\}\).*more than once",
     ):
         mark_sharding(torch.ones(8, 8).to(xla), MESH_2D, ("data", "data"))
+
+
+@pytest.mark.parametrize("replace", ["no", None, 1])
+def test_replace_takes_a_bool(replace):
+    with pytest.raises(SpmdTypeError, match="replace takes True or False"):
+        mark_sharding(torch.zeros(8, 4), MESH_2D, P("data"), replace=replace)
+
+
+def test_shard_as_checks_its_pairs_and_runs_on_the_lane_as_installed(xla):
+    with pytest.raises(ShardingError, match=r"tensors of shape \(4,\) and \(8,\).*differ in shape"):
+        shard_as(torch.zeros(4).to(xla), torch.zeros(8).to(xla))
+    with pytest.raises(NotAnXlaTensorError, match="on device 'cpu'"):
+        shard_as(torch.zeros(4), torch.zeros(4))
+    a = mark_sharding(torch.randn(8, 4).to(xla), MESH_2D, P("data"))
+    x, y = shard_as(a * 2, torch.ones(8, 4).to(xla))  # through torch_xla's JAX bridge (torchax, no flax)
+    assert tuple(x.shape) == tuple(y.shape) == (8, 4)
+    torch.testing.assert_close(x.cpu(), a.cpu() * 2)

@@ -5,16 +5,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh import Mesh
+from mesh import Mesh, MeshTypeError
 from spmd import (
     AxisIndexError,
     DuplicateAxisError,
     HloSharding,
     NamedSharding,
     P,
+    PartitionSpecTypeError,
     SpecRankError,
     UnknownAxisError,
     hlo_sharding_for,
+    resolve_spec,
 )
 from tests.spmd.specs import MESH_SHAPES, all_specs, make_mesh
 
@@ -79,6 +81,17 @@ def test_errors_name_shape_spec_mesh_and_fix(spec, shape, error, message):
     with pytest.raises(error, match=message):
         hlo_sharding_for(MESH, spec, len(shape), shape)
     assert issubclass(error, ValueError)
+
+
+def test_a_tuple_spec_is_read_as_a_partition_spec_and_other_arguments_are_typed():
+    assert hlo_sharding_for(MESH, ("data",), 1) == hlo_sharding_for(MESH, P("data"), 1)
+    assert resolve_spec(MESH, ["data", None], 2) == resolve_spec(MESH, P("data", None), 2)
+    with pytest.raises(PartitionSpecTypeError, match=r"got 'data' \(str\). Write P\('data'\)"):
+        resolve_spec(MESH, "data", 1)
+    with pytest.raises(MeshTypeError, match=r"needs a Mesh first, got 'mesh' \(str\)"):
+        resolve_spec("mesh", P(), 1)
+    with pytest.raises(MeshTypeError, match="swapped"):
+        hlo_sharding_for(P("data"), MESH, 1)
 
 
 def test_named_sharding_value():

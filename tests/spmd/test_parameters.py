@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mesh import Mesh
-from spmd import P, ShardingError, SpmdTypeError, get_sharding, hlo_sharding_for, shard_parameters
+from spmd import P, ShardingError, SpmdTypeError, UnknownAxisError, get_sharding, hlo_sharding_for, shard_parameters
 
 MESH = Mesh(np.arange(8), (4, 2), ("data", "model"))
 
@@ -42,3 +42,10 @@ def test_bad_input_is_refused(xla):
         shard_parameters(torch.zeros(2), MESH, {})
     with pytest.raises(SpmdTypeError, match="mapping .* or a function"):
         shard_parameters(mlp(xla), MESH, [("0.weight", P("model"))])
+
+
+def test_a_refused_call_shards_no_parameter(xla):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(xla)
+    with pytest.raises(UnknownAxisError, match="mesh axis 'zz' is not in the mesh"):
+        shard_parameters(model, MESH, {"0.weight": P("data"), "1.weight": P("zz")})
+    assert get_sharding(model[0].weight) is None

@@ -46,6 +46,27 @@ def test_bad_entries():
         P(("x", ("y",)))
 
 
+@pytest.mark.parametrize("bad", ["", " ", "a-b", "1x"])
+def test_axis_names_are_identifiers_as_mesh_requires(bad):
+    with pytest.raises(PartitionSpecTypeError, match="non-empty identifiers"):
+        P(bad)
+    with pytest.raises(PartitionSpecTypeError, match="entry 1 names mesh axis"):
+        P("data", ("x", bad))
+
+
+@pytest.mark.parametrize(
+    "build, error, names",
+    [
+        (lambda: P(*[f"a{i}" for i in range(100000)], "a0"), DuplicateAxisError, ["'a0'", "100001 entries"]),
+        (lambda: P(*range(100000), 1.5), PartitionSpecTypeError, ["entry 100000", "1.5 (float)", "100001 entries"]),
+    ],
+)
+def test_messages_about_huge_specs_stay_short(build, error, names):
+    with pytest.raises(error) as info:
+        build()
+    assert len(str(info.value)) < 400 and all(n in str(info.value) for n in names)
+
+
 def test_axis_used_twice():
     with pytest.raises(DuplicateAxisError, match=r"P\('x', 'x'\) uses mesh axis 'x' more than once"):
         P("x", "x")

@@ -2,12 +2,21 @@
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from mesh import Mesh
-from spmd import P, PartialPlacementError, PlacementDimError, PlacementError, placements_from_spec, spec_from_placements
+from mesh import Mesh, MeshTypeError
+from spmd import (
+    P,
+    PartialPlacementError,
+    PlacementDimError,
+    PlacementError,
+    SpmdTypeError,
+    placements_from_spec,
+    spec_from_placements,
+)
 from spmd._torch_compat import is_strided_shard
 
 MESH = Mesh(np.arange(8), (2, 4), ("data", "model"))
@@ -42,6 +51,35 @@ def test_bad_placements_raise_torch_xlas_exception_types_with_the_fix():
     assert isinstance(e.value, NotImplementedError)
     with pytest.raises(PlacementError, match="'x' is not a placement"):
         spec_from_placements(["x", Replicate()], MESH, 2)
+
+
+@pytest.mark.parametrize(
+    "placements, mesh, rank, error, match",
+    [
+        (lambda: [Shard("x"), Replicate()], MESH, 1, PlacementError, "Shard takes an int tensor dim"),
+        (lambda: [Shard(0), Replicate()], "mesh", 1, MeshTypeError, "needs a Mesh, got 'mesh'"),
+        (lambda: None, MESH, 1, PlacementError, r"sequence of Shard\(dim\)/Replicate\(\).*got None"),
+        (lambda: "SR", MESH, 1, PlacementError, "got 'SR'"),
+        (lambda: [Shard(-3)], MESH, "", SpmdTypeError, "rank is an int"),
+        (lambda: [Shard(2), Shard(2)], MESH, 324876587547, PlacementError, "0 to 63; got 324876587547"),
+    ],
+)
+def test_arguments_of_the_wrong_type_or_range_are_named(placements, mesh, rank, error, match):
+    try:
+        made = placements()
+    except TypeError:  # torch 2.15's Shard (C++) refuses a str dim itself
+        pytest.skip("this torch's Shard takes an int dim only")
+    with pytest.raises(error, match=match):
+        spec_from_placements(made, mesh, rank)
+
+
+def test_convert_to_xla_partition_spec_needs_a_tensor():
+    from spmd.compat.api import convert_to_xla_partition_spec
+
+    with pytest.raises(SpmdTypeError, match=r"needs a tensor first \(for its rank\), got 'x'"):
+        convert_to_xla_partition_spec("x", [Shard(0)])
+    with pytest.raises(PlacementError, match="got None"):
+        convert_to_xla_partition_spec(torch.zeros(2), None)
 
 
 MESHES = [

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from mesh import Mesh
+from mesh import Mesh, MeshError, MeshTypeError
 from spmd import (
     P,
+    PartitionSpecTypeError,
     ShardingType,
     ShardLoadError,
     XLAShardedTensor,
@@ -113,6 +114,32 @@ def test_load_local_shards_round_trip_and_errors(xla):
     rep = mark_sharding(torch.ones(4).to(xla), MESH_1D, (None,))
     with pytest.raises(ShardLoadError, match="replicated tensor has no per-device blocks"):
         rep.load_local_shards_(rep.local_shards)
+
+
+def test_load_local_shards_refuses_another_dtype_and_changes_nothing(xla):
+    t = torch.arange(16, dtype=torch.float32)
+    v = mark_sharding(t.to(xla), MESH_1D, ("x",))
+    shards = v.local_shards
+    for s in shards:
+        s.data = (s.data + 100).to(torch.float64)
+    with pytest.raises(ShardLoadError, match="is torch.float64, the tensor torch.float32"):
+        v.load_local_shards_(shards)
+    torch.testing.assert_close(v.cpu(), t)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, spec, error, match",
+    [
+        ("abc", None, MeshTypeError, "mesh_shape must be a tuple of ints"),
+        ((4, 0), None, MeshError, ">= 1"),
+        (None, 5, PartitionSpecTypeError, r"got 5 \(int\)"),
+        (None, ("x", 1.5), PartitionSpecTypeError, "1.5 \\(float\\) is not a mesh axis"),
+    ],
+)
+def test_torch_xla_constructor_checks_what_it_records(mesh_shape, spec, error, match):
+    with pytest.raises(error, match=match):
+        XLAShardedTensor(torch.zeros(4), mesh_shape=mesh_shape, partition_spec=spec)
+    assert XLAShardedTensor(torch.zeros(4), (8,), ("x",)).partition_spec == ("x",)
 
 
 def test_wrap_if_sharded(xla):

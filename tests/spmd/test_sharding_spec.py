@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mesh import Mesh
-from spmd import P, ShardingError, ShardingSpec, UnknownAxisError, get_sharding, mark_sharding
+from spmd import P, ShardingError, ShardingSpec, SpmdTypeError, UnknownAxisError, get_sharding, mark_sharding
 
 MESH = Mesh(np.arange(8), (4, 2), ("data", "model"))
 
@@ -49,3 +49,10 @@ def test_a_spec_that_splits_a_dim_a_tensor_lacks_is_an_error_not_replication(xla
         spec.xla_spec(torch.zeros(8))
     assert ShardingSpec(MESH, ("data",)).spec_for(torch.zeros(8, 3, 4, 4)) == P("data")  # 4-D masks: the batch dim
     assert ShardingSpec(MESH, ("data", None)).spec_for(torch.zeros(())) is None  # a scalar: replicated
+
+
+def test_minibatch_takes_a_bool_and_a_batch_is_tensors():
+    with pytest.raises(SpmdTypeError, match="minibatch takes True or False, got 'no'"):
+        ShardingSpec(MESH, ("data", None), minibatch="no")
+    with pytest.raises(SpmdTypeError, match="lays out tensors, got 'x'"):
+        ShardingSpec(MESH, ("data", None)).can_apply("x")

@@ -6,7 +6,7 @@ import torch
 from rich.console import Console
 
 from mesh import Mesh
-from spmd import NamedSharding, P, mark_sharding, visualize_sharding
+from spmd import NamedSharding, P, SpmdTypeError, mark_sharding, visualize_sharding
 from spmd.visualize import sharding_layout
 
 MESH = Mesh(np.arange(8), (4, 2), ("data", "model"))
@@ -44,3 +44,16 @@ def test_sharded_tensor(xla):
 def test_needs_a_sharding():
     with pytest.raises(TypeError, match="sharding=NamedSharding"):
         visualize_sharding(torch.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "tensor, sharding, console, match",
+    [
+        ("x", NamedSharding(MESH, P("data")), None, r"draws a tensor \(anything with a .shape of ints\), got 'x'"),
+        (torch.zeros(8, 4), P("data"), None, r"got PartitionSpec; write NamedSharding\(mesh, P\('data'\)\)"),
+        (torch.zeros(8, 4), NamedSharding(MESH, P("data")), "x", "console is a rich.console.Console or None, got 'x'"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(tensor, sharding, console, match):
+    with pytest.raises(SpmdTypeError, match=match):
+        visualize_sharding(tensor, sharding, console=console)

@@ -231,7 +231,10 @@ def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
 def shard_alike(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """XLA's ``ShardAlike`` pair: ``x`` and ``y`` get one sharding, whichever GSPMD picks
     (through torch_xla's JAX bridge, as its ``shard_as``)."""
+    from spmd._backend.torchax_import import import_torchax_bridge
+
     xb = torch_xla_module("torch_xla.core.xla_builder", "shard_as")
+    import_torchax_bridge("shard_as")  # else torch_xla's own import of torchax fails without flax
     from jax.experimental.shard_alike import shard_alike as jax_shard_alike
 
     return xb.call_jax(jax_shard_alike, (x, y))

@@ -69,7 +69,7 @@ class XLAShardedTensor(torch.Tensor):
         inner = elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
         view = cls._view(inner, elem.sharding if isinstance(elem, XLAShardedTensor) else None)
         if mesh_shape is not None or partition_spec is not None:
-            view._spmd_declared = (mesh_shape, partition_spec)
+            view._spmd_declared = _declared(mesh_shape, partition_spec)
         return view
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # everything happens in __new__
@@ -220,7 +220,7 @@ class XLAShardedTensor(torch.Tensor):
 
         Raises:
             ShardLoadError: the tensor is replicated, a device is missing or repeated, or a
-                block has the wrong shape. It is also a ``RuntimeError``, as torch_xla raises.
+                block has the wrong shape or dtype. It is also a ``RuntimeError``, as torch_xla raises.
         """
         tensor = self.global_tensor
         hlo = self.hlo_sharding or HloSharding.replicated()
@@ -239,6 +239,11 @@ class XLAShardedTensor(torch.Tensor):
             )
         for s in shards:
             shape = tuple(s.data.shape)
+            if s.data.dtype != tensor.dtype:  # the load would cast silently
+                raise ShardLoadError(
+                    f"{where}: the block for {s.shard_device} is {s.data.dtype}, the tensor {tensor.dtype}. Convert "
+                    f"the blocks first (shard.data = shard.data.to({tensor.dtype}))."
+                )
             if shape != expected[shardings.device_id(s.shard_device)]:
                 raise ShardLoadError(
                     f"{where}: the block for {s.shard_device} has shape {shape}; the device holds "
@@ -322,6 +327,16 @@ def _rewrap(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)([_rewrap(v) for v in value])
     return value
+
+
+def _declared(mesh_shape: Any, partition_spec: Any) -> tuple[Any, Any]:
+    """torch_xla's constructor arguments, checked: a mesh shape of ints >= 1 and a spec."""
+    from mesh._mesh import shape_arg
+
+    shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
+    if partition_spec is not None:
+        PartitionSpec.from_value(partition_spec)  # raises PartitionSpecTypeError for what is not a spec
+    return shape, partition_spec
 
 
 def _padded_block_shapes(tensor: torch.Tensor, hlo: HloSharding) -> list[tuple[int, tuple[int, ...]]]:
