@@ -67,6 +67,8 @@ def test_a_bad_count_in_the_environment_is_refused_before_torch_xla_reads_it(cpu
 
 
 def test_the_environment_count_wins_and_a_numpy_count_is_an_int(cpu_env):
+    # Before any runtime starts (other tests in this process may have started JAX's or torch_xla's).
+    cpu_env.setattr(spmd.devices, "_runtime_started", lambda: False)
     cpu_env.setenv("CPU_NUM_DEVICES", "4")
     configure_default_devices(8)
     assert spmd.devices.os.environ["CPU_NUM_DEVICES"] == "4"
