@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import numbers
 import os
 import shutil
 from collections import Counter
@@ -24,13 +26,41 @@ __all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "
 
 
 def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``'1.50 KiB'``."""
+    """``1536`` -> ``'1.50 KiB'``.
+
+    Raises:
+        TypeError: ``n`` is not a number.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(f"format_bytes takes a number of bytes, got {type(n).__name__} {n!r:.60}.")
     value = float(n)
+    if not math.isfinite(value):
+        return f"{value} B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def _json_target(path: object, save_hlo: bool) -> Path:
+    """The report's JSON path, checked before anything is written: not a directory or special
+    file, its parent made, and its ``.hlo`` folder (with ``save_hlo``) not a file."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
+        raise TypeError(f"write_json takes a file path, got {type(path).__name__} {path!r:.60}.")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"write_json: {target} is a directory; give a file path (e.g. {target / 'report.json'}).")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"write_json: {target} exists and is not a regular file; give another path.")
+    hlo_dir = target.with_name(target.stem + ".hlo")
+    if save_hlo and hlo_dir.exists() and not hlo_dir.is_dir():
+        raise ValueError(f"write_json: {hlo_dir} (where the HLO files go) is a file; move it or pass save_hlo=False.")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"write_json: cannot create the directory {target.parent} ({e.strerror}).") from None
+    return target
 
 
 @dataclass(frozen=True)
@@ -295,13 +325,17 @@ class Report:
 
         Returns:
             The JSON path.
+
+        Raises:
+            TypeError: ``path`` is not a path.
+            ValueError: ``path`` (or its ``.hlo`` folder) is a directory (a file) or cannot be
+                made; nothing is written then.
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = _json_target(path, save_hlo)
         data = self.to_dict()
         if save_hlo:
             hlo_dir = target.with_name(target.stem + ".hlo")
-            hlo_dir.mkdir(exist_ok=True)
+            hlo_dir.mkdir(exist_ok=True)  # _json_target checked that nothing else is there
             for g, entry in zip(self.graphs, data["graphs"]):
                 if g.hlo_path and Path(g.hlo_path).exists():
                     dest = hlo_dir / Path(g.hlo_path).name
