@@ -78,7 +78,7 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq",
-        type=int_in(1, 2**24),
+        type=int_in(2, 2**24),
         default=None,
         help="sequence length (default: 2048, or a shorter learned position table)",
     )

@@ -163,13 +163,24 @@ def _searches(
 def _check_choices(
     per_device_batches: Iterable[int], remats: Iterable[str | Remat]
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    batches = tuple(sorted(set(per_device_batches)))
-    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
-        raise PlanError(f"per_device_batches must be positive integers, got {list(batches)}.")
+    given = list(per_device_batches)
+    if not given or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 2**31 for b in given):
+        raise PlanError(f"per_device_batches must be positive integers, got {given!r:.200}.")
+    batches = tuple(sorted(set(given)))
     policies = sorted({Remat.parse(r) for r in remats}, key=list(Remat).index)
     if not policies:
         raise PlanError(f"remats must name at least one policy of {[r.value for r in Remat]}.")
     return batches, tuple(p.value for p in policies)
+
+
+def _check_settings(compute_dtype: str, hbm_bytes: int | None, jobs: int) -> None:
+    """What ``plan`` would refuse for every candidate, refused once, before any compile."""
+    if compute_dtype not in ("bfloat16", "float32"):
+        raise PlanError(f"compute_dtype must be 'bfloat16' or 'float32', got {compute_dtype!r:.60}.")
+    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
+        raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {hbm_bytes!r:.60}.")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
+        raise PlanError(f"jobs must be a whole number from 1 to 64 (meshes compiled at once), got {jobs!r:.60}.")
 
 
 def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterable[int], heads: int | None) -> PlanError:
@@ -258,6 +269,7 @@ def advise(
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    _check_settings(compute_dtype, hbm_bytes, jobs)
     target = parse_slice(topology, slices)
     budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
     batches, policies = _check_choices(per_device_batches, remats)

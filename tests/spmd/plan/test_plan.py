@@ -206,11 +206,29 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
+        (dict(hbm_bytes=-1), PlanError, "hbm_bytes must be a positive int"),
+        (dict(hbm_bytes=float("nan")), PlanError, "hbm_bytes must be a positive int .*got nan"),
+        (dict(global_batch=4 * 10**30), PlanError, "global_batch must be a whole number of sequences from 1 to 2"),
     ],
 )
 def test_bad_requests_say_what_to_change(kwargs, error, says):
     with pytest.raises(error, match=says):
         plan("gpt2", "v5e:2x2", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        (dict(jobs=0), "jobs must be a whole number from 1 to 64"),  # ran as 1, silently
+        (dict(jobs=-5), "jobs must be a whole number from 1 to 64"),
+        (dict(hbm_bytes=0), "hbm_bytes must be a positive int"),
+        (dict(compute_dtype="float16"), "compute_dtype must be 'bfloat16' or 'float32'"),
+        (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
+    ],
+)
+def test_bad_advice_requests_are_refused_before_compiling(kwargs, says):
+    with pytest.raises(PlanError, match=says):
+        advise("gpt2", "v5e:2x2", **kwargs)
 
 
 def test_unknown_models_and_slices_are_named(tmp_path):
@@ -274,6 +292,7 @@ def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
         (["--batch", "1" * 30], "is too large: give a whole number from 1 to 2147483648"),
         (["--slices", "0"], "--slices: 0 is out of range"),
         (["--seq", "-5"], "--seq: -5 is out of range"),
+        (["--seq", "1"], "--seq: 1 is out of range: give a whole number from 2 to"),
         (["--mesh", "fsdp=0"], "sizes 1 or more"),
         (["--json", "/nonexistent-dir/x.json"], "--json: the directory /nonexistent-dir does not exist"),
         (["--json", "/proc/x.json"], "--json: cannot create files in the directory /proc"),

@@ -69,6 +69,9 @@ def test_default_shapes_hold_every_chip(exp, gen):
         ("v5p-2", 1, "smallest 3-D slice"),
         ("v5p:4x4", 1, "3-D shape"),
         ("v5e-16", 0, "positive int"),
+        ("v5e:99999x99999", 1, "'v5e:99999x99999' has 9999800001 chips; no TPU slice has more than 16384"),
+        ("v5e-524288", 1, "has 524288 chips; no TPU slice has more than 16384"),
+        ("v5e-4", 144044961, r"144044961 slices of 'v5e-4' are 576179844 chips, more than 131072"),
     ],
 )
 def test_bad_slices_say_what_to_write(name, slices, says):
