@@ -161,8 +161,14 @@ def _searches(
 
 
 def _check_choices(
-    per_device_batches: Iterable[int], remats: Iterable[str | Remat]
+    per_device_batches: Iterable[int],
+    remats: Iterable[str | Remat],
+    compute_dtype: str,
+    hbm_bytes: int | None,
+    jobs: int,
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The batches and remat policies to try, once every setting is checked (before any compile)."""
+    _check_settings(compute_dtype, hbm_bytes, jobs)
     given = list(per_device_batches)
     if not given or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 2**31 for b in given):
         raise PlanError(f"per_device_batches must be positive integers, got {given!r:.200}.")
@@ -269,10 +275,9 @@ def advise(
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    _check_settings(compute_dtype, hbm_bytes, jobs)
     target = parse_slice(topology, slices)
     budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
-    batches, policies = _check_choices(per_device_batches, remats)
+    batches, policies = _check_choices(per_device_batches, remats, compute_dtype, hbm_bytes, jobs)
     kernel = Attention.parse(attention)
     module, hf_config, seq_len = _model(model, seq_len, kernel)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
