@@ -21,6 +21,7 @@ from spmd.plan.meshes import STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
+from spmd.plan.topology import MAX_SLICES
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -74,7 +75,7 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
     )
     p.add_argument(
-        "--slices", type=int_in(1, 4096), default=1, help="slices joined over DCN (a 'data' axis spans them)"
+        "--slices", type=int_in(1, MAX_SLICES), default=1, help="slices joined over DCN (a 'data' axis spans them)"
     )
     p.add_argument(
         "--seq",

@@ -39,7 +39,16 @@ from dataclasses import dataclass
 from spmd.mfu.peak import CHIPS
 from spmd.plan.errors import TopologyError
 
-__all__ = ["ChipSpec", "CHIP_SPECS", "MAX_CHIPS", "MAX_CHIPS_PER_SLICE", "TpuSlice", "TopologyError", "parse_slice"]
+__all__ = [
+    "ChipSpec",
+    "CHIP_SPECS",
+    "MAX_CHIPS",
+    "MAX_CHIPS_PER_SLICE",
+    "MAX_SLICES",
+    "TpuSlice",
+    "TopologyError",
+    "parse_slice",
+]
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,11 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
             chips a slice (`MAX_CHIPS` in all).
     """
     if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
-        raise TopologyError(f"slices must be a positive int, got {slices!r}.")
+        raise TopologyError(f"slices must be a positive int, got {slices!r:.60}.")
+    if slices > MAX_SLICES:
+        raise TopologyError(
+            f"slices={slices}: libtpu's compiler takes at most {MAX_SLICES} slices (at 512 it aborts the process)."
+        )
     m = _NAME.match(name.strip().lower()) if isinstance(name, str) else None
     if m is None:
         raise TopologyError(
@@ -197,6 +210,8 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
 # tens of thousands: beyond these a name is a typo, and libtpu refuses it or compiles for hours.
 MAX_CHIPS_PER_SLICE = 2**14
 MAX_CHIPS = 2**17
+# libtpu (0.0.20) checks NumSlices() < kMaxNumSlices = 512 and aborts the process (SIGABRT) otherwise.
+MAX_SLICES = 511
 
 
 def _bounded(target: TpuSlice) -> TpuSlice:

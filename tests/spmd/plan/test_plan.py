@@ -291,6 +291,7 @@ def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
         (["--tensor", "0"], "--tensor: 0 is out of range"),
         (["--batch", "1" * 30], "is too large: give a whole number from 1 to 2147483648"),
         (["--slices", "0"], "--slices: 0 is out of range"),
+        (["--slices", "512"], "--slices: 512 is out of range: give a whole number from 1 to 511"),  # libtpu aborted
         (["--seq", "-5"], "--seq: -5 is out of range"),
         (["--seq", "1"], "--seq: 1 is out of range: give a whole number from 2 to"),
         (["--mesh", "fsdp=0"], "sizes 1 or more"),
