@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write
+from spmd.atomic_file import atomic_write, file_to_write
 from spmd.inspector.collectives import Collective, CollectiveKind
 from spmd.inspector.hlo_text import ArrayShape
 from spmd.inspector.memory import MemoryUsage
 
-__all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "format_bytes"]
+__all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "UnknownGraphError", "format_bytes"]
 
 
 def format_bytes(n: int | float) -> str:
@@ -43,24 +43,11 @@ def format_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-def _json_target(path: object, save_hlo: bool) -> Path:
-    """The report's JSON path, checked before anything is written: not a directory or special
-    file, its parent made, and its ``.hlo`` folder (with ``save_hlo``) not a file."""
-    if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
-        raise TypeError(f"write_json takes a file path, got {type(path).__name__} {path!r:.60}.")
-    target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"write_json: {target} is a directory; give a file path (e.g. {target / 'report.json'}).")
-    if target.exists() and not target.is_file():
-        raise ValueError(f"write_json: {target} exists and is not a regular file; give another path.")
-    hlo_dir = target.with_name(target.stem + ".hlo")
-    if save_hlo and hlo_dir.exists() and not hlo_dir.is_dir():
-        raise ValueError(f"write_json: {hlo_dir} (where the HLO files go) is a file; move it or pass save_hlo=False.")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"write_json: cannot create the directory {target.parent} ({e.strerror}).") from None
-    return target
+class UnknownGraphError(KeyError):
+    """`Report.graph` found no graph by that name or position (a KeyError whose text reads plainly)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -227,14 +214,19 @@ class Report:
         """A graph by module name or position (default: the last compiled, the steady step).
 
         Raises:
-            KeyError: no graph has that name.
+            UnknownGraphError: no graph has that name or position.
         """
-        if isinstance(name_or_index, int):
-            return self.graphs[name_or_index]
+        names = [g.name for g in self.graphs][:20]
+        if isinstance(name_or_index, int) and not isinstance(name_or_index, bool):
+            if -len(self.graphs) <= name_or_index < len(self.graphs):
+                return self.graphs[name_or_index]
+            raise UnknownGraphError(
+                f"No graph at position {name_or_index}; the report has {len(self.graphs)}: {names}."
+            )
         for g in self.graphs:
             if g.name == name_or_index:
                 return g
-        raise KeyError(f"No graph named {name_or_index!r}; graphs: {[g.name for g in self.graphs]}.")
+        raise UnknownGraphError(f"No graph named {name_or_index!r:.80}; graphs: {names}.")
 
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -331,11 +323,15 @@ class Report:
             ValueError: ``path`` (or its ``.hlo`` folder) is a directory (a file) or cannot be
                 made; nothing is written then.
         """
-        target = _json_target(path, save_hlo)
+        target = file_to_write(path, "write_json")
+        hlo_dir = target.with_name(target.stem + ".hlo")
+        if save_hlo and hlo_dir.exists() and not hlo_dir.is_dir():
+            raise ValueError(
+                f"write_json: {hlo_dir} (where the HLO files go) is a file; move it or pass save_hlo=False."
+            )
         data = self.to_dict()
         if save_hlo:
-            hlo_dir = target.with_name(target.stem + ".hlo")
-            hlo_dir.mkdir(exist_ok=True)  # _json_target checked that nothing else is there
+            hlo_dir.mkdir(exist_ok=True)
             for g, entry in zip(self.graphs, data["graphs"]):
                 if g.hlo_path and Path(g.hlo_path).exists():
                     dest = hlo_dir / Path(g.hlo_path).name
@@ -347,7 +343,10 @@ class Report:
 
     # Table --------------------------------------------------------------------------------
     def table(self, max_collectives: int = 20) -> str:
-        """The report as a plain-text table (what the CLI prints)."""
+        """The report as a plain-text table (what the CLI prints), with at most ``max_collectives``
+        collectives per graph (the largest)."""
+        if isinstance(max_collectives, bool) or not isinstance(max_collectives, int) or max_collectives < 0:
+            raise ValueError(f"max_collectives must be a whole number >= 0, got {max_collectives!r:.60}.")
         lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
         if self.partial:
             lines.append(f"PARTIAL REPORT: {self.partial}; the graphs compiled before that are below.")

@@ -18,7 +18,7 @@ from spmd.atomic_file import atomic_write
 from spmd.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
 from spmd.plan.meshes import STRATEGIES
-from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
 from spmd.plan.topology import MAX_SLICES
@@ -79,7 +79,7 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq",
-        type=int_in(2, 2**24),
+        type=int_in(2, MAX_SEQ_LEN),
         default=None,
         help="sequence length (default: 2048, or a shorter learned position table)",
     )

@@ -25,6 +25,7 @@ from spmd.regular_file import read_regular_file
 __all__ = [
     "BUILTIN_CONFIGS",
     "DEFAULT_SEQ_LEN",
+    "MAX_SEQ_LEN",
     "ModelSpecError",
     "build_meta_model",
     "default_seq_len",
@@ -257,6 +258,7 @@ def _check_callable_without_arguments(spec: str, factory: Any) -> None:
 
 
 DEFAULT_SEQ_LEN = 2048
+MAX_SEQ_LEN = 2**24  # 16 M tokens; the step's position ids are built on the host (10**12 asked for 3.6 TiB)
 
 
 def _position_table(hf_config: Any) -> int | None:
@@ -275,13 +277,13 @@ def resolve_seq_len(seq_len: int | None, hf_config: Any) -> int:
     """``seq_len``, or `default_seq_len` for ``None``.
 
     Raises:
-        PlanError: not an int >= 2, or longer than a learned position table, which the torch model
+        PlanError: not an int from 2 to `MAX_SEQ_LEN`, or longer than a learned position table, which the torch model
             could not run.
     """
     if seq_len is None:
         return default_seq_len(hf_config)
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
-        raise PlanError(f"seq_len must be an int >= 2 (tokens per sequence), got {seq_len!r}.")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 2 <= seq_len <= MAX_SEQ_LEN:
+        raise PlanError(f"seq_len must be an int from 2 to {MAX_SEQ_LEN} (tokens per sequence), got {seq_len!r:.60}.")
     limit = _position_table(hf_config)
     if limit is not None and seq_len > limit:
         raise PlanError(

@@ -13,6 +13,7 @@ from spmd.inspector import (
     MemoryUsage,
     ParameterInfo,
     Report,
+    UnknownGraphError,
     WarningCode,
     find_issues,
     format_bytes,
@@ -57,6 +58,10 @@ def test_totals_and_json(tmp_path):
     assert report.bytes_sent_per_device == 7 << 19
     assert report.collective_counts() == {"all-gather": 1}
     assert report.graph("G") is g and report.graph() is g
+    with pytest.raises(UnknownGraphError, match="No graph at position 5; the report has 1: \\['G'\\]"):
+        report.graph(5)  # was a bare IndexError
+    with pytest.raises(ValueError, match="max_collectives must be a whole number >= 0, got -1"):
+        report.table(max_collectives=-1)
     with pytest.raises(KeyError, match="No graph named 'H'"):
         report.graph("H")
     path = report.write_json(tmp_path / "out" / "r.json")

@@ -202,6 +202,7 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(strategy="2d", mesh={"fsdp": 4}), PlanError, "needs mesh axes"),
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
+        (dict(seq_len=10**12), PlanError, "seq_len must be an int from 2 to 16777216"),
         (dict(remat="some"), PlanError, r"remat must be one of \['none', 'dots', 'full', 'offload'\]"),
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
