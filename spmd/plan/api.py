@@ -77,6 +77,10 @@ def _request(
         raise PlanError(f"compute_dtype must be one of {DTYPES}, got {compute_dtype!r}.")
     policy, kernel = Remat.parse(remat), Attention.parse(attention)
     target = parse_slice(topology, slices)
+    if mesh is not None and not isinstance(mesh, Mapping):
+        raise PlanError(f"mesh must map axis names to sizes, e.g. {{'fsdp': 32, 'tensor': 4}}, got {mesh!r:.80}.")
+    if isinstance(tensor, bool) or not isinstance(tensor, int) or not 1 <= tensor <= 4096:
+        raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
     shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
     check_mesh(shape, strategy, target)
     axes = batch_axes(shape)

@@ -208,6 +208,13 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
         (dict(hbm_bytes=-1), PlanError, "hbm_bytes must be a positive int"),
+        (dict(strategy="2d", tensor=0), PlanError, "tensor must be a whole number from 1 to 4096"),  # ZeroDivisionError
+        (
+            dict(strategy="2d", tensor="a"),
+            PlanError,
+            r"tensor must be a whole number from 1 to 4096 \(the tensor axis size\), got 'a'",
+        ),
+        (dict(mesh=[4]), PlanError, r"mesh must map axis names to sizes, e.g. \{'fsdp': 32, 'tensor': 4\}, got \[4\]"),
         (dict(hbm_bytes=float("nan")), PlanError, "hbm_bytes must be a positive int .*got nan"),
         (dict(global_batch=4 * 10**30), PlanError, "global_batch must be a whole number of sequences from 1 to 2"),
     ],
@@ -225,11 +232,20 @@ def test_bad_requests_say_what_to_change(kwargs, error, says):
         (dict(hbm_bytes=0), "hbm_bytes must be a positive int"),
         (dict(compute_dtype="float16"), "compute_dtype must be 'bfloat16' or 'float32'"),
         (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
+        (dict(strategies="fsdp,foo"), "Unknown strategy 'foo'"),  # a string was split into letters: 'f'
+        (dict(strategies=["2d"], tensors=["a"]), r"tensors must be positive integers, got \['a'\]"),
+        (dict(datas=[-1]), r"datas must be positive integers, got \[-1\]"),
+        (dict(remats="fully"), "remat must be one of"),
     ],
 )
 def test_bad_advice_requests_are_refused_before_compiling(kwargs, says):
     with pytest.raises(PlanError, match=says):
         advise("gpt2", "v5e:2x2", **kwargs)
+
+
+def test_a_dict_that_is_not_a_report_is_a_plan_error():
+    with pytest.raises(PlanError, match="Not a plan report: KeyError 'memory'"):
+        PlanReport.from_dict({})
 
 
 def test_unknown_models_and_slices_are_named(tmp_path):
