@@ -1,5 +1,7 @@
 """FLOP counting and MFU arithmetic against published figures and hand calculations."""
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,6 +146,22 @@ def test_bad_numbers_are_refused_not_computed(call, error, match):
     before, mfu returned nan, 0.0 or a negative utilization and the shapes were accepted."""
     with pytest.raises(error, match=match):
         call()
+
+
+ANY_NUMBER = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(), st.none(), st.text(max_size=2)
+)
+
+
+@given(ANY_NUMBER, ANY_NUMBER, ANY_NUMBER, ANY_NUMBER)
+def test_mfu_is_a_finite_fraction_or_a_typed_error(flops, seconds, chips, peak):
+    """The probe's fuzz found mfu(-2, 3, 3, 3) = -0.074 and mfu('', 3, 3, 3) raising from '/'."""
+    try:
+        value = mfu(flops, seconds, chips, peak)
+    except (TypeError, ValueError) as e:
+        assert "mfu" in str(e) and len(str(e)) < 300
+    else:
+        assert isinstance(value, float) and math.isfinite(value) and value >= 0
 
 
 @pytest.mark.parametrize(
