@@ -13,7 +13,29 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "file_to_write"]
+
+
+def file_to_write(path: object, what: str) -> Path:
+    """``path`` as a Path, checked before any work that ends in writing it: not a directory or a
+    special file (FIFO, device), and its parent directory made. ``what`` names the caller.
+
+    Raises:
+        TypeError: not a path.
+        ValueError: a directory or special file is there, or the parent cannot be made.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
+        raise TypeError(f"{what} takes a file path, got {type(path).__name__} {path!r:.60}.")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{what}: {target} is a directory; give a file path (e.g. {target / 'report.json'}).")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"{what}: {target} exists and is not a regular file; give another path.")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot create the directory {target.parent} ({e.strerror}).") from None
+    return target
 
 
 @contextlib.contextmanager

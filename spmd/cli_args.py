@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +21,13 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         stripped = text.strip().lstrip("+-")
-        if not stripped.isdigit() or len(stripped) > _MAX_DIGITS:
+        if not stripped.isdigit():
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        if len(stripped.lstrip("0")) > _MAX_DIGITS:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is too large: give a whole number {bound}")
         value = int(text)
         if value < low or (high is not None and value > high):
-            bound = f"from {low} to {high}" if high is not None else f"at least {low}"
             raise argparse.ArgumentTypeError(f"{value} is out of range: give a whole number {bound}")
         return value
 
@@ -87,12 +90,22 @@ def _output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path (e.g. {path / 'report.json'})")
     if path.exists() and not path.is_file():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a regular file")
-    parent = path.parent if str(path.parent) else Path(".")
+    _check_writable_dir(path.parent if str(path.parent) else Path("."))
+    return path
+
+
+def _check_writable_dir(parent: Path) -> None:
+    """``parent`` is a directory a file can be created in. Tried, not judged by ``os.access``:
+    root passes that check for /proc and read-only mounts, and the write then fails after the
+    work is done."""
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"the directory {parent} is not writable")
-    return path
+    try:
+        fd, name = tempfile.mkstemp(dir=parent, prefix=".write-test-")
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot create files in the directory {parent} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def output_dir(text: str) -> Path:
@@ -110,6 +123,6 @@ def _output_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError("give a directory path")
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
-    if not path.exists() and not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the directory {path.parent} does not exist")
+    if not path.exists():
+        _check_writable_dir(path.parent if str(path.parent) else Path("."))
     return path

@@ -59,9 +59,11 @@ def inspector(*args, cwd=ROOT):
     [
         (["--devices", "0"], "argument --devices: 0 is out of range"),
         (["--devices", "-2"], "argument --devices: -2 is out of range"),
-        (["--devices", "9" * 30], "is not a whole number"),
+        (["--devices", "9" * 30], "is too large: give a whole number from 1 to"),
         (["--steps", "0"], "argument --steps: 0 is out of range"),
         (["--threshold", "nan"], "argument --threshold: 'nan' is not a whole number"),
+        (["--json", "/proc/report.json"], "cannot create files in the directory /proc"),
+        (["--dump-dir", "/proc/dumps"], "cannot create files in the directory /proc"),
     ],
 )
 def test_inspector_flags_are_checked_when_parsed(tmp_path, flags, message):

@@ -13,7 +13,15 @@ from spmd.inspector.collectives import Collective, CollectiveKind, ring_bytes_se
 from spmd.inspector.dump import list_modules, prepare, read_graph
 from spmd.inspector.hlo_text import ArrayShape, HloModuleText
 from spmd.inspector.memory import MemoryUsage
-from spmd.inspector.report import Finding, GraphReport, ParameterInfo, Report, WarningCode, format_bytes
+from spmd.inspector.report import (
+    Finding,
+    GraphReport,
+    ParameterInfo,
+    Report,
+    UnknownGraphError,
+    WarningCode,
+    format_bytes,
+)
 
 __all__ = [
     "ArrayShape",
@@ -28,6 +36,7 @@ __all__ = [
     "MemoryUsage",
     "ParameterInfo",
     "Report",
+    "UnknownGraphError",
     "WarningCode",
     "capture",
     "find_issues",

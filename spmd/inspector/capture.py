@@ -214,7 +214,7 @@ def capture(
         print(report.table())
 
     Args:
-        ignore: warning codes to leave out (see `WarningCode`).
+        ignore: warning codes to leave out (see `WarningCode`): a list, or one code.
         replicated_threshold_bytes: warn about replicated tensors at least this large.
         warmup_steps: steps (``torch_xla.sync()`` calls) inside the block that may compile
             without a recompilation warning.
@@ -224,12 +224,15 @@ def capture(
     ``partial``, and the exception propagates.
 
     Raises:
+        TypeError, ValueError: an option of the wrong type or out of range (before the block runs).
         InspectorError: at the end of the block, if XLA wrote no dumps (dumping was requested
             too late) or nothing was compiled.
         TorchXlaNotInstalledError: torch_xla is not installed (the current lane).
     """
     backend.require_torch_xla("spmd.inspector.capture (it reads XLA's dumps of torch_xla's programs)")
-    options = CheckOptions(replicated_threshold_bytes, warmup_steps, frozenset(ignore))
+    options = CheckOptions(replicated_threshold_bytes, warmup_steps, ignore)  # type: ignore[arg-type]
+    if not isinstance(name_modules, bool):
+        raise TypeError(f"capture(name_modules=...) takes True or False, got {name_modules!r:.60}.")
     dump_dir = dump_dir_from_flags() or prepare()
     dump_dir.mkdir(parents=True, exist_ok=True)
     handle = Capture()

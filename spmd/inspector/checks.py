@@ -3,6 +3,8 @@ what is gathered whole every step, and what was compiled more than once."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,15 +35,40 @@ class CheckOptions:
     ignore: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        known = {c.value for c in WarningCode}
-        unknown = set(self.ignore) - known
-        if unknown:
-            raise ValueError(f"Unknown warning code(s) {sorted(unknown)} in ignore; known codes: {sorted(known)}.")
-        if self.replicated_threshold_bytes < 0 or self.warmup_steps < 0:
-            raise ValueError(
-                f"replicated_threshold_bytes and warmup_steps must be >= 0, got "
-                f"{self.replicated_threshold_bytes} and {self.warmup_steps}."
-            )
+        _check_number(self.replicated_threshold_bytes, "replicated_threshold_bytes", numbers.Real)
+        if self.replicated_threshold_bytes == math.inf:
+            raise ValueError("replicated_threshold_bytes is inf; to drop these warnings, ignore 'replicated-argument'.")
+        _check_number(self.warmup_steps, "warmup_steps", numbers.Integral)
+        object.__setattr__(self, "ignore", _ignore_codes(self.ignore))
+
+
+def _check_number(value: object, name: str, kind: type) -> None:
+    """``value`` is a ``kind`` number (not a bool) >= 0 (nan refused: it would silence a check)."""
+    what = "a whole number" if kind is numbers.Integral else "a number"
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what} >= 0, got {type(value).__name__} {value!r:.60}.")
+    if not value >= 0:  # type: ignore[operator]
+        raise ValueError(f"{name} must be {what} >= 0, got {value!r}.")
+
+
+def _ignore_codes(ignore: object) -> frozenset[str]:
+    """``ignore`` as a frozenset of known warning codes; one code may be given as a string."""
+    known = {c.value for c in WarningCode}
+    if isinstance(ignore, (str, WarningCode)):
+        ignore = (ignore,)
+    try:
+        codes = [c.value if isinstance(c, WarningCode) else c for c in ignore]  # type: ignore[union-attr]
+    except TypeError:
+        raise TypeError(
+            f"ignore must be a list of warning codes, got {ignore!r:.60}; known codes: {sorted(known)}."
+        ) from None
+    unknown = [c for c in codes if not isinstance(c, str) or c not in known]
+    if unknown:
+        raise ValueError(
+            f"Unknown warning code(s) {unknown!r:.200} in ignore (a list of codes, or one code); "
+            f"known codes: {sorted(known)}."
+        )
+    return frozenset(codes)
 
 
 def _replicated(sharding: str) -> bool:

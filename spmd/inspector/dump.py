@@ -44,6 +44,29 @@ def dump_dir_from_flags(flags: str | None = None) -> Path | None:
     return found
 
 
+def _as_path(value: object, name: str) -> Path:
+    """``value`` as a Path, or a TypeError naming ``name``."""
+    if not isinstance(value, (str, os.PathLike)) or "\x00" in str(value):
+        raise TypeError(
+            f"{name} must be a directory path (str or os.PathLike), got {type(value).__name__} {value!r:.60}."
+        )
+    return Path(value)
+
+
+def _make_dump_dir(target: Path) -> None:
+    """Create ``target``, or a ValueError naming it (an existing file, an unwritable parent...)."""
+    if target.exists() and not target.is_dir():
+        raise ValueError(
+            f"prepare(): the dump directory {target} exists and is not a directory; give a directory path."
+        )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"prepare(): cannot create the dump directory {target} ({e.strerror}); give a writable path."
+        ) from None
+
+
 def _temporary_dump_dir() -> Path:
     """A new temp directory, removed at exit: dumps hold LLVM IR and objects, megabytes per graph."""
     path = Path(tempfile.mkdtemp(prefix="spmd-inspector-"))
@@ -66,7 +89,14 @@ def prepare(dump_dir: str | os.PathLike[str] | None = None) -> Path:
 
     Returns:
         The dump directory.
+
+    Raises:
+        TypeError: ``dump_dir`` is not a path.
+        ValueError: ``XLA_FLAGS`` already dumps elsewhere, or the directory cannot be made (a
+            file is there, the parent is not writable). ``XLA_FLAGS`` is then left unchanged.
     """
+    if dump_dir is not None:
+        dump_dir = _as_path(dump_dir, "prepare(dump_dir)")
     flags = os.environ.get("XLA_FLAGS", "")
     existing = dump_dir_from_flags(flags)
     if existing is not None and dump_dir is not None and Path(dump_dir) != existing:
@@ -75,7 +105,7 @@ def prepare(dump_dir: str | os.PathLike[str] | None = None) -> Path:
             "elsewhere. Drop --xla_dump_to from XLA_FLAGS or call prepare() without a directory."
         )
     target = existing or Path(dump_dir or _temporary_dump_dir())
-    target.mkdir(parents=True, exist_ok=True)
+    _make_dump_dir(target)
     add = []
     if existing is None:
         add.append(f"--xla_dump_to={target}")
@@ -97,7 +127,7 @@ def module_versions(dump_dir: str | os.PathLike[str]) -> dict[int, tuple[str, in
     backend also dumps LLVM IR and object files for every kernel, so a long session's dump
     directory holds tens of thousands of files.
     """
-    root = Path(dump_dir)
+    root = _as_path(dump_dir, "dump_dir")
     if not root.is_dir():
         return {}
     before: dict[int, tuple[str, int]] = {}
@@ -149,6 +179,19 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([\[\]*?])", r"[\1]", text)
 
 
+def _module_id(prefix: object) -> int:
+    """The module number of a dump prefix such as ``module_0003.SyncTensorsGraph.38``."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a dump name string, got {type(prefix).__name__} {prefix!r:.60}.")
+    m = _MODULE_RE.match(prefix + ".")
+    if not m:
+        raise ValueError(
+            f"{prefix!r:.80} is not a module's dump name: XLA names them module_NNNN.<graph> "
+            "(list_modules(dump_dir) gives them)."
+        )
+    return int(m.group(1))
+
+
 def read_graph(
     dump_dir: str | os.PathLike[str],
     prefix: str,
@@ -159,9 +202,12 @@ def read_graph(
     """Read one compiled module's dumps into a `GraphReport`.
 
     Raises:
+        TypeError: ``dump_dir`` is not a path or ``prefix`` not a string.
+        ValueError: ``prefix`` is not a module's dump name (``module_NNNN...``, `list_modules`).
         FileNotFoundError: the optimized HLO of ``prefix`` is not in ``dump_dir``.
     """
-    root = Path(dump_dir)
+    root = _as_path(dump_dir, "dump_dir")
+    module_id = _module_id(prefix)
     after_path = _after_file(root, prefix)
     if after_path is None:
         raise FileNotFoundError(f"No optimized HLO for {prefix} in {root}.")
@@ -192,7 +238,6 @@ def read_graph(
             if name:
                 info = ParameterInfo(info.number, info.shape, info.global_shape, info.sharding, name)
         params.append(info)
-    module_id = int(re.match(r"module_(\d+)", prefix).group(1))  # type: ignore[union-attr]
     return GraphReport(
         name=after.name,
         module_id=module_id,

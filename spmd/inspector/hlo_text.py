@@ -238,8 +238,11 @@ class HloModuleText:
         """Parse the text of one HLO module dump.
 
         Raises:
+            TypeError: ``text`` is not a string.
             ValueError: the text has no ``HloModule`` line or no entry computation.
         """
+        if not isinstance(text, str):
+            raise TypeError(f"HloModuleText.parse takes the dump's text (a str), got {type(text).__name__}.")
         lines = text.splitlines()
         header = next((ln for ln in lines if ln.startswith("HloModule ")), None)
         if header is None:

@@ -65,8 +65,13 @@ class MemoryUsage:
         """From the text of XLA's ``*after_optimizations-buffer-assignment.txt``.
 
         Raises:
+            TypeError: the text is not a string.
             ValueError: the text has no allocations or no "Total bytes used" line.
         """
+        if not isinstance(buffer_assignment_text, str):
+            raise TypeError(
+                f"MemoryUsage.parse takes the dump's text (a str), got {type(buffer_assignment_text).__name__}."
+            )
         allocations: list[Allocation] = []
         total: int | None = None
         for line in buffer_assignment_text.splitlines():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import numbers
 import os
 import shutil
 from collections import Counter
@@ -15,22 +17,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write
+from spmd.atomic_file import atomic_write, file_to_write
 from spmd.inspector.collectives import Collective, CollectiveKind
 from spmd.inspector.hlo_text import ArrayShape
 from spmd.inspector.memory import MemoryUsage
 
-__all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "format_bytes"]
+__all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "UnknownGraphError", "format_bytes"]
 
 
 def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``'1.50 KiB'``."""
+    """``1536`` -> ``'1.50 KiB'``.
+
+    Raises:
+        TypeError: ``n`` is not a number.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(f"format_bytes takes a number of bytes, got {type(n).__name__} {n!r:.60}.")
     value = float(n)
+    if not math.isfinite(value):
+        return f"{value} B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+class UnknownGraphError(KeyError):
+    """`Report.graph` found no graph by that name or position (a KeyError whose text reads plainly)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -197,14 +214,19 @@ class Report:
         """A graph by module name or position (default: the last compiled, the steady step).
 
         Raises:
-            KeyError: no graph has that name.
+            UnknownGraphError: no graph has that name or position.
         """
-        if isinstance(name_or_index, int):
-            return self.graphs[name_or_index]
+        names = [g.name for g in self.graphs][:20]
+        if isinstance(name_or_index, int) and not isinstance(name_or_index, bool):
+            if -len(self.graphs) <= name_or_index < len(self.graphs):
+                return self.graphs[name_or_index]
+            raise UnknownGraphError(
+                f"No graph at position {name_or_index}; the report has {len(self.graphs)}: {names}."
+            )
         for g in self.graphs:
             if g.name == name_or_index:
                 return g
-        raise KeyError(f"No graph named {name_or_index!r}; graphs: {[g.name for g in self.graphs]}.")
+        raise UnknownGraphError(f"No graph named {name_or_index!r:.80}; graphs: {names}.")
 
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -295,12 +317,20 @@ class Report:
 
         Returns:
             The JSON path.
+
+        Raises:
+            TypeError: ``path`` is not a path.
+            ValueError: ``path`` (or its ``.hlo`` folder) is a directory (a file) or cannot be
+                made; nothing is written then.
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = file_to_write(path, "write_json")
+        hlo_dir = target.with_name(target.stem + ".hlo")
+        if save_hlo and hlo_dir.exists() and not hlo_dir.is_dir():
+            raise ValueError(
+                f"write_json: {hlo_dir} (where the HLO files go) is a file; move it or pass save_hlo=False."
+            )
         data = self.to_dict()
         if save_hlo:
-            hlo_dir = target.with_name(target.stem + ".hlo")
             hlo_dir.mkdir(exist_ok=True)
             for g, entry in zip(self.graphs, data["graphs"]):
                 if g.hlo_path and Path(g.hlo_path).exists():
@@ -313,7 +343,10 @@ class Report:
 
     # Table --------------------------------------------------------------------------------
     def table(self, max_collectives: int = 20) -> str:
-        """The report as a plain-text table (what the CLI prints)."""
+        """The report as a plain-text table (what the CLI prints), with at most ``max_collectives``
+        collectives per graph (the largest)."""
+        if isinstance(max_collectives, bool) or not isinstance(max_collectives, int) or max_collectives < 0:
+            raise ValueError(f"max_collectives must be a whole number >= 0, got {max_collectives!r:.60}.")
         lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
         if self.partial:
             lines.append(f"PARTIAL REPORT: {self.partial}; the graphs compiled before that are below.")

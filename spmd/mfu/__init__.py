@@ -1,6 +1,9 @@
 """Model FLOPs utilization: FLOP counts of transformer training (three formulas), peak FLOP/s
 per chip, and the MFU arithmetic the PyTorch/XLA blogs and MaxText use."""
 
+import math
+
+from spmd.mfu._checks import real
 from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, palm_flops_per_token, six_n_flops_per_token
 from spmd.mfu.peak import CHIPS, Chip, chip_for_device_kind, measure_cpu_peak_flops
 
@@ -9,13 +12,20 @@ def mfu(flops_per_step: float, step_seconds: float, chips: float, peak_flops_per
     """``flops_per_step / step_seconds / chips / peak_flops_per_chip`` (a fraction, not %).
 
     Raises:
-        ValueError: a non-positive time, chip count or peak.
+        TypeError: an argument that is not a real number.
+        ValueError: a negative or non-finite FLOP count, a non-positive or non-finite time,
+            chip count or peak.
     """
-    if step_seconds <= 0 or chips <= 0 or peak_flops_per_chip <= 0:
+    flops = real("mfu: flops_per_step", flops_per_step)
+    seconds = real("mfu: step_seconds", step_seconds, positive=True)
+    n_chips = real("mfu: chips", chips, positive=True)
+    peak = real("mfu: peak_flops_per_chip", peak_flops_per_chip, positive=True)
+    utilization = flops / seconds / n_chips / peak
+    if not math.isfinite(utilization):
         raise ValueError(
-            f"mfu needs positive step_seconds, chips and peak, got {step_seconds}, {chips}, {peak_flops_per_chip}."
+            f"mfu overflowed: {flops_per_step!r} FLOPs / {step_seconds!r} s / {chips!r} chips / {peak_flops_per_chip!r}."
         )
-    return flops_per_step / step_seconds / chips / peak_flops_per_chip
+    return utilization
 
 
 __all__ = [

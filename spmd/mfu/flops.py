@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from spmd.mfu._checks import count, real
+
 __all__ = ["TransformerShape", "six_n_flops_per_token", "palm_flops_per_token", "matmul_flops_per_token"]
 
 
@@ -57,29 +59,45 @@ class TransformerShape:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"TransformerShape.{name} must be a positive int, got {value!r}.")
+        if not isinstance(self.gated_mlp, bool):
+            raise TypeError(f"TransformerShape.gated_mlp takes a bool, got {self.gated_mlp!r}.")
+        embedding = count("TransformerShape.n_embedding_params", self.n_embedding_params, 0)
+        if embedding > self.n_params:
+            raise ValueError(
+                f"TransformerShape.n_embedding_params ({embedding}) exceeds n_params ({self.n_params}): "
+                "the embeddings are part of the parameters (PaLM's N would go negative)."
+            )
 
     @classmethod
     def from_hf_config(cls, config: Any, n_params: int | None = None) -> TransformerShape:
         """From a Hugging Face GPT-2 or Llama-family config (``n_params`` counted if not given).
 
         Raises:
-            ValueError: a config of another model type.
+            ValueError: a config of another model type, or one whose sizes are not positive ints
+                (or whose width does not split into its heads).
         """
         model_type = getattr(config, "model_type", "")
+        if n_params is not None:
+            count("TransformerShape.from_hf_config: n_params", n_params, 1)
         if model_type == "gpt2":
-            d, L, H, V = config.n_embd, config.n_layer, config.n_head, config.vocab_size
-            F = config.n_inner or 4 * d
+            d, L, H, V, T = _fields(config, "n_embd", "n_layer", "n_head", "vocab_size", "n_positions")
+            F = _fields(config, "n_inner")[0] if getattr(config, "n_inner", None) is not None else 4 * d
+            _divides(config, "n_embd", d, H)
             per_layer = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * F + F) + (F * d + d)
-            total = V * d + config.n_positions * d + L * per_layer + 2 * d
+            total = V * d + T * d + L * per_layer + 2 * d
             if not getattr(config, "tie_word_embeddings", True):
                 total += V * d
-            embedding = config.n_positions * d + (0 if getattr(config, "tie_word_embeddings", True) else V * d)
+            embedding = T * d + (0 if getattr(config, "tie_word_embeddings", True) else V * d)
             return cls(L, d, H, d // H, F, V, H, False, n_params or total, embedding)
         if model_type in ("llama", "mistral", "qwen2"):
-            d, L, H, V = config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size
-            Hkv = getattr(config, "num_key_value_heads", None) or H
-            Q = getattr(config, "head_dim", None) or d // H
-            F = config.intermediate_size
+            d, L, H, V, F = _fields(
+                config, "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"
+            )
+            Hkv = _fields(config, "num_key_value_heads")[0] if getattr(config, "num_key_value_heads", None) else H
+            if getattr(config, "head_dim", None):
+                Q = _fields(config, "head_dim")[0]
+            else:
+                Q = _divides(config, "hidden_size", d, H)
             per_layer = d * H * Q + 2 * d * Hkv * Q + H * Q * d + 3 * d * F + 2 * d
             tied = getattr(config, "tie_word_embeddings", False)
             total = V * d * (1 if tied else 2) + L * per_layer + d
@@ -88,19 +106,47 @@ class TransformerShape:
         raise ValueError(f"No FLOP model for model_type {model_type!r}; known: gpt2, llama, mistral, qwen2.")
 
 
-def six_n_flops_per_token(n_params: int) -> float:
-    """The blogs' training FLOPs per token: ``6 N`` (N all parameters)."""
-    return 6.0 * n_params
+def _fields(config: Any, *names: str) -> tuple[int, ...]:
+    """The config's ``names``, each a positive int, or a ValueError naming the field."""
+    values = tuple(getattr(config, name, None) for name in names)
+    for name, value in zip(names, values):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r:.60}.")
+    return values
+
+
+def _divides(config: Any, name: str, width: int, heads: int) -> int:
+    """``width // heads``, or a ValueError when the heads do not split ``name``."""
+    if width % heads:
+        raise ValueError(
+            f"{type(config).__name__}.{name} = {width} does not split into {heads} heads; give a multiple."
+        )
+    return width // heads
+
+
+def _check_step(shape: object, seq_len: object) -> None:
+    if not isinstance(shape, TransformerShape):
+        raise TypeError(f"shape must be a TransformerShape, got {type(shape).__name__}.")
+    count("seq_len", seq_len, 1)
+
+
+def six_n_flops_per_token(n_params: float) -> float:
+    """The blogs' training FLOPs per token: ``6 N`` (N all parameters, a finite number >= 0)."""
+    return 6.0 * real("six_n_flops_per_token: n_params", n_params)
 
 
 def palm_flops_per_token(shape: TransformerShape, seq_len: int) -> float:
     """PaLM's training FLOPs per token: ``6 N + 12 L H Q T``, N without non-matmul embeddings."""
+    _check_step(shape, seq_len)
     n = shape.n_params - shape.n_embedding_params
     return 6.0 * n + 12.0 * shape.n_layer * shape.n_head * shape.head_dim * seq_len
 
 
 def matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool = True) -> float:
     """Training FLOPs per token from every matmul (module docstring); backward = 2 x forward."""
+    _check_step(shape, seq_len)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal takes a bool, got {causal!r:.60}.")
     D, H, Q, Hkv, F, V, T = (
         shape.d_model,
         shape.n_head,

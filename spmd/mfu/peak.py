@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spmd.mfu._checks import count
+
 __all__ = ["Chip", "CHIPS", "chip_for_device_kind", "measure_cpu_peak_flops"]
 
 
@@ -63,8 +65,11 @@ def chip_for_device_kind(device_kind: str) -> Chip:
     accelerator name such as ``"a100"``.
 
     Raises:
+        TypeError: ``device_kind`` is not a string.
         ValueError: an unknown kind (e.g. "TPU v4 lite", the inference v4i); pass --peak-tflops.
     """
+    if not isinstance(device_kind, str):
+        raise TypeError(f"device_kind must be a string such as 'TPU v5 lite', got {device_kind!r:.60}.")
     key = device_kind.strip().lower()
     name = _DEVICE_KINDS.get(key, key if key in CHIPS else None)
     if name is None:
@@ -75,9 +80,22 @@ def chip_for_device_kind(device_kind: str) -> Chip:
     return CHIPS[name]
 
 
+# Two n x n float32 matrices of 16384 are 2 GiB; a larger n would exhaust a host's memory, not measure it.
+_MAX_N = 16384
+
+
 def measure_cpu_peak_flops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of this machine's best dense matmul: the fastest of ``repeats`` ``n x n`` float32
-    matmuls in PyTorch on the CPU, all threads (``2 n^3`` FLOPs each)."""
+    matmuls in PyTorch on the CPU, all threads (``2 n^3`` FLOPs each).
+
+    Raises:
+        TypeError: ``n`` or ``repeats`` not an int, ``dtype`` not a floating torch dtype.
+        ValueError: ``n`` or ``repeats`` below 1.
+    """
+    count("measure_cpu_peak_flops: n", n, 1, _MAX_N)
+    count("measure_cpu_peak_flops: repeats", repeats, 1)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"measure_cpu_peak_flops: dtype must be a floating torch.dtype, got {dtype!r:.60}.")
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm up

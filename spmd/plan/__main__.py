@@ -18,9 +18,10 @@ from spmd.atomic_file import atomic_write
 from spmd.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
 from spmd.plan.meshes import STRATEGIES
-from spmd.plan.models import BUILTIN_CONFIGS
+from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
+from spmd.plan.topology import MAX_SLICES
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -74,11 +75,11 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
     )
     p.add_argument(
-        "--slices", type=int_in(1, 4096), default=1, help="slices joined over DCN (a 'data' axis spans them)"
+        "--slices", type=int_in(1, MAX_SLICES), default=1, help="slices joined over DCN (a 'data' axis spans them)"
     )
     p.add_argument(
         "--seq",
-        type=int_in(1, 2**24),
+        type=int_in(2, MAX_SEQ_LEN),
         default=None,
         help="sequence length (default: 2048, or a shorter learned position table)",
     )

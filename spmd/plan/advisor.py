@@ -157,19 +157,65 @@ def _searches(
             log(f"  {strategy} {dict(shape)}: {why}")
         else:
             searches.append(_Search(strategy, items, batches, remats))
+    log(f"advisor: {len(searches)} meshes to compile; per-device batches {list(batches)}, remat {list(remats)}")
     return searches, dropped
 
 
+@dataclass(frozen=True)
+class _Choices:
+    """What the advisor tries, checked: strategies, batches, remat policies, tensor and data sizes."""
+
+    strategies: tuple[str, ...]
+    batches: tuple[int, ...]
+    policies: tuple[str, ...]
+    tensors: tuple[int, ...]
+    datas: tuple[int, ...]
+
+
+def _names(values: Iterable[Any] | str) -> list[Any]:
+    """A list of names; one string may hold several, comma-separated (``"fsdp,2d"``)."""
+    return [v.strip() for v in values.split(",")] if isinstance(values, str) else list(values)
+
+
+def _sizes(name: str, values: Iterable[int]) -> tuple[int, ...]:
+    given = list(values)
+    if not given or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**31 for v in given):
+        raise PlanError(f"{name} must be positive integers, got {given!r:.200}.")
+    return tuple(sorted(set(given)))
+
+
 def _check_choices(
-    per_device_batches: Iterable[int], remats: Iterable[str | Remat]
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    batches = tuple(sorted(set(per_device_batches)))
-    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
-        raise PlanError(f"per_device_batches must be positive integers, got {list(batches)}.")
-    policies = sorted({Remat.parse(r) for r in remats}, key=list(Remat).index)
+    strategies: Sequence[str] | str,
+    per_device_batches: Iterable[int],
+    remats: Iterable[str | Remat] | str,
+    tensors: Iterable[int],
+    datas: Iterable[int],
+    compute_dtype: str,
+    hbm_bytes: int | None,
+    jobs: int,
+) -> _Choices:
+    """The choices to try, checked with the settings before any compile."""
+    _check_settings(compute_dtype, hbm_bytes, jobs)
+    policies = sorted({Remat.parse(r) for r in _names(remats)}, key=list(Remat).index)
     if not policies:
         raise PlanError(f"remats must name at least one policy of {[r.value for r in Remat]}.")
-    return batches, tuple(p.value for p in policies)
+    return _Choices(
+        tuple(_names(strategies)),
+        _sizes("per_device_batches", per_device_batches),
+        tuple(p.value for p in policies),
+        _sizes("tensors", tensors),
+        _sizes("datas", datas),
+    )
+
+
+def _check_settings(compute_dtype: str, hbm_bytes: int | None, jobs: int) -> None:
+    """What ``plan`` would refuse for every candidate, refused once, before any compile."""
+    if compute_dtype not in ("bfloat16", "float32"):
+        raise PlanError(f"compute_dtype must be 'bfloat16' or 'float32', got {compute_dtype!r:.60}.")
+    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
+        raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {hbm_bytes!r:.60}.")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
+        raise PlanError(f"jobs must be a whole number from 1 to 64 (meshes compiled at once), got {jobs!r:.60}.")
 
 
 def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterable[int], heads: int | None) -> PlanError:
@@ -258,21 +304,20 @@ def advise(
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, compute_dtype, hbm_bytes, jobs)
     target = parse_slice(topology, slices)
     budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
-    batches, policies = _check_choices(per_device_batches, remats)
     kernel = Attention.parse(attention)
     module, hf_config, seq_len = _model(model, seq_len, kernel)
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    meshes = candidates_for(target, strategies, tuple(tensors), heads, tuple(datas))
+    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
     if not meshes:
-        raise _no_mesh_error(target, strategies, tensors, heads)
-    searches, dropped = _searches(target, module, hf_config, meshes, batches, policies, budget, log)
-    log(f"advisor: {len(searches)} meshes to compile; per-device batches {list(batches)}, remat {list(policies)}")
+        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
+    searches, dropped = _searches(target, module, hf_config, meshes, choose.batches, choose.policies, budget, log)
     settings = Settings(topology, slices, seq_len, compute_dtype, kernel.value, budget, cache_dir, model_key(model))
     outcomes = dropped + _run(module if isinstance(model, torch.nn.Module) else model, searches, settings, jobs, log)
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
-    notes = _notes(outcomes, policies, strategies)
+    notes = _notes(outcomes, choose.policies, choose.strategies)
     return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...
         name, target.name, target.chip.name, target.chips, target.slices, seq_len, compute_dtype, kernel.value,
         budget, _rank(outcomes), _block_class(module), getattr(hf_config, "model_type", None), notes,

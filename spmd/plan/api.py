@@ -77,16 +77,24 @@ def _request(
         raise PlanError(f"compute_dtype must be one of {DTYPES}, got {compute_dtype!r}.")
     policy, kernel = Remat.parse(remat), Attention.parse(attention)
     target = parse_slice(topology, slices)
+    if mesh is not None and not isinstance(mesh, Mapping):
+        raise PlanError(f"mesh must map axis names to sizes, e.g. {{'fsdp': 32, 'tensor': 4}}, got {mesh!r:.80}.")
+    if isinstance(tensor, bool) or not isinstance(tensor, int) or not 1 <= tensor <= 4096:
+        raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
     shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
     check_mesh(shape, strategy, target)
     axes = batch_axes(shape)
     parts = math.prod(shape[a] for a in axes)
     batch = global_batch if global_batch is not None else parts
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1 or batch % parts:
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 2**31:
+        raise PlanError(f"global_batch must be a whole number of sequences from 1 to 2**31, got {batch!r:.60}.")
+    if batch % parts:
         raise PlanError(
             f"global_batch={batch!r} does not split over the batch axes {axes} ({parts} parts) of mesh {shape}; "
             f"give a multiple of {parts}."
         )
+    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
+        raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {hbm_bytes!r:.60}.")
     budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
     return _Request(target, strategy, shape, batch, compute_dtype, policy, kernel, budget)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from spmd.regular_file import read_regular_file
 __all__ = [
     "BUILTIN_CONFIGS",
     "DEFAULT_SEQ_LEN",
+    "MAX_SEQ_LEN",
     "ModelSpecError",
     "build_meta_model",
     "default_seq_len",
@@ -97,14 +99,57 @@ def _hf_config(config: dict[str, Any]) -> Any:
     model_type = config.pop("model_type", None)
     if not model_type:
         raise ModelSpecError("The config has no 'model_type'; the planner builds Hugging Face causal LMs from it.")
+    _check_sizes(config)
     try:
-        return transformers.AutoConfig.for_model(model_type, **config)
+        hf_config = transformers.AutoConfig.for_model(model_type, **config)
     except ValueError as e:  # transformers' "Unrecognized model identifier: ..." and bad values
         raise ModelSpecError(
             f"transformers cannot build a config of model_type {model_type!r}: {str(e)[:300]}. The planner builds "
             "Hugging Face causal LMs (gpt2, llama, mistral, qwen2, ...); fix 'model_type', or pass a "
             "'package.module:function' factory."
         ) from None
+    _check_heads(hf_config)
+    return hf_config
+
+
+# Sizes of the Hugging Face causal LMs (GPT-2's names and Llama's): transformers accepts
+# n_layer=-1 (and builds a model with no layers) or a float, so the planner checks them.
+_SIZE_FIELDS = (
+    "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", "hidden_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings", "head_dim",
+)  # fmt: skip
+_MAX_SIZE = 2**31 - 1  # XLA indexes a dimension with int32 at most
+
+
+def _check_sizes(config: dict[str, Any]) -> None:
+    """Every size the config gives is a whole number from 1 to 2**31 - 1."""
+    for key in _SIZE_FIELDS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_SIZE:
+            raise ModelSpecError(
+                f"The config's {key!r} must be a whole number from 1 to {_MAX_SIZE}, got {value!r:.60}."
+            )
+
+
+def _check_heads(config: Any) -> None:
+    """The attention heads split the width (unless ``head_dim`` is given) and the K/V heads
+    split the query heads, as the model's attention layers require."""
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if not isinstance(width, int) or not isinstance(heads, int) or heads < 1:
+        return
+    if not getattr(config, "head_dim", None) and width % heads:
+        raise ModelSpecError(
+            f"The config's width ({width}) does not split into its {heads} attention heads; give a width that is "
+            f"a multiple of the head count (e.g. {width - width % heads or heads}), or another head count."
+        )
+    if isinstance(kv_heads, int) and kv_heads >= 1 and heads % kv_heads:
+        raise ModelSpecError(
+            f"The config's {heads} attention heads do not split into {kv_heads} key/value heads; give a "
+            "num_key_value_heads that divides num_attention_heads."
+        )
 
 
 def build_meta_model(model: str | Path | torch.nn.Module) -> tuple[torch.nn.Module, Any]:
@@ -169,17 +214,26 @@ def parameters_on_meta() -> Iterator[None]:
 def _from_config(config: Any) -> tuple[torch.nn.Module, Any]:
     import transformers
 
-    with parameters_on_meta():
-        module = transformers.AutoModelForCausalLM.from_config(config)
+    try:
+        with parameters_on_meta():
+            module = transformers.AutoModelForCausalLM.from_config(config)
+    except ValueError as e:  # a model type with no causal LM, a value its layers refuse
+        raise ModelSpecError(f"transformers cannot build a causal LM from this config: {str(e)[:300]}") from e
     return module, config
 
 
 def _from_factory(spec: str) -> torch.nn.Module:
     module_name, _, func_name = spec.partition(":")
+    if not all(part.isidentifier() for part in module_name.split(".")) or not func_name.isidentifier():
+        raise ModelSpecError(
+            f"{spec[:200]!r} is not a factory name: give 'package.module:function' (a function taking no arguments "
+            "that returns an nn.Module)."
+        )
     try:
         factory = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as e:
         raise ModelSpecError(f"Cannot import the factory {spec!r}: {e}") from e
+    _check_callable_without_arguments(spec, factory)
     with parameters_on_meta():
         module = factory()
     if not isinstance(module, torch.nn.Module):
@@ -187,7 +241,24 @@ def _from_factory(spec: str) -> torch.nn.Module:
     return module
 
 
+def _check_callable_without_arguments(spec: str, factory: Any) -> None:
+    if not callable(factory):
+        raise ModelSpecError(f"The factory {spec!r} is a {type(factory).__name__}, not a function.")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: call it and see
+        return
+    try:
+        signature.bind()
+    except TypeError as e:
+        raise ModelSpecError(
+            f"The factory {spec!r} needs arguments ({e}); the planner calls it with none. Wrap it in a function "
+            "that takes no arguments and returns the nn.Module."
+        ) from None
+
+
 DEFAULT_SEQ_LEN = 2048
+MAX_SEQ_LEN = 2**24  # 16 M tokens; the step's position ids are built on the host (10**12 asked for 3.6 TiB)
 
 
 def _position_table(hf_config: Any) -> int | None:
@@ -206,13 +277,13 @@ def resolve_seq_len(seq_len: int | None, hf_config: Any) -> int:
     """``seq_len``, or `default_seq_len` for ``None``.
 
     Raises:
-        PlanError: not an int >= 2, or longer than a learned position table, which the torch model
+        PlanError: not an int from 2 to `MAX_SEQ_LEN`, or longer than a learned position table, which the torch model
             could not run.
     """
     if seq_len is None:
         return default_seq_len(hf_config)
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
-        raise PlanError(f"seq_len must be an int >= 2 (tokens per sequence), got {seq_len!r}.")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 2 <= seq_len <= MAX_SEQ_LEN:
+        raise PlanError(f"seq_len must be an int from 2 to {MAX_SEQ_LEN} (tokens per sequence), got {seq_len!r:.60}.")
     limit = _position_table(hf_config)
     if limit is not None and seq_len > limit:
         raise PlanError(

@@ -19,9 +19,11 @@ from spmd.plan.advice import Candidate, Outcome
 from spmd.plan.errors import PlanError
 from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.report import GIB, PlanReport
+from spmd.regular_file import read_regular_file
 
 __all__ = ["CACHE_FORMAT", "Settings", "default_cache_dir", "model_key", "run_candidate"]
 
+_MAX_ENTRY_BYTES = 64 * 2**20  # an entry is a few KiB of JSON
 CACHE_FORMAT = 2  # bump when PlanReport's JSON changes (2: remat, attention, devices, toolchain)
 
 
@@ -77,14 +79,36 @@ def _cache_path(c: Candidate, s: Settings) -> Path | None:
     return Path(s.cache_dir) / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
+def _read_cached(path: Path, s: Settings, log: Callable[[str], None]) -> PlanReport | None:
+    """The report cached at ``path``, or ``None`` (then compiled afresh) if the entry is missing
+    or damaged: a cache is never a reason to fail the advice."""
+    if not path.exists():
+        return None
+    try:
+        text = read_regular_file(path, limit=_MAX_ENTRY_BYTES, what="the plan cache entry", error=PlanError)
+        return PlanReport.from_dict(json.loads(text)).with_hbm(s.hbm_bytes)
+    except (PlanError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log(f"  the cache entry {path} is damaged ({type(e).__name__}: {str(e)[:120]}); compiling afresh")
+        return None
+
+
+def _write_cached(path: Path, report: PlanReport, log: Callable[[str], None]) -> None:
+    try:
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(report.to_dict()))
+    except OSError as e:  # a directory in the way, a full disk: the advice stands, uncached
+        log(f"  cannot write the cache entry {path} ({e.strerror}); not cached")
+
+
 def run_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome:
     """``c``'s report, from the cache or compiled (and cached); a `PlanError` is an outcome that
     says why it was not compiled."""
     from spmd.plan.api import plan
 
     path = _cache_path(c, s)
-    if path is not None and path.is_file():
-        outcome = Outcome(c, PlanReport.from_dict(json.loads(path.read_text())).with_hbm(s.hbm_bytes), cached=True)
+    cached = _read_cached(path, s, log) if path is not None else None
+    if cached is not None:
+        outcome = Outcome(c, cached, cached=True)
     else:
         try:
             report = plan(model, s.topology, hbm_bytes=s.hbm_bytes, **_plan_kwargs(c, s))
@@ -92,8 +116,7 @@ def run_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], No
             log(f"  {c.strategy} {c.label()}: not compiled: {e}")
             return Outcome(c, skipped=f"not compiled: {e}")
         if path is not None:
-            with atomic_write(path) as tmp:
-                tmp.write_text(json.dumps(report.to_dict()))
+            _write_cached(path, report, log)
         outcome = Outcome(c, report)
     r = outcome.report
     how = "cached" if outcome.cached else f"compiled in {r.compile_seconds:.0f} s"  # type: ignore[union-attr]

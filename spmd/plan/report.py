@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from spmd.plan import estimate as _estimate
+from spmd.plan.errors import PlanError
 from spmd.plan.estimate import StepEstimate
 
 __all__ = ["CollectiveSummary", "MemoryReport", "PlanReport", "StepEstimate", "summarize"]
@@ -166,7 +167,18 @@ class PlanReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanReport:
-        """The report `to_dict` wrote (derived keys ignored)."""
+        """The report `to_dict` wrote (derived keys ignored).
+
+        Raises:
+            PlanError: ``data`` is not such a report (a key missing, a value of the wrong kind).
+        """
+        try:
+            return cls._from_dict(data)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise PlanError(f"Not a plan report: {type(e).__name__} {str(e)[:200]}.") from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> PlanReport:
         d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         memory = {k: v for k, v in d["memory"].items() if k in MemoryReport.__dataclass_fields__}
         memory["largest_allocations"] = tuple(memory.get("largest_allocations", ()))

@@ -39,7 +39,16 @@ from dataclasses import dataclass
 from spmd.mfu.peak import CHIPS
 from spmd.plan.errors import TopologyError
 
-__all__ = ["ChipSpec", "CHIP_SPECS", "TpuSlice", "TopologyError", "parse_slice"]
+__all__ = [
+    "ChipSpec",
+    "CHIP_SPECS",
+    "MAX_CHIPS",
+    "MAX_CHIPS_PER_SLICE",
+    "MAX_SLICES",
+    "TpuSlice",
+    "TopologyError",
+    "parse_slice",
+]
 
 
 @dataclass(frozen=True)
@@ -160,10 +169,15 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
 
     Raises:
         TopologyError: an unknown generation, a core count that is not a whole number of chips,
-            or a size Cloud TPU does not make as a default shape.
+            a size Cloud TPU does not make as a default shape, or more than `MAX_CHIPS_PER_SLICE`
+            chips a slice (`MAX_CHIPS` in all).
     """
     if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
-        raise TopologyError(f"slices must be a positive int, got {slices!r}.")
+        raise TopologyError(f"slices must be a positive int, got {slices!r:.60}.")
+    if slices > MAX_SLICES:
+        raise TopologyError(
+            f"slices={slices}: libtpu's compiler takes at most {MAX_SLICES} slices (at 512 it aborts the process)."
+        )
     m = _NAME.match(name.strip().lower()) if isinstance(name, str) else None
     if m is None:
         raise TopologyError(
@@ -176,7 +190,7 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
         shape = tuple(int(s) for s in m.group("shape").split("x"))
         if len(shape) != (3 if chip.three_d else 2) or min(shape) < 1:
             raise TopologyError(f"{name!r}: a {chip.name} slice has a {3 if chip.three_d else 2}-D shape.")
-        return TpuSlice(name, chip, shape, slices)
+        return _bounded(TpuSlice(name, chip, shape, slices))
     count = int(m.group("count"))
     chips = count // 2 if chip.names_count_cores else count
     if chip.names_count_cores and (count < 2 or count % 2):
@@ -189,4 +203,26 @@ def parse_slice(name: str, slices: int = 1) -> TpuSlice:
         cores = f" (the name counts cores: {count} cores are {chips} chips)" if chip.names_count_cores else ""
         example = "4x4x6" if chip.three_d else "4x6"
         raise TopologyError(f"{name!r}{cores}: {e}".replace("'v5p:4x4x6'", f"'{gen}:{example}'")) from None
-    return TpuSlice(name, chip, shape, slices)
+    return _bounded(TpuSlice(name, chip, shape, slices))
+
+
+# The largest Cloud TPU slices have 8960 (v5p) and 9216 (TPU7x) chips, the largest multislice jobs
+# tens of thousands: beyond these a name is a typo, and libtpu refuses it or compiles for hours.
+MAX_CHIPS_PER_SLICE = 2**14
+MAX_CHIPS = 2**17
+# libtpu (0.0.20) checks NumSlices() < kMaxNumSlices = 512 and aborts the process (SIGABRT) otherwise.
+MAX_SLICES = 511
+
+
+def _bounded(target: TpuSlice) -> TpuSlice:
+    if target.chips_per_slice > MAX_CHIPS_PER_SLICE:
+        raise TopologyError(
+            f"{target.name!r} has {target.chips_per_slice} chips; no TPU slice has more than {MAX_CHIPS_PER_SLICE}. "
+            "Give a real slice (e.g. v5p-1024, v5e:16x16) and join several with --slices."
+        )
+    if target.chips > MAX_CHIPS:
+        raise TopologyError(
+            f"{target.slices} slices of {target.name!r} are {target.chips} chips, more than {MAX_CHIPS}; "
+            "give fewer slices."
+        )
+    return target

@@ -204,6 +204,23 @@ def test_report_is_unavailable_inside_the_block(xla):
             report.table()
 
 
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"name_modules": "no"}, TypeError, r"name_modules=...\) takes True or False, got 'no'"),
+        ({"warmup_steps": 1.5}, TypeError, "warmup_steps must be a whole number >= 0, got float 1.5"),
+        ({"replicated_threshold_bytes": float("nan")}, ValueError, "replicated_threshold_bytes must be a number"),
+    ],
+)
+def test_bad_options_are_refused_before_the_block_runs(xla, options, error, match):
+    """'no' named modules (truthy), nan silenced the replicated-tensor warnings: both accepted."""
+    ran = []
+    with pytest.raises(error, match=match):
+        with capture(**options):
+            ran.append(1)
+    assert ran == []
+
+
 @pytest.mark.torch_xla
 def test_dumps_requested_too_late_name_the_cli(tmp_path):
     script = tmp_path / "late.py"

@@ -94,6 +94,8 @@ def test_source_parameter_follows_barrier_tuple_and_fusion():
 
 
 def test_not_a_module():
+    with pytest.raises(TypeError, match="takes the dump's text \\(a str\\), got NoneType"):
+        HloModuleText.parse(None)
     with pytest.raises(ValueError, match="no 'HloModule' line"):
         HloModuleText.parse("hello")
     with pytest.raises(ValueError, match="no ENTRY"):

@@ -50,3 +50,5 @@ def test_donated_parameter_counts_once_as_argument():
 def test_not_a_buffer_assignment():
     with pytest.raises(ValueError, match="not an XLA buffer assignment"):
         MemoryUsage.parse("Total bytes used: 3 (3B)\n")
+    with pytest.raises(TypeError, match="takes the dump's text \\(a str\\), got NoneType"):
+        MemoryUsage.parse(None)  # was AttributeError from inside the parser

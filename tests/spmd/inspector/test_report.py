@@ -13,6 +13,7 @@ from spmd.inspector import (
     MemoryUsage,
     ParameterInfo,
     Report,
+    UnknownGraphError,
     WarningCode,
     find_issues,
     format_bytes,
@@ -57,6 +58,10 @@ def test_totals_and_json(tmp_path):
     assert report.bytes_sent_per_device == 7 << 19
     assert report.collective_counts() == {"all-gather": 1}
     assert report.graph("G") is g and report.graph() is g
+    with pytest.raises(UnknownGraphError, match="No graph at position 5; the report has 1: \\['G'\\]"):
+        report.graph(5)  # was a bare IndexError
+    with pytest.raises(ValueError, match="max_collectives must be a whole number >= 0, got -1"):
+        report.table(max_collectives=-1)
     with pytest.raises(KeyError, match="No graph named 'H'"):
         report.graph("H")
     path = report.write_json(tmp_path / "out" / "r.json")
@@ -107,8 +112,54 @@ def test_checks_thresholds_and_ignore(tmp_path):
 def test_bad_check_options():
     with pytest.raises(ValueError, match=r"Unknown warning code\(s\) \['typo'\]"):
         CheckOptions(ignore=frozenset({"typo"}))
-    with pytest.raises(ValueError, match="must be >= 0"):
+    with pytest.raises(ValueError, match="must be a number >= 0"):
         CheckOptions(replicated_threshold_bytes=-1)
+
+
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"replicated_threshold_bytes": float("nan")}, ValueError, "replicated_threshold_bytes must be a number >= 0, got nan"),
+        ({"replicated_threshold_bytes": float("inf")}, ValueError, "ignore 'replicated-argument'"),
+        ({"replicated_threshold_bytes": "1"}, TypeError, "replicated_threshold_bytes must be a number >= 0, got str"),
+        ({"warmup_steps": "2"}, TypeError, "warmup_steps must be a whole number >= 0, got str"),
+        ({"warmup_steps": 1.5}, TypeError, "warmup_steps must be a whole number >= 0, got float 1.5"),
+        ({"warmup_steps": True}, TypeError, "warmup_steps must be a whole number"),
+        ({"ignore": 5}, TypeError, "ignore must be a list of warning codes"),
+        ({"ignore": [["recompilation"]]}, ValueError, r"Unknown warning code\(s\) \[\['recompilation'\]\]"),
+    ],
+)  # fmt: skip
+def test_check_options_refuse_bad_types_and_nan(options, error, match):
+    """nan silenced every replicated-tensor warning; '2' and 1.5 failed later inside a comparison."""
+    with pytest.raises(error, match=match):
+        CheckOptions(**options)
+
+
+def test_one_ignored_code_may_be_a_string():
+    """``ignore="recompilation"`` was split into its letters ('unknown codes ['a', 'c', ...]')."""
+    assert CheckOptions(ignore="recompilation").ignore == frozenset({"recompilation"})
+    assert CheckOptions(ignore=[WarningCode.RECOMPILATION]).ignore == frozenset({"recompilation"})
+
+
+def test_write_json_refuses_a_directory_and_writes_nothing(tmp_path):
+    report = Report((make_graph(tmp_path),), devices=8, platform="CPU", steps={0: (0,)}, dump_dir=str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match=r"out is a directory; give a file path \(e.g. .*out/report.json\)"):
+        report.write_json(out)
+    (tmp_path / "r.hlo").write_text("x")
+    with pytest.raises(ValueError, match=r"r.hlo \(where the HLO files go\) is a file"):
+        report.write_json(tmp_path / "r.json")
+    with pytest.raises(TypeError, match="write_json takes a file path, got int"):
+        report.write_json(5)
+    assert list(out.iterdir()) == [] and not (tmp_path / "r.json").exists()
+    assert report.write_json(tmp_path / "r.json", save_hlo=False).is_file()
+
+
+def test_format_bytes_refuses_what_is_not_a_number():
+    with pytest.raises(TypeError, match="format_bytes takes a number of bytes, got str 'x'"):
+        format_bytes("x")
+    assert format_bytes(float("nan")) == "nan B"
 
 
 def test_named_graphs_in_a_step_are_not_mid_step_executions(tmp_path):

@@ -1,5 +1,7 @@
 """FLOP counting and MFU arithmetic against published figures and hand calculations."""
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -109,5 +111,73 @@ def test_matmul_count_is_close_to_palm_when_attention_is_small(layers, width, se
 def test_bad_input():
     with pytest.raises(ValueError, match="must be a positive int"):
         TransformerShape(0, 1, 1, 1, 1, 1, 1, False, 1, 0)
-    with pytest.raises(ValueError, match="mfu needs positive"):
+    with pytest.raises(ValueError, match="step_seconds must be finite and > 0, got 0.0"):
         mfu(1.0, 0.0, 1, 1.0)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: mfu(1e12, NAN, 8, 1e12), ValueError, "step_seconds must be finite and > 0, got nan"),
+        (lambda: mfu(1e12, 1, INF, 1e12), ValueError, "chips must be finite and > 0, got inf"),
+        (lambda: mfu(-1e12, 1, 8, 1e12), ValueError, "flops_per_step must be finite and >= 0"),
+        (lambda: mfu(1e12, 1, 8, INF), ValueError, "peak_flops_per_chip must be finite"),
+        (lambda: mfu(-1e-38, 2, 2, 1), ValueError, "flops_per_step must be finite and >= 0"),
+        (lambda: mfu(1, 1e-200, 1e-200, 1e-200), ValueError, "mfu overflowed"),
+        (lambda: mfu("1", 1, 1, 1), TypeError, "flops_per_step must be a real number, got str"),
+        (lambda: mfu(1e12, "1", 1, 1), TypeError, "step_seconds must be a real number"),
+        (lambda: mfu(1e12, 1, True, 1), TypeError, "chips must be a real number, got bool"),
+        (lambda: six_n_flops_per_token(-5), ValueError, "n_params must be finite and >= 0, got -5"),
+        (lambda: six_n_flops_per_token("a"), TypeError, "n_params must be a real number"),
+        (lambda: matmul_flops_per_token(GPT2_124M, -5), ValueError, "seq_len must be an int >= 1, got -5"),
+        (lambda: matmul_flops_per_token(GPT2_124M, 8, causal="no"), TypeError, "causal takes a bool"),
+        (lambda: palm_flops_per_token(GPT2_124M, NAN), TypeError, "seq_len must be an int, got float nan"),
+        (lambda: palm_flops_per_token(None, 8), TypeError, "shape must be a TransformerShape"),
+        (lambda: TransformerShape(2, 64, 4, 16, 256, 100, 4, False, 10000, -5), ValueError, "n_embedding_params"),
+        (lambda: TransformerShape(2, 64, 4, 16, 256, 100, 4, "no", 10000, 0), TypeError, "gated_mlp takes a bool"),
+        (lambda: TransformerShape(2, 64, 4, 16, 256, 100, 4, False, 100, 5000), ValueError, "exceeds n_params"),
+    ],
+)
+def test_bad_numbers_are_refused_not_computed(call, error, match):
+    """nan, inf, negative and non-numeric arguments raise a typed error naming the argument;
+    before, mfu returned nan, 0.0 or a negative utilization and the shapes were accepted."""
+    with pytest.raises(error, match=match):
+        call()
+
+
+ANY_NUMBER = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(), st.none(), st.text(max_size=2)
+)
+
+
+@given(ANY_NUMBER, ANY_NUMBER, ANY_NUMBER, ANY_NUMBER)
+def test_mfu_is_a_finite_fraction_or_a_typed_error(flops, seconds, chips, peak):
+    """The probe's fuzz found mfu(-2, 3, 3, 3) = -0.074 and mfu('', 3, 3, 3) raising from '/'."""
+    try:
+        value = mfu(flops, seconds, chips, peak)
+    except (TypeError, ValueError) as e:
+        assert "mfu" in str(e) and len(str(e)) < 300
+    else:
+        assert isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 0, "vocab_size": 10, "n_positions": 8},
+         "n_head must be a positive int, got 0"),
+        ({"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 5, "vocab_size": 10, "n_positions": 8},
+         "n_embd = 64 does not split into 5 heads"),
+        ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+          "vocab_size": "10", "intermediate_size": 8}, "vocab_size must be a positive int, got '10'"),
+        ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+          "vocab_size": 10}, "intermediate_size must be a positive int, got None"),
+    ],
+)  # fmt: skip
+def test_bad_hf_configs_name_the_field(config, match):
+    """A config with zero heads raised ZeroDivisionError; a missing field, AttributeError."""
+    with pytest.raises(ValueError, match=match):
+        TransformerShape.from_hf_config(type("Config", (), config)())

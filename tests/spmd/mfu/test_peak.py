@@ -1,6 +1,7 @@
 """Peak FLOP/s per chip from XLA device kinds, and the CPU's measured peak."""
 
 import pytest
+import torch
 
 from spmd.mfu import CHIPS, chip_for_device_kind, measure_cpu_peak_flops
 
@@ -33,3 +34,20 @@ def test_unknown_kinds_ask_for_the_peak():
 def test_cpu_peak_is_measured():
     peak = measure_cpu_peak_flops(n=256, repeats=2)
     assert 1e8 < peak < 1e14
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: chip_for_device_kind(None), TypeError, "device_kind must be a string"),
+        (lambda: measure_cpu_peak_flops(n=0), ValueError, "n must be an int from 1 to 16384, got 0"),
+        (lambda: measure_cpu_peak_flops(n=-1), ValueError, "n must be an int from 1 to 16384, got -1"),
+        (lambda: measure_cpu_peak_flops(n=10**6), ValueError, "n must be an int from 1 to 16384"),
+        (lambda: measure_cpu_peak_flops(n=16, repeats=0), ValueError, "repeats must be an int >= 1, got 0"),
+        (lambda: measure_cpu_peak_flops(n=16, dtype=torch.int32), TypeError, "floating torch.dtype"),
+    ],
+)
+def test_bad_arguments_are_refused(call, error, match):
+    """n=0 and repeats=0 measured 0.0 FLOP/s; n=-1 raised from inside torch; None from str.strip."""
+    with pytest.raises(error, match=match):
+        call()

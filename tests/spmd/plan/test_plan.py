@@ -202,15 +202,50 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(strategy="2d", mesh={"fsdp": 4}), PlanError, "needs mesh axes"),
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
+        (dict(seq_len=10**12), PlanError, "seq_len must be an int from 2 to 16777216"),
         (dict(remat="some"), PlanError, r"remat must be one of \['none', 'dots', 'full', 'offload'\]"),
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
+        (dict(hbm_bytes=-1), PlanError, "hbm_bytes must be a positive int"),
+        (dict(strategy="2d", tensor=0), PlanError, "tensor must be a whole number from 1 to 4096"),  # ZeroDivisionError
+        (
+            dict(strategy="2d", tensor="a"),
+            PlanError,
+            r"tensor must be a whole number from 1 to 4096 \(the tensor axis size\), got 'a'",
+        ),
+        (dict(mesh=[4]), PlanError, r"mesh must map axis names to sizes, e.g. \{'fsdp': 32, 'tensor': 4\}, got \[4\]"),
+        (dict(hbm_bytes=float("nan")), PlanError, "hbm_bytes must be a positive int .*got nan"),
+        (dict(global_batch=4 * 10**30), PlanError, "global_batch must be a whole number of sequences from 1 to 2"),
     ],
 )
 def test_bad_requests_say_what_to_change(kwargs, error, says):
     with pytest.raises(error, match=says):
         plan("gpt2", "v5e:2x2", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        (dict(jobs=0), "jobs must be a whole number from 1 to 64"),  # ran as 1, silently
+        (dict(jobs=-5), "jobs must be a whole number from 1 to 64"),
+        (dict(hbm_bytes=0), "hbm_bytes must be a positive int"),
+        (dict(compute_dtype="float16"), "compute_dtype must be 'bfloat16' or 'float32'"),
+        (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
+        (dict(strategies="fsdp,foo"), "Unknown strategy 'foo'"),  # a string was split into letters: 'f'
+        (dict(strategies=["2d"], tensors=["a"]), r"tensors must be positive integers, got \['a'\]"),
+        (dict(datas=[-1]), r"datas must be positive integers, got \[-1\]"),
+        (dict(remats="fully"), "remat must be one of"),
+    ],
+)
+def test_bad_advice_requests_are_refused_before_compiling(kwargs, says):
+    with pytest.raises(PlanError, match=says):
+        advise("gpt2", "v5e:2x2", **kwargs)
+
+
+def test_a_dict_that_is_not_a_report_is_a_plan_error():
+    with pytest.raises(PlanError, match="Not a plan report: KeyError 'memory'"):
+        PlanReport.from_dict({})
 
 
 def test_unknown_models_and_slices_are_named(tmp_path):
@@ -271,11 +306,15 @@ def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
         (["--hbm-gib", "-1"], "--hbm-gib: -1.0 is out of range"),
         (["--hbm-gib", "nan"], "--hbm-gib: 'nan' is not a finite number"),
         (["--tensor", "0"], "--tensor: 0 is out of range"),
-        (["--batch", "1" * 30], "is not a whole number"),
+        (["--batch", "1" * 30], "is too large: give a whole number from 1 to 2147483648"),
         (["--slices", "0"], "--slices: 0 is out of range"),
+        (["--slices", "512"], "--slices: 512 is out of range: give a whole number from 1 to 511"),  # libtpu aborted
         (["--seq", "-5"], "--seq: -5 is out of range"),
+        (["--seq", "1"], "--seq: 1 is out of range: give a whole number from 2 to"),
         (["--mesh", "fsdp=0"], "sizes 1 or more"),
         (["--json", "/nonexistent-dir/x.json"], "--json: the directory /nonexistent-dir does not exist"),
+        (["--json", "/proc/x.json"], "--json: cannot create files in the directory /proc"),
+        (["--plot", "/proc/x.png"], "--plot: cannot create files in the directory /proc"),
         (["--advise", "--per-device-batches", "0,1"], "--per-device-batches: expected comma-separated whole numbers"),
         (["--advise", "--jobs", "0"], "--jobs: 0 is out of range"),
     ],

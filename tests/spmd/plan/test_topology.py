@@ -69,6 +69,11 @@ def test_default_shapes_hold_every_chip(exp, gen):
         ("v5p-2", 1, "smallest 3-D slice"),
         ("v5p:4x4", 1, "3-D shape"),
         ("v5e-16", 0, "positive int"),
+        ("v5e:99999x99999", 1, "'v5e:99999x99999' has 9999800001 chips; no TPU slice has more than 16384"),
+        ("v5e-524288", 1, "has 524288 chips; no TPU slice has more than 16384"),
+        ("v5e-4", 512, r"slices=512: libtpu's compiler takes at most 511 slices \(at 512 it aborts the process\)"),
+        ("v5p:16x16x16", 64, r"64 slices of 'v5p:16x16x16' are 262144 chips, more than 131072"),
+        ("v5e-4", 144044961, r"slices=144044961: libtpu's compiler takes at most 511"),
     ],
 )
 def test_bad_slices_say_what_to_write(name, slices, says):
