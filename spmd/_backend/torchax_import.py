@@ -21,7 +21,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["flax_placeholder", "no_accelerator_claim", "import_torchax_bridge"]
+__all__ = ["flax_placeholder", "no_accelerator_claim", "import_torchax_bridge", "drop_stale_submodules"]
 
 
 @contextlib.contextmanager
@@ -89,12 +89,19 @@ def import_torchax_bridge(feature: str) -> None:
     names = ("torchax", "torchax.tensor", "torchax.interop", "torchax.ops.mappings")
     if all(name in sys.modules for name in names):
         return
-    if "torchax" not in sys.modules:
-        # An import of torchax that failed on flax earlier (torch_xla tries one when its spmd
-        # package loads) leaves submodules behind without the package; a new package would not
-        # get them as attributes (``torchax.ops`` missing), so they are imported afresh.
-        for stale in [m for m in sys.modules if m.startswith("torchax.")]:
-            del sys.modules[stale]
+    drop_stale_submodules()
     with flax_placeholder(), no_accelerator_claim():
         for name in names:
             importlib.import_module(name)
+
+
+def drop_stale_submodules() -> None:
+    """Before importing torchax: forget the submodules a failed import left behind.
+
+    An import of torchax that failed on flax earlier (torch_xla tries one when its spmd package
+    loads) leaves ``torchax.*`` submodules in ``sys.modules`` without the package; a new package
+    would not get them as attributes (``module 'torchax' has no attribute 'ops'``, measured when
+    the planner imported torchax before ``shard_as`` ran), so they are imported afresh."""
+    if "torchax" not in sys.modules:
+        for stale in [m for m in sys.modules if m.startswith("torchax.")]:
+            del sys.modules[stale]

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from spmd._backend.torchax_import import drop_stale_submodules
 from spmd._backend.torchax_import import flax_placeholder as _flax_placeholder
 from spmd._backend.torchax_import import no_accelerator_claim as _no_accelerator_claim
 from spmd.plan.errors import CompilerVersionError, StandInReachedError, TopologyError
@@ -140,6 +141,7 @@ def import_torchax() -> Any:
     """
     if "torchax" in sys.modules:
         return sys.modules["torchax"]
+    drop_stale_submodules()
     with _flax_placeholder(), aten_stand_ins(), _no_accelerator_claim():
         import torchax
 
