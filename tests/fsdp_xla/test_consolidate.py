@@ -2,6 +2,7 @@
 1 when the write itself fails), and nothing is written into the checkpoint being read. Host
 tensors: no XLA runtime needed."""
 
+import errno
 import json
 import re
 import sys
@@ -38,10 +39,25 @@ def test_bad_outputs_are_refused_at_parse_time(checkpoint, capsys, output, messa
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
-def test_a_failed_write_is_one_line_and_exit_1(checkpoint, capsys):
-    assert main([str(checkpoint), "-o", "/proc/m.safetensors"]) == 1
+def test_an_output_that_cannot_be_written_is_refused_when_parsed(checkpoint, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([str(checkpoint), "-o", "/proc/m.safetensors"])
+    assert exit.value.code == 2 and "/proc" in capsys.readouterr().err
+
+
+def test_a_failed_write_is_one_line_and_exit_1(checkpoint, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "m.safetensors"
+    assert main([str(checkpoint), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("fsdp_xla.consolidate: cannot write /proc/m.safetensors:") and "\n" not in err
+    assert err.startswith(f"fsdp_xla.consolidate: cannot write {out}: No space left on device") and "\n" not in err
+    assert list(out.parent.iterdir()) == []  # no file, no temp file left
 
 
 def test_a_block_unlike_its_index_is_refused_before_allocating(checkpoint, capsys):
