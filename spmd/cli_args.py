@@ -5,6 +5,7 @@ line and exit code 2, before any runtime or compiler starts."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import tempfile
@@ -54,15 +55,23 @@ def finite_float(low: float, high: float | None = None, *, open_low: bool = Fals
     return parse
 
 
+def _os_errors_named(check: Callable[[str], Path]) -> Callable[[str], Path]:
+    """``check`` as an argparse type whose ``OSError`` (a name too long for the file system, ...)
+    is a usage error naming the path."""
+
+    @functools.wraps(check)
+    def parse(text: str) -> Path:
+        try:
+            return check(text)
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
+
+    return parse
+
+
+@_os_errors_named
 def input_file(text: str) -> Path:
     """An argparse type: an existing regular file (not a directory, FIFO or device)."""
-    try:
-        return _input_file(text)
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
-
-
-def _input_file(text: str) -> Path:
     path = Path(text)
     if "\x00" in text:
         raise argparse.ArgumentTypeError("the path holds a NUL character")
@@ -73,16 +82,10 @@ def _input_file(text: str) -> Path:
     return path
 
 
+@_os_errors_named
 def output_file(text: str) -> Path:
     """An argparse type: a file to write: not an existing directory or special file, in an
     existing, writable directory."""
-    try:
-        return _output_file(text)
-    except OSError as e:  # a name too long for the file system, ...
-        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
-
-
-def _output_file(text: str) -> Path:
     path = Path(text)
     if "\x00" in text or not text:
         raise argparse.ArgumentTypeError("give a file path")
@@ -108,16 +111,10 @@ def _check_writable_dir(parent: Path) -> None:
     os.unlink(name)
 
 
+@_os_errors_named
 def output_dir(text: str) -> Path:
     """An argparse type: a directory to write into: an existing directory, or a new path whose
     parent exists (not an existing file)."""
-    try:
-        return _output_dir(text)
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {e.strerror}") from None
-
-
-def _output_dir(text: str) -> Path:
     path = Path(text)
     if "\x00" in text or not text:
         raise argparse.ArgumentTypeError("give a directory path")
