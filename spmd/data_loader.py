@@ -207,7 +207,9 @@ class ProcessDataLoader:
         global_batch: rows per global batch.
         mesh: the mesh; ``None`` uses the global mesh.
         specs: the batch's spec, or a spec per key for dict rows (their dim 0 entries agree).
-        seed, shuffle, drop_last: see `ProcessSampler`.
+        seed: the seed of the order (`ProcessSampler`).
+        shuffle: permute each epoch (`ProcessSampler`).
+        drop_last: leave out the rows after the last full batch (`ProcessSampler`).
         collate_fn: makes the loaded rows one local batch (``torch.utils.data.default_collate``).
         check_shapes: check every batch that all processes loaded the same shapes (one small
             collective per batch; see `make_global_tensor`).
