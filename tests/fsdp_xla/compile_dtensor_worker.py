@@ -11,6 +11,7 @@ and ``optimizer.step()`` run outside, as usual), from the same weights on the sa
 each compiled run, Dynamo's counters: graph breaks (with their reasons), unique graphs and the
 calls captured into graphs. A last run compiles our FSDP of a model whose blocks break the graph
 on purpose (``torch._dynamo.graph_break()``), so the test sees that a break would be counted.
+Last, ``with_sharding_constraint`` on a DTensor inside a compiled function.
 Rank 0 writes results.json into OUT_DIR.
 """
 
@@ -28,6 +29,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch
 from fsdp_xla import FSDP, MixedPrecision, transformer_auto_wrap_policy
 from mesh import Mesh
+from spmd import P, mark_sharding, with_sharding_constraint
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 STEPS, BATCH = 3, 8
@@ -115,6 +117,22 @@ for precision in ("fp32", "bf16"):
             "compiled": train(wrap(gpt(), bf16), compiled=True),
         }
 results["ours_with_a_break"] = {"compiled": train(ours(gpt(BreakingBlock), False), compiled=True)}
+
+
+def constrained(x, w):
+    return with_sharding_constraint((x @ w).relu(), mesh, P()).sum()
+
+
+torch.manual_seed(0)
+x, w = mark_sharding(torch.randn(8, 6), mesh, P("fsdp")), mark_sharding(torch.randn(6, 4), mesh, P())
+torch._dynamo.reset()
+counters.clear()
+results["with_sharding_constraint"] = {
+    "eager": constrained(x, w).full_tensor().item(),
+    "compiled": torch.compile(constrained, backend="aot_eager")(x, w).full_tensor().item(),
+    "graph_breaks": sum(counters["graph_break"].values()),
+    "unique_graphs": counters["stats"]["unique_graphs"],
+}
 
 if rank == 0:
     out.mkdir(parents=True, exist_ok=True)
