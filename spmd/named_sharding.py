@@ -126,8 +126,10 @@ def hlo_sharding_for(
     sizes = mesh.mesh_shape
     named = [a for axes in dims for a in axes]
     unnamed = [a for a in range(mesh.ndim) if a not in named]
-    tile_shape = [math.prod(sizes[a] for a in axes) for axes in dims]
-    replication = math.prod(sizes[a] for a in unnamed)
+    # Lists, not generators: torch.compile's Dynamo cannot trace math.prod over a generator, and
+    # broke the graph at every with_sharding_constraint inside a compiled function.
+    tile_shape = [math.prod([sizes[a] for a in axes]) for axes in dims]
+    replication = math.prod([sizes[a] for a in unnamed])
     if math.prod(tile_shape) == 1:
         return HloSharding.replicated()
     assignment = mesh.get_logical_mesh().transpose(named + unnamed)
