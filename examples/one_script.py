@@ -36,7 +36,7 @@ from torch.distributed.tensor import Replicate, Shard  # noqa: E402
 
 import spmd  # noqa: E402
 
-D_IN, HIDDEN, BATCH = 16, 64, 32
+D_IN, HIDDEN, BATCH, LR = 16, 64, 32, 0.5
 
 
 class MLP(torch.nn.Module):
@@ -58,8 +58,11 @@ def tensor_parallel(name: str, module: torch.nn.Module, mesh) -> None:
 
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fresh inputs every step, targets a fixed linear map of them: learnable, so the loss falls."""
     gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, D_IN, generator=gen), torch.randn(BATCH, D_IN, generator=gen)) for _ in range(steps)]
+    target_map = torch.randn(D_IN, D_IN, generator=gen) / D_IN**0.5
+    inputs = [torch.randn(BATCH, D_IN, generator=gen) for _ in range(steps)]
+    return [(x, x @ target_map) for x in inputs]
 
 
 def train(steps: int) -> list[float]:
@@ -67,7 +70,7 @@ def train(steps: int) -> list[float]:
     mesh = spmd.init_device_mesh((2, spmd.device_count() // 2), ("data", "model"))
     torch.manual_seed(0)
     model = spmd.distribute_module(MLP(), mesh, tensor_parallel)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for x, y in batches(steps):
         x = spmd.distribute_tensor(x, mesh, [Shard(0), Replicate()])
@@ -111,7 +114,7 @@ def one_process_losses(steps: int) -> list[float]:
     """The same training in one process on one device, plain torch: the reference."""
     torch.manual_seed(0)
     model = MLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for x, y in batches(steps):
         loss = (model(x) - y).square().mean()

@@ -136,6 +136,7 @@ def test_one_script_gives_one_process_losses_on_both_runtimes(dtensor_examples, 
     reference = one_script.one_process_losses(5)
     _, result, _ = dtensor_examples
     assert result["one_script_losses"] == pytest.approx(reference, rel=1e-5)
+    assert reference[-1] < 0.95 * reference[0]  # it trains (measured: 1.027 -> 0.943)
     if importlib.util.find_spec("torch_xla") is None:
         return  # the current lane: no torch_xla run to compare
     out = tmp_path / "xla.json"
@@ -161,14 +162,14 @@ def test_plain_python_launches_its_own_dtensor_ranks(tmp_path):
     """``python examples/one_script.py`` on the current lane (``--backend dtensor`` where torch_xla
     is installed) runs 4 CPU ranks under torch.distributed.run itself and exits with their status."""
     out = tmp_path / "losses.json"
-    command = [sys.executable, str(ROOT / "examples" / "one_script.py"), "--steps", "3", "--json", str(out)]
+    command = [sys.executable, str(ROOT / "examples" / "one_script.py"), "--steps", "5", "--json", str(out)]
     command += ["--backend", "dtensor"] if HAS_TORCH_XLA else []
     run = subprocess.run(command, cwd=tmp_path, env=child_env(xla=False), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "not under torchrun: launching 4 CPU processes (gloo), as: torchrun --standalone" in run.stdout
     result = json.loads(out.read_text())
     assert result["backend"] == "dtensor"
-    assert result["losses"] == pytest.approx(load("one_script").one_process_losses(3), rel=1e-5)
+    assert result["losses"] == pytest.approx(load("one_script").one_process_losses(5), rel=1e-5)
 
 
 NEED_TORCH_XLA = {  # what needs torch_xla, README commands first: on the current lane one line, exit 2
