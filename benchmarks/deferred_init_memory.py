@@ -186,4 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from examples._lane import exit_needing_torch_xla
+
+    exit_needing_torch_xla(__file__, "this benchmark (FSDP on GSPMD's virtual devices)")
     main()

@@ -1,6 +1,7 @@
 """FSDP memory, communication and step time: fsdp_xla against torch_xla's own FSDPv2, in one run.
 
     python benchmarks/fsdp_memory.py                      # 8 virtual CPU devices, ~6 minutes
+    torchrun --nproc_per_node 4 benchmarks/dtensor_fsdp_overhead.py   # without torch_xla: the DTensor counterpart
     python benchmarks/fsdp_memory.py --layers 8 --d-model 768 --no-tpu --json runs/fsdp_memory.json
 
 The same GPT-2-style model (examples/train_fsdp.py), mesh, batch and AdamW run under:
@@ -41,6 +42,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from examples._lane import exit_needing_torch_xla  # noqa: E402
+
+exit_needing_torch_xla(
+    __file__,
+    "this benchmark (XLA's buffer assignment, with torch_xla's FSDPv2 as the baseline)",
+    "Its DTensor counterpart: torchrun --nproc_per_node 4 benchmarks/dtensor_fsdp_overhead.py (our FSDP against "
+    "FSDP2's fully_shard: state bytes, collectives, step time).",
+)
 
 from spmd import configure_default_devices  # noqa: E402
 

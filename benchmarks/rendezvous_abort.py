@@ -205,4 +205,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from examples._lane import exit_needing_torch_xla
+
+    exit_needing_torch_xla(__file__, "this benchmark (torch_xla's CPU runtime)")
     main()

@@ -22,6 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from examples._lane import exit_needing_torch_xla  # noqa: E402
+
+exit_needing_torch_xla(__file__, "this benchmark (torch_xla's tracing)")
+
 from spmd import configure_default_devices  # noqa: E402
 
 configure_default_devices(8)

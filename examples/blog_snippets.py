@@ -10,6 +10,13 @@ from spmd import configure_default_devices
 
 configure_default_devices()  # 8 virtual CPU devices here; the real TPU on a TPU VM
 
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
+
+_lane.exit_needing_torch_xla(__file__, "the PyTorch/XLA SPMD blog's snippets (torch_xla's API)")
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402

@@ -1,9 +1,10 @@
 """MFU benchmark: one model under several sharding strategies, FLOPs counted three ways.
 
-    python examples/mfu_benchmark.py                         # small GPT-2, 8 virtual CPU devices, ~2 min
+    torchrun --nproc_per_node 4 examples/mfu_benchmark.py    # DTensor: fsdp against FSDP2's fully_shard
+    python examples/mfu_benchmark.py                         # torch_xla: small GPT-2, 8 virtual CPU devices, ~2 min
+                                                             # (without torch_xla: launches 4 DTensor ranks)
     python examples/mfu_benchmark.py --model gpt2 --batch 64 --seq 1024 --strategies fsdp,2d,dp
     PJRT_DEVICE=TPU python examples/mfu_benchmark.py --model gpt2-xl --batch 256 --seq 1024
-    torchrun --nproc_per_node 4 examples/mfu_benchmark.py --backend dtensor   # CPU processes, gloo
 
 Strategies (all through fsdp_xla / spmd):
 - ``fsdp``: parameters sharded on an ``fsdp`` axis of all devices, one unit per block;
@@ -20,12 +21,15 @@ from the TPU's device kind, ``--peak-tflops`` to override, and on the CPU this m
 measured float32 matmul peak, so there MFU means "fraction of what this machine can do".
 Writes JSON and a plot beside it.
 
-With ``--backend dtensor`` (under torchrun, one process per device) ``fsdp`` runs through the
-dtensor backend (torch's ``fully_shard`` per unit); each process trains on its part of the
-batch, and rank 0 prints and writes. ``2d`` and ``dp`` are torch_xla only (tensor parallelism
-on DTensor needs torch's ``parallelize_module``, which our FSDP does not apply). There is no
-torch_xla baseline and no XLA buffer assignment there, so no ratio and no peak memory; on CPU
-the peak is the same measured matmul peak (all threads, measured by rank 0 alone).
+On the dtensor backend (the default under torchrun and where torch_xla is not installed; one
+process per device) ``fsdp`` runs through it (torch's ``fully_shard`` per unit); each process
+trains on its part of the batch, and rank 0 prints and writes. The baseline there is FSDP2
+itself, ``fully_shard`` applied by hand to each block and the root (``--baseline
+fully_shard``), measured in the same run. ``2d`` and ``dp`` are torch_xla only (tensor
+parallelism on DTensor needs torch's ``parallelize_module``, which our FSDP does not apply).
+torch_xla's FSDPv2 and XLA's buffer assignment (the peak memory column) need torch_xla: the
+run says in one line that it skips them. On CPU the peak is the same measured matmul peak (all
+threads, measured by rank 0 alone).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -42,6 +47,11 @@ from pathlib import Path
 from spmd import configure_default_devices
 
 configure_default_devices()
+
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
 
 import spmd.inspector as inspector  # noqa: E402
 
@@ -62,6 +72,7 @@ from fsdp_xla.hf import gpt2_plan, llama_plan  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd import P, mark_sharding  # noqa: E402
 from spmd._backend import backend  # noqa: E402
+from spmd.errors import INSTALL_TORCH_XLA  # noqa: E402
 from spmd.mfu import (  # noqa: E402
     TransformerShape,
     chip_for_device_kind,
@@ -178,6 +189,17 @@ def build(strategy: str, config, n: int, tensor: int):
         if hasattr(wrapped.module, "tie_weights"):
             wrapped.module.tie_weights()
         return wrapped, mesh, P("fsdp", None)
+    if strategy == "fully_shard":  # FSDP2 by hand, the dtensor backend's peer: no fsdp_xla, no spmd
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = Mesh(np.arange(n), (n,), ("fsdp",))
+        device_mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (n,), mesh_dim_names=("fsdp",))
+        blocks = [m for m in model.modules() if isinstance(m, block_class(model))]
+        for block in blocks:
+            fully_shard(block, mesh=device_mesh)
+        fully_shard(model, mesh=device_mesh)
+        return model, mesh, P("fsdp", None)
     raise ValueError(f"Unknown strategy {strategy!r}; choose from fsdp, 2d, dp (and --baseline torch_xla).")
 
 
@@ -258,6 +280,14 @@ def cpu_peak_on_rank0() -> float:
     return float(peak[0])
 
 
+def skipped_without_torch_xla() -> str:
+    """What a dtensor run leaves out, and why, in one line."""
+    what = "torch_xla's FSDPv2 baseline and XLA's per-device peak memory"
+    if importlib.util.find_spec("torch_xla") is None:
+        return f"{what} need torch_xla: {INSTALL_TORCH_XLA}. The 2d and dp strategies run there only."
+    return f"{what}, 2d and dp: they run on the torch_xla backend (without torchrun and --backend dtensor)."
+
+
 def progress_bar():
     try:
         from tqdm import tqdm
@@ -307,7 +337,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--strategies", default=None, help="comma list of fsdp, 2d, dp (default fsdp,2d; on dtensor fsdp only)"
     )
-    parser.add_argument("--baseline", default=None, choices=["torch_xla", "none"], help="default: torch_xla there")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        choices=["torch_xla", "fully_shard", "none"],
+        help="default: torch_xla's FSDPv2 on torch_xla, FSDP2's fully_shard on dtensor",
+    )
     parser.add_argument("--tensor", type=int, default=2, help="size of the tensor axis for 2d")
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--seq", type=int, default=128)
@@ -316,13 +351,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per chip")
     parser.add_argument("--chips", type=float, default=None, help="chips (default: devices / devices per chip)")
     parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
-    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
+    parser.add_argument(
+        "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
+    )
     args = parser.parse_args(argv)
+    args.backend = _lane.settle_backend(args.backend, __file__, argv)
 
     if args.backend == "dtensor":  # under torchrun: one process per device
         if args.baseline == "torch_xla":
-            parser.error("--baseline torch_xla runs on torch_xla only; leave it out with --backend dtensor")
-        args.baseline = "none"
+            parser.error("--baseline torch_xla runs on torch_xla only; on dtensor the baseline is fully_shard")
+        args.baseline = args.baseline or "fully_shard"
         args.strategies = args.strategies or "fsdp"
         if set(args.strategies.split(",")) - {"fsdp", ""}:
             parser.error(
@@ -331,6 +369,8 @@ def main(argv: list[str] | None = None) -> dict:
             )
         n, platform, rank = start_dtensor()
     else:
+        if args.baseline == "fully_shard":
+            parser.error("--baseline fully_shard runs on dtensor only (torchrun, or --backend dtensor)")
         args.baseline = args.baseline or "torch_xla"
         args.strategies = args.strategies or "fsdp,2d"
         import torch_xla.runtime as xr
@@ -359,13 +399,15 @@ def main(argv: list[str] | None = None) -> dict:
         peak_label = f"{chip.name} {chip.peak_flops / 1e12:g} TFLOP/s per chip"
 
     strategies = [s for s in args.strategies.split(",") if s]
-    if args.baseline == "torch_xla":
-        strategies.append("torch_xla")
+    if args.baseline != "none":
+        strategies.append(args.baseline)
     say(
         f"{config.model_type} {args.model if args.config is None else args.config}: {shape.n_params:,} parameters; "
         f"batch {args.batch} x seq {args.seq} = {tokens:,} tokens/step; {n} {platform} "
         f"{'processes' if args.backend == 'dtensor' else 'devices'}; peak: {peak_label}"
     )
+    if args.backend == "dtensor":
+        say(f"skipped: {skipped_without_torch_xla()}")
     bar = progress_bar() if rank == 0 else (lambda it, desc="": it)
     rows = []
     for s in strategies:
@@ -379,24 +421,25 @@ def main(argv: list[str] | None = None) -> dict:
             mfu_matmul=mfu(flops["matmul"], t, chips, peak),
         )
         rows.append(row)
-    baseline = next((r for r in rows if r["strategy"] == "torch_xla"), None)
+    base = next((r for r in rows if r["strategy"] == args.baseline), None)
+    ratio_key = f"step_time_over_{args.baseline}"
     for r in rows:
-        r["step_time_over_torch_xla"] = r["step_seconds"] / baseline["step_seconds"] if baseline else None
+        r[ratio_key] = r["step_seconds"] / base["step_seconds"] if base else None
 
     say()
     say(
-        f"{'strategy':>10}{'mesh':>22}{'step (s)':>10}{'min-max':>14}{'tokens/s':>10}{'TFLOP/s/dev':>12}"
-        f"{'MFU 6N':>8}{'PaLM':>7}{'matmul':>8}{'peak/dev':>11}{'x torch_xla':>12}"
+        f"{'strategy':>12}{'mesh':>20}{'step (s)':>10}{'min-max':>14}{'tokens/s':>10}{'TFLOP/s/dev':>12}"
+        f"{'MFU 6N':>8}{'PaLM':>7}{'matmul':>8}{'peak/dev':>11}{'x ' + args.baseline:>14}"
     )
     for r in rows:
         mesh_text = "x".join(f"{k}{v}" for k, v in r["mesh"].items())
-        ratio = f"{r['step_time_over_torch_xla']:.3f}" if r["step_time_over_torch_xla"] else "-"
+        ratio = f"{r[ratio_key]:.3f}" if r[ratio_key] else "-"
         mem = f"{r['peak_bytes_per_device'] / 2**20:.1f}MiB" if r["peak_bytes_per_device"] else "-"
         say(
-            f"{r['strategy']:>10}{mesh_text:>22}{r['step_seconds']:>10.3f}"
+            f"{r['strategy']:>12}{mesh_text:>20}{r['step_seconds']:>10.3f}"
             f"{r['step_seconds_min']:>7.3f}-{r['step_seconds_max']:<6.3f}{r['tokens_per_second']:>10.0f}"
             f"{r['tflops_per_device']:>12.4f}{100 * r['mfu_6n']:>7.1f}%{100 * r['mfu_palm']:>6.1f}%"
-            f"{100 * r['mfu_matmul']:>7.1f}%{mem:>11}{ratio:>12}"
+            f"{100 * r['mfu_matmul']:>7.1f}%{mem:>11}{ratio:>14}"
         )
     out = {
         "backend": args.backend,
@@ -410,6 +453,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_flops_per_chip": peak,
         "peak": peak_label,
         "flops_per_step": flops,
+        "baseline": None if args.baseline == "none" else args.baseline,
         "results": rows,
     }
     if rank != 0:

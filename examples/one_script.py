@@ -1,14 +1,16 @@
 """One training script in DTensor's terms, run unchanged on both runtimes.
 
-    python examples/one_script.py                        # torch_xla: GSPMD, one process, 8 devices
     torchrun --nproc_per_node 4 examples/one_script.py   # torch.distributed DTensor, 4 processes
+    python examples/one_script.py                        # torch_xla: GSPMD, one process, 8 devices
+                                                         # (without torch_xla: launches 4 DTensor ranks)
 
 It speaks DTensor's vocabulary only: a ``DeviceMesh`` (`spmd.init_device_mesh`), placements
 (``Shard``, ``Replicate``), `spmd.distribute_module` with a partition function,
 `spmd.distribute_tensor`, ``redistribute`` and ``full_tensor``. `spmd` runs each call on the
-runtime of the process: torch_xla where it is installed and no process group is started, DTensor
-under torchrun. A 2-layer MLP is tensor-parallel on ``model`` (the first layer's output features,
-the second's input features) and data-parallel on ``data``; the losses equal one process's.
+runtime of the process: DTensor under torchrun or where torch_xla is not installed, torch_xla
+otherwise (``--backend`` overrides). A 2-layer MLP is tensor-parallel on ``model`` (the first
+layer's output features, the second's input features) and data-parallel on ``data``; the losses
+equal one process's.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ import json
 import os
 import sys
 
-if "RANK" not in os.environ:  # one process: torch_xla with 8 virtual devices on a CPU host
+if "WORLD_SIZE" not in os.environ:  # one process: torch_xla with 8 virtual devices on a CPU host
     from spmd import configure_default_devices
 
     configure_default_devices(8)
+
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -29,7 +36,7 @@ from torch.distributed.tensor import Replicate, Shard  # noqa: E402
 
 import spmd  # noqa: E402
 
-D_IN, HIDDEN, BATCH = 16, 64, 32
+D_IN, HIDDEN, BATCH, LR = 16, 64, 32, 0.5
 
 
 class MLP(torch.nn.Module):
@@ -51,8 +58,11 @@ def tensor_parallel(name: str, module: torch.nn.Module, mesh) -> None:
 
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fresh inputs every step, targets a fixed linear map of them: learnable, so the loss falls."""
     gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, D_IN, generator=gen), torch.randn(BATCH, D_IN, generator=gen)) for _ in range(steps)]
+    target_map = torch.randn(D_IN, D_IN, generator=gen) / D_IN**0.5
+    inputs = [torch.randn(BATCH, D_IN, generator=gen) for _ in range(steps)]
+    return [(x, x @ target_map) for x in inputs]
 
 
 def train(steps: int) -> list[float]:
@@ -60,7 +70,7 @@ def train(steps: int) -> list[float]:
     mesh = spmd.init_device_mesh((2, spmd.device_count() // 2), ("data", "model"))
     torch.manual_seed(0)
     model = spmd.distribute_module(MLP(), mesh, tensor_parallel)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for x, y in batches(steps):
         x = spmd.distribute_tensor(x, mesh, [Shard(0), Replicate()])
@@ -79,11 +89,15 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", help="write the losses here (rank 0)")
+    parser.add_argument(
+        "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
+    )
     args = parser.parse_args(argv)
-    started = "RANK" in os.environ and not dist.is_initialized()
+    on_dtensor = _lane.settle_backend(args.backend, __file__, argv) == "dtensor"
+    started = on_dtensor and not dist.is_initialized()
     if started:
         dist.init_process_group("gloo")
-    elif "RANK" not in os.environ:
+    elif not on_dtensor:
         spmd.enable_spmd()
     losses = train(args.steps)
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -100,7 +114,7 @@ def one_process_losses(steps: int) -> list[float]:
     """The same training in one process on one device, plain torch: the reference."""
     torch.manual_seed(0)
     model = MLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for x, y in batches(steps):
         loss = (model(x) - y).square().mean()

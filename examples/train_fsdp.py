@@ -1,13 +1,13 @@
 """Train a GPT-2-style model with nested FSDP (ZeRO-3) and AdamW on 8 devices.
 
-Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM; with
-``--backend dtensor`` the same script runs on torch.distributed (one process per device:
-TorchTPU, GPUs, or CPU processes with gloo):
+On torch_xla it runs as is on 8 virtual CPU devices and unchanged on a TPU VM; on current
+PyTorch (no torch_xla) and under torchrun it runs on torch.distributed DTensor (one process
+per device: TorchTPU, GPUs, or CPU processes with gloo):
 
-    python examples/train_fsdp.py
+    torchrun --nproc_per_node 4 examples/train_fsdp.py   # DTensor (the default under torchrun)
+    python examples/train_fsdp.py                        # torch_xla; without it, launches 4 DTensor ranks
     python examples/train_fsdp.py --layers 8 --d-model 512 --bf16 --checkpointing --deferred-init
-    torchrun --nproc_per_node 4 examples/train_fsdp.py --backend dtensor
-    torchrun --nproc_per_node 4 --max-restarts 3 examples/train_fsdp.py --backend dtensor \
+    torchrun --nproc_per_node 4 --max-restarts 3 examples/train_fsdp.py \
         --checkpoint-dir ckpt --save-every 5 --timeout 60
 
 Every block is an FSDP unit: its weights are stored sharded over the ``fsdp`` mesh axis,
@@ -36,6 +36,11 @@ from typing import Any
 from spmd import configure_default_devices
 
 configure_default_devices()
+
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -228,7 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bf16", action="store_true", help="compute in bfloat16 (fp32 sharded master weights)")
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
-    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
+    parser.add_argument(
+        "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
+    )
     parser.add_argument("--dataset-rows", type=int, default=4096, help="rows of the synthetic dataset")
     parser.add_argument("--checkpoint-dir", type=Path, help="save here, and resume from the newest checkpoint")
     parser.add_argument("--save-every", type=int, default=0, help="save every N steps (0: never)")
@@ -236,6 +243,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.save_every and args.checkpoint_dir is None:
         parser.error("--save-every needs --checkpoint-dir")
+    args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 
 

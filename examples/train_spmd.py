@@ -1,11 +1,12 @@
 """Train a small GPT-style model with 2-D (data x model) sharding on 8 devices.
 
-Runs as is on 8 virtual CPU devices (no flags) and unchanged on a TPU VM; with
-``--backend dtensor`` the same script runs on torch.distributed (one process per device:
-TorchTPU, GPUs, or CPU processes with gloo; 4 processes make a (2, 2) mesh):
+On torch_xla it runs as is on 8 virtual CPU devices and unchanged on a TPU VM; on current
+PyTorch (no torch_xla) and under torchrun it runs on torch.distributed DTensor (one process
+per device: TorchTPU, GPUs, or CPU processes with gloo; 4 processes make a (2, 2) mesh):
 
-    python examples/train_spmd.py
-    torchrun --nproc_per_node 4 examples/train_spmd.py --backend dtensor
+    torchrun --nproc_per_node 4 examples/train_spmd.py   # DTensor (the default under torchrun)
+    python examples/train_spmd.py                        # torch_xla; without it, launches 4 DTensor ranks
+    python examples/train_spmd.py --backend dtensor      # DTensor: launches its 4 ranks itself
 
 Sharding (Megatron-style tensor parallelism on 'model', batch on 'data'):
   - token batch                 P('data', None)
@@ -29,6 +30,11 @@ import math
 from spmd import configure_default_devices
 
 configure_default_devices()
+
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -104,8 +110,11 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--batch", type=int, default=16, help="global batch")
     parser.add_argument("--model-axis", type=int, default=2, help="size of the 'model' mesh axis")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--backend", choices=["torch_xla", "dtensor"], default="torch_xla")
+    parser.add_argument(
+        "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
+    )
     args = parser.parse_args(argv)
+    args.backend = _lane.settle_backend(args.backend, __file__, argv)
 
     rank = 0
     if args.backend == "dtensor":  # under torchrun: one process per device

@@ -2,10 +2,11 @@
 
     torchrun --nproc_per_node 4 tests/examples_dtensor_worker.py OUT_DIR
 
-examples/train_fsdp.py and examples/train_spmd.py with ``--backend dtensor`` (train_spmd on a
-(2, 2) data x model mesh), train_spmd's model trained eagerly in one process on the same data
-as the reference, and examples/mfu_benchmark.py on a one-block GPT-2, and examples/one_script.py. Rank 0 writes results.json
-(and the benchmark's mfu.json) into OUT_DIR.
+examples/train_fsdp.py and examples/train_spmd.py with no ``--backend`` (under torchrun the
+default is dtensor; train_spmd on a (2, 2) data x model mesh), train_spmd's model trained
+eagerly in one process on the same data as the reference, examples/mfu_benchmark.py on a
+one-block GPT-2 (fsdp against FSDP2's fully_shard), and examples/one_script.py. Rank 0 writes
+results.json (and the benchmark's mfu.json) into OUT_DIR.
 """
 
 import json
@@ -27,8 +28,8 @@ out = Path(sys.argv[1])
 steps = 6
 
 small = ["--layers", "2", "--d-model", "64", "--seq", "32", "--batch", "8"]
-fsdp_losses = train_fsdp.main(["--backend", "dtensor", *small, "--steps", "8", "--deferred-init", "--checkpointing"])
-spmd_losses = train_spmd.main(["--backend", "dtensor", "--steps", str(steps)])
+fsdp_losses = train_fsdp.main([*small, "--steps", "8", "--deferred-init", "--checkpointing"])
+spmd_losses = train_spmd.main(["--steps", str(steps)])
 
 torch.manual_seed(0)  # as train_spmd.main: the same initial weights and batches, one process
 eager = train_spmd.TinyGPT()
@@ -48,7 +49,7 @@ config = out / "gpt2_one_block.json"
 if dist.get_rank() == 0:
     config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 512}))
 dist.barrier()
-bench_args = ["--backend", "dtensor", "--config", str(config), "--batch", "8", "--seq", "32"]  # strategy: fsdp
+bench_args = ["--config", str(config), "--batch", "8", "--seq", "32"]  # fsdp and the fully_shard baseline
 bench = mfu_benchmark.main([*bench_args, "--steps", "2", "--warmup", "1", "--json", str(out / "mfu.json")])
 one_losses = one_script.main(["--steps", "5"])  # DTensor's vocabulary; also run on torch_xla by the test
 

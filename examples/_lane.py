@@ -1,0 +1,76 @@
+"""Which runtime an example runs on, decided once at its command line (shared by the examples).
+
+`default_backend` is ``--backend``'s default: ``dtensor`` when the script runs under torchrun
+(``WORLD_SIZE`` is set) or where torch_xla is not installed (the current lane), ``torch_xla``
+otherwise. `settle_backend` applies it and makes any command work as written:
+
+- ``dtensor`` outside torchrun (``python examples/train_fsdp.py`` on the current lane) launches
+  the script's own ranks, as ``torchrun --standalone --nproc_per_node 4`` would (CPU processes
+  with gloo; one per GPU where there are GPUs), and exits with their status;
+- ``torch_xla`` where it is not installed prints one line, the install command, and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["CPU_RANKS", "default_backend", "exit_needing_torch_xla", "launch_ranks", "settle_backend"]
+
+CPU_RANKS = 4
+"""Ranks a script launches for itself on a host without GPUs (a (2, 2) mesh for train_spmd)."""
+
+
+def default_backend() -> str:
+    """``dtensor`` under torchrun or without torch_xla, else ``torch_xla``."""
+    if "WORLD_SIZE" in os.environ or importlib.util.find_spec("torch_xla") is None:
+        return "dtensor"
+    return "torch_xla"
+
+
+def settle_backend(requested: str | None, script: str, argv: Sequence[str] | None) -> str:
+    """The backend this run of ``script`` (called with ``argv``; ``None``: ``sys.argv[1:]``) uses:
+    ``requested`` (its ``--backend``) or `default_backend`. Returns only when this process runs it;
+    otherwise exits: with the status of the ranks it launched (``dtensor`` outside torchrun), or 2
+    with one line (``torch_xla`` where it is not installed)."""
+    backend = requested or default_backend()
+    if backend == "torch_xla":
+        exit_needing_torch_xla(script, "--backend torch_xla (GSPMD on XLA devices)")
+    elif "WORLD_SIZE" not in os.environ:
+        raise SystemExit(launch_ranks(script, sys.argv[1:] if argv is None else argv))
+    return backend
+
+
+def exit_needing_torch_xla(script: str, feature: str, hint: str = "") -> None:
+    """Return if torch_xla is installed; else print one line naming ``feature`` and the install
+    command (`spmd.errors.TorchXlaNotInstalledError`'s message), then ``hint``, and exit 2."""
+    from spmd._backend import backend
+    from spmd.errors import TorchXlaNotInstalledError
+
+    try:
+        backend.require_torch_xla(feature)
+    except TorchXlaNotInstalledError as e:
+        print(f"{os.path.basename(script)}: {e}{' ' + hint if hint else ''}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> int:
+    """Run ``script argv`` as ``torchrun --standalone --nproc_per_node nproc`` (default: one rank
+    per GPU, else `CPU_RANKS` CPU processes); their exit status."""
+    nproc = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else CPU_RANKS)
+    flags = ["--standalone", "--nproc_per_node", str(nproc)]
+    where = f"{nproc} GPU processes (nccl)" if torch.cuda.is_available() else f"{nproc} CPU processes (gloo)"
+    shown = os.path.relpath(script) if not os.path.relpath(script).startswith("..") else script
+    command = " ".join(["torchrun", *flags, shown, *argv])
+    print(f"not under torchrun: launching {where}, as: {command}", flush=True)
+    env = dict(os.environ, USE_TORCH_XLA="0")  # transformers would import torch_xla wherever it is installed
+    with subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *flags, script, *argv], env=env) as ranks:
+        try:
+            return ranks.wait()
+        except KeyboardInterrupt:  # torchrun got the Ctrl-C too and stops the ranks
+            return ranks.wait()
