@@ -78,7 +78,7 @@ IN_PROCESS = {
     ("migration.md", 0),
 }
 # Snippets that run as torchrun jobs: (name, index) -> processes.
-TORCHRUN = {("backends.md", 0): 4, ("multiprocess.md", 0): 4, ("quickstart.md", 0): 4}
+TORCHRUN = {("README.md", 1): 4, ("backends.md", 0): 4, ("multiprocess.md", 0): 4, ("quickstart.md", 0): 4}
 
 _PRINT_CHECK = re.compile(r"^(\s*)print\((.*)\)\s*#\s*(.+)$")
 CHECKER = """
