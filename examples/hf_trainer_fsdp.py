@@ -91,7 +91,7 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
     parser.add_argument("--steps", type=int, default=12)
@@ -107,8 +107,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: no checkpoints)")
     parser.add_argument("--resume-from", default=None, help="a checkpoint directory to continue from")
     parser.add_argument("--json", default=None, help="write the losses and memory numbers here (rank 0)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def build_trainer(args: argparse.Namespace) -> FSDPTrainer:
+    """The model (on the meta device unless ``--eager-init``) and the trainer, which shards it."""
     config = GPT2Config(
         vocab_size=args.vocab,
         n_positions=args.seq,
@@ -123,7 +126,6 @@ def main(argv: list[str] | None = None) -> dict:
         model = AutoModelForCausalLM.from_config(config)
     else:
         model = fsdp_xla.deferred_init(AutoModelForCausalLM.from_config, config)  # no parameter memory yet
-    n_params = sum(p.numel() for p in model.parameters())
 
     training_args = TrainingArguments(
         output_dir=args.output_dir,
@@ -139,12 +141,20 @@ def main(argv: list[str] | None = None) -> dict:
         report_to=[],
         dataloader_drop_last=True,
         optim="adamw_torch",
+        use_cpu=TORCHRUN and not torch.accelerator.is_available(),  # accelerate: one gloo process per rank
     )
-    trainer = FSDPTrainer(
+    return FSDPTrainer(
         model=model,
         args=training_args,
         train_dataset=CountingDataset(args.batch * args.steps, args.seq, args.vocab),
     )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    trainer = build_trainer(args)
+    model = trainer.model
+    n_params = sum(p.numel() for p in model.parameters())
     built_rss = per_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # building + sharding
     result = trainer.train(resume_from_checkpoint=args.resume_from)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
@@ -156,14 +166,14 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_rss_bytes": peak_rss,
         "model_bytes": model_bytes,
         "units": unit_count(model),
-        "backend": trainer._runtime.name,
+        "backend": trainer.backend,
     }
     if is_main_process():
         gib = [f"{b / 2**30:.2f}" for b in built_rss]
         print(f"losses: {[round(x, 3) for x in losses]}")
         print(
             f"{n_params:,} parameters in {unit_count(model)} units; {model_bytes / 2**30:.3f} GiB unsharded "
-            f"(float32), on {trainer._runtime.name}; peak host RSS per process building the trainer {gib} GiB, whole run "
+            f"(float32), on {trainer.backend}; peak host RSS per process building the trainer {gib} GiB, whole run "
             f"{[f'{b / 2**30:.2f}' for b in peak_rss]} GiB; train loss {result.training_loss:.3f}"
         )
         if args.json:

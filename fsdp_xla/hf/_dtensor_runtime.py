@@ -80,14 +80,24 @@ class DTensorRuntime:
         if training_args is not None:
             training_args.accelerator_config.split_batches = True
 
-    def mesh(self, mesh: Mesh | None, per_device_batch: int) -> Mesh:
-        """The mesh (default: every rank on one ``fsdp`` axis); the batch must divide by the ranks.
+    def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
+        """The mesh (default: every rank on one ``fsdp`` axis); accelerate must see every rank, and
+        the batch must divide by the ranks.
 
         Raises:
-            HFConfigError: the batch does not divide by the ranks.
+            HFConfigError: accelerate sees fewer processes than torchrun started, or the batch
+                does not divide by the ranks.
         """
         world = _world()
+        if training_args.world_size != world:
+            raise HFConfigError(
+                f"torchrun started {world} processes but accelerate sees {training_args.world_size} "
+                f"({training_args.distributed_state.distributed_type}): it would neither split the batches nor "
+                "average the logged loss over the ranks. On CPU pass TrainingArguments(use_cpu=True) (--use_cpu), "
+                "which makes accelerate run one gloo process per rank (MULTI_CPU)."
+            )
         mesh = mesh or Mesh(np.arange(world), (world,), ("fsdp",))
+        per_device_batch = training_args.per_device_train_batch_size
         if per_device_batch % world:
             raise HFConfigError(
                 f"per_device_train_batch_size={per_device_batch} is the global batch (as on GSPMD): each of the "

@@ -83,7 +83,7 @@ class GspmdRuntime:
                 "XLA device and may place tensors on it)."
             ) from e
 
-    def mesh(self, mesh: Mesh | None, per_device_batch: int) -> Mesh:
+    def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
         """The mesh (the global one from now on); the batch must divide by its data axes.
 
         Raises:
@@ -93,6 +93,7 @@ class GspmdRuntime:
         mesh = mesh or Mesh(np.arange(n), (n,), ("fsdp",))
         set_global_mesh(mesh)
         ways = math.prod(mesh.axis_size(a) for a in batch_axes(mesh))
+        per_device_batch = training_args.per_device_train_batch_size
         if per_device_batch % ways:
             raise HFConfigError(
                 f"per_device_train_batch_size={per_device_batch} is the global batch under SPMD and must divide by the "

@@ -174,7 +174,7 @@ class FSDPTrainer(Trainer):
         self.is_fsdp_xla_enabled = False
         self.is_fsdp_xla_v1_enabled = False
         self.is_fsdp_xla_v2_enabled = False
-        self.fsdp_mesh = self._runtime.mesh(mesh, self.args.per_device_train_batch_size)
+        self.fsdp_mesh = self._runtime.mesh(mesh, self.args)
         if not self.args.dataloader_drop_last:
             warnings.warn(
                 "FSDPTrainer sets dataloader_drop_last=True: every batch must divide by the data axes.",
@@ -183,6 +183,11 @@ class FSDPTrainer(Trainer):
             )
             self.args.dataloader_drop_last = True
         self._shard_model(sharding_plan)
+
+    @property
+    def backend(self) -> str:
+        """``"torch_xla"`` (GSPMD, one process) or ``"dtensor"`` (torchrun, FSDP2)."""
+        return self._runtime.name
 
     def _shard_model(self, sharding_plan: ShardingPlan | None) -> None:
         model = self.model
