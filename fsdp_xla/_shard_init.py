@@ -4,8 +4,8 @@ parameters, and the weights equal those `fsdp_xla.deferred.materialize_unit` giv
 After ``fully_shard`` of a unit still on the meta device, each rank allocates its local shards
 only. The unit's modules are then initialized as `materialize_unit` does (seeded per module,
 ``reset_parameters`` and the model's ``_init_weights``, or ``param_init_fn``), but against
-full-shape meta stand-ins under a dispatch mode that records what is done to each parameter.
-The record is replayed on the shards: a random fill (``normal_``, ``uniform_``) is drawn for
+storage-less stand-ins of the parameters' full shape (`_Recording`) that log what is done to
+them. The log is replayed on the shards: a random fill (``normal_``, ``uniform_``) is drawn for
 the whole parameter, a slab of rows at a time, from the same generator state, and each rank
 keeps the rows and columns it holds; scalar pointwise ops (``zero_``, ``fill_``, ``mul_``, ...)
 run on the shard itself (on a view such as an embedding's padding row, on the elements of the
@@ -15,7 +15,7 @@ works in blocks of 16 and redraws the last 16 of a tensor whose size is not a mu
 draws are one per element), which `slab_rows` guarantees; `tests/fsdp_xla/test_shard_init.py`
 checks it against whole-tensor fills.
 
-The record is taken before the unit is sharded: a unit whose init does anything else with a
+The log is taken before the unit is sharded: a unit whose init does anything else with a
 parameter (reads it, copies another tensor into it, an orthogonal init, a random fill of a
 view), or that has buffers on the meta device, is materialized whole on the host before
 sharding, as `materialize_unit` does on GSPMD (`record_unit_init` returns None for it).
@@ -29,29 +29,37 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import _unit_modules, module_seed
 
-__all__ = ["UnitRecord", "init_unit_into_shards", "record_unit_init", "slab_rows", "stream_fill"]
+__all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
 _aten = torch.ops.aten
 _RANDOM = {_aten.normal_.default, _aten.uniform_.default}
 _POINTWISE = {
     _aten.zero_.default,
     _aten.fill_.Scalar,
+    _aten.fill_.Tensor,
     _aten.mul_.Scalar,
+    _aten.mul_.Tensor,
     _aten.div_.Scalar,
+    _aten.div_.Tensor,
     _aten.add_.Scalar,
+    _aten.add_.Tensor,
     _aten.sub_.Scalar,
+    _aten.sub_.Tensor,
     _aten.clamp_.default,
     _aten.erfinv_.default,
     _aten.abs_.default,
     _aten.neg_.default,
     _aten.sqrt_.default,
 }
-_MIN_SLAB = 1 << 12  # elements: slabs no smaller than this, unless the parameter is
+# Slab size, in elements: one shard's worth, within these bounds (a slab is drawn, copied and
+# freed; at 4 MiB glibc serves it from memory it reuses, and the RSS stays near the shards).
+_MIN_SLAB = 1 << 12
+_MAX_SLAB = 1 << 20
 
 
 @dataclass
@@ -72,42 +80,89 @@ class UnitRecord:
     shapes: tuple[tuple[int, ...], ...]
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+class _Log:
+    """The ops recorded so far, and the first one that cannot be replayed on shards."""
 
-
-class _Recorder(TorchDispatchMode):
-    """Records what an init does to the tracked meta stand-ins (by storage), in order."""
-
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.slots = {_storage_key(t): i for i, t in enumerate(params)}
-        self.shapes = [tuple(t.shape) for t in params]
+    def __init__(self, shapes: list[tuple[int, ...]]) -> None:
+        self.shapes = shapes
         self.ops: list[_Op] = []
         self.unsupported: str | None = None
 
-    def _slot(self, t: object) -> int | None:
-        if isinstance(t, torch.Tensor) and t.is_meta:
-            return self.slots.get(_storage_key(t))
-        return None
+    def refuse(self, what: str) -> None:
+        self.unsupported = self.unsupported or what
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+
+class _Recording(torch.Tensor):
+    """A parameter's stand-in while its init is recorded: no storage, a CPU tensor to the init
+    (torch's ``trunc_normal_`` and ``orthogonal_`` skip meta tensors, so a meta stand-in would
+    record nothing), a meta tensor of the same geometry inside; ops on it are logged."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, slot: int, log: _Log) -> _Recording:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, meta.shape, strides=meta.stride(), storage_offset=meta.storage_offset(), dtype=meta.dtype, device="cpu"
+        )
+        r._meta, r._slot, r._log = meta, slot, log
+        return r
+
+    def __repr__(self) -> str:  # the default would read the (absent) values
+        return f"_Recording(slot={self._slot}, shape={tuple(self.shape)})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         flat = [*args, *kwargs.values()]
-        if not any(self._slot(a) is not None for a in flat) or _is_view(func):
-            return func(*args, **kwargs)  # a view of a parameter stays tracked through its storage
+        source = next(a for a in flat if isinstance(a, _Recording))
+        unwrap = lambda t: t._meta if isinstance(t, _Recording) else t  # noqa: E731
+        margs, mkwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+        if _is_view(func):  # a view of a parameter: still that parameter
+            out = func(*margs, **mkwargs)
+            wrap = lambda t: _Recording(t, source._slot, source._log) if isinstance(t, torch.Tensor) else t  # noqa: E731
+            return tree_map(wrap, out)
+        log = source._log
         target = args[0] if args else None
-        slot = self._slot(target)
-        others = [a for a in flat if isinstance(a, torch.Tensor) and a is not target]
-        if func not in _RANDOM | _POINTWISE or slot is None or others:
-            self.unsupported = self.unsupported or str(func)
-            return func(*args, **kwargs)
-        whole = tuple(target.shape) == self.shapes[slot] and target.storage_offset() == 0 and target.is_contiguous()
-        view = None if whole else (tuple(target.shape), tuple(target.stride()), target.storage_offset())
+        # Another tensor's values, or a parameter's: not replayable (a 0-d tensor is a Python number).
+        others = [a for a in flat if isinstance(a, torch.Tensor) and a is not target and (a.dim() or _slot(a) >= 0)]
+        if func not in _RANDOM | _POINTWISE or _slot(target) < 0 or others:
+            log.refuse(str(func))
+            return func(*margs, **mkwargs)
+        meta = target._meta
+        shape = log.shapes[target._slot]
+        whole = tuple(meta.shape) == shape and meta.storage_offset() == 0 and meta.is_contiguous()
+        view = None if whole else (tuple(meta.shape), tuple(meta.stride()), meta.storage_offset())
         if func in _RANDOM and view is not None:
-            self.unsupported = self.unsupported or f"{func} on a view"
-        self.ops.append(_Op(slot, func, tuple(args[1:]), dict(kwargs), view))
+            log.refuse(f"{func} on a view")
+        log.ops.append(_Op(target._slot, func, tuple(args[1:]), dict(kwargs), view))
         return target
+
+
+def _slot(t: object) -> int:
+    return t._slot if isinstance(t, _Recording) else -1
+
+
+def record_init(
+    params: list[torch.Tensor], owners: list[list[tuple[torch.nn.Module, str]]], run: Callable[[], None]
+) -> _Log:
+    """Run ``run`` (an init) with each of ``params`` replaced, in every ``(module, name)`` of
+    ``owners``, by a `_Recording` stand-in; returns the log. An init that raises on a stand-in
+    is logged as not replayable."""
+    log = _Log([tuple(p.shape) for p in params])
+    stand_ins = [_Recording(torch.empty_like(p, device="meta"), i, log) for i, p in enumerate(params)]
+    for slot_owners, stand_in in zip(owners, stand_ins):
+        for owner, attr in slot_owners:
+            owner._parameters[attr] = stand_in
+    try:
+        with torch.no_grad():
+            run()
+    except Exception as e:  # e.g. a value read from a stand-in: initialize this unit whole instead
+        log.refuse(f"{type(e).__name__}: {e}")
+    finally:
+        for slot_owners, p in zip(owners, params):
+            for owner, attr in slot_owners:
+                owner._parameters[attr] = p
+    return log
 
 
 def _is_view(func: Any) -> bool:
@@ -189,9 +244,7 @@ def _apply_to_view(op: _Op, shape: tuple[int, ...], local: torch.Tensor, offset:
     local_coords = coords[mine] - lo
     strides = torch.tensor(local.stride(), dtype=torch.long)
     where = (local_coords * strides).sum(dim=-1)
-    flat_local = local.as_strided((local.numel(),), (1,)) if local.is_contiguous() else None
-    if flat_local is None:
-        raise RuntimeError("a parameter's local shard is not contiguous")
+    flat_local = local.view(-1)  # FSDP2's shards are contiguous
     values = flat_local[where].clone()
     op.func(values, *op.args, **op.kwargs)
     flat_local[where] = values
@@ -231,15 +284,16 @@ def record_unit_init(
     params = [slot.param for slot in plan.slots]
     if not all(p.is_meta for p in params):
         return None
+    owners = [list(slot.owners) for slot in plan.slots]
     modules = []
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.random.fork_rng(devices=[]):
         for path, module in _unit_modules(root, plan, unit_paths):
-            recorder = _Recorder(params)
-            with recorder:
-                _run_init(root, path, module, init_fn, seed)
-            if recorder.unsupported is not None:
+            log = record_init(
+                params, owners, lambda path=path, module=module: _run_init(root, path, module, init_fn, seed)
+            )
+            if log.unsupported is not None:
                 return None
-            modules.append((path, tuple(recorder.ops)))
+            modules.append((path, tuple(log.ops)))
     return UnitRecord(tuple(modules), tuple(tuple(p.shape) for p in params))
 
 
@@ -286,7 +340,7 @@ def init_unit_into_shards(
 def _replay(op: _Op, shape: tuple[int, ...], local: torch.Tensor, offset: tuple[int, ...]) -> None:
     if op.func in _RANDOM:
         fill = lambda buf: op.func(buf, *op.args, **op.kwargs)  # noqa: E731
-        stream_fill(fill, shape, local.dtype, local, offset, max(_MIN_SLAB, local.numel()))
+        stream_fill(fill, shape, local.dtype, local, offset, max(_MIN_SLAB, min(local.numel(), _MAX_SLAB)))
     elif op.view is None:
         op.func(local, *op.args, **op.kwargs)
     else:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fsdp_xla._shard_init import slab_rows, stream_fill
+from fsdp_xla._shard_init import _replay, record_init, slab_rows, stream_fill
 
 SHAPES = [(509, 128), (512, 33), (64, 1), (7,), (15,), (16,), (17,), (33,), (1000, 3), (5, 3, 7), (1, 40), ()]
 FILLS = {
@@ -63,3 +63,68 @@ def test_slabs_cover_the_rows_in_16_element_aligned_pieces(shape, target):
     *inner, (a, b) = ranges
     assert all((hi - lo) * per_row % 16 == 0 for lo, hi in inner)
     assert len(ranges) == 1 or (b - a) * per_row >= 16
+
+
+def recorded(module, init):
+    names = [name for name, _ in module.named_parameters()]
+    return record_init([getattr(module, n) for n in names], [[(module, n)] for n in names], lambda: init(module))
+
+
+def test_an_init_with_a_zeroed_padding_row_is_replayed_on_every_block():
+    emb = torch.nn.Embedding(10, 4, padding_idx=5, device="meta")
+
+    def init(m):
+        torch.nn.init.normal_(m.weight, std=0.02)
+        m.weight[m.padding_idx].zero_()  # a view of the parameter, as transformers' _init_weights does
+        m.weight.mul_(2.0)
+
+    recorder = recorded(emb, init)
+    assert recorder.unsupported is None
+    assert [op.view is None for op in recorder.ops] == [True, False, True]
+    torch.manual_seed(0)
+    whole = torch.empty(10, 4)
+    with torch.no_grad():
+        init(torch.nn.Embedding.from_pretrained(whole, freeze=False, padding_idx=5))
+    for dim in (0, 1):
+        for offset, local_shape in blocks((10, 4), 4, dim):
+            torch.manual_seed(0)
+            local = torch.full(local_shape, float("nan"))
+            for op in recorder.ops:
+                _replay(op, (10, 4), local, offset)
+            assert torch.equal(
+                local, whole[offset[0] : offset[0] + local_shape[0], offset[1] : offset[1] + local_shape[1]]
+            )
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        lambda m: m.weight.copy_(torch.ones(3, 4)),  # another tensor's values
+        lambda m: torch.nn.init.orthogonal_(m.weight),  # reads the whole parameter (and skips a meta one)
+        lambda m: m.weight[0].normal_(),  # a random fill of a view
+    ],
+    ids=["copy", "orthogonal", "random-view"],
+)
+def test_an_init_that_cannot_be_replayed_on_shards_is_recognized(init):
+    """(A meta stand-in would record nothing for torch 2.15's orthogonal_, which skips meta tensors.)"""
+    assert recorded(torch.nn.Linear(4, 3, device="meta"), init).unsupported is not None
+
+
+def test_trunc_normal_is_never_recorded_as_nothing():
+    """torch 2.15's trunc_normal_ returns at once for a meta tensor (the stand-in is none), and
+    samples by rejection, reading the values it drew: not replayable, so the unit is built whole.
+    torch 2.9's (uniform_, erfinv_, mul_, add_, clamp_) is replayed exactly."""
+    lin = torch.nn.Linear(40, 33, bias=False, device="meta")
+    log = recorded(lin, lambda m: torch.nn.init.trunc_normal_(m.weight, std=0.02))
+    if log.unsupported is not None:
+        assert "aten.lt" in log.unsupported or "aten.gt" in log.unsupported, log.unsupported
+        return
+    assert len(log.ops) >= 2
+    torch.manual_seed(0)
+    whole = torch.nn.init.trunc_normal_(torch.empty(33, 40), std=0.02)
+    for offset, local_shape in blocks((33, 40), 4, 0):
+        torch.manual_seed(0)
+        local = torch.full(local_shape, float("nan"))
+        for op in log.ops:
+            _replay(op, (33, 40), local, offset)
+        assert torch.equal(local, whole[offset[0] : offset[0] + local_shape[0]])

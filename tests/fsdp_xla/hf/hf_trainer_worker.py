@@ -37,8 +37,10 @@ _EMPTY = {
 
 def _local(t: object) -> torch.Tensor | None:
     t = t._local_tensor if isinstance(t, DTensor) else t
-    cpu = isinstance(t, torch.Tensor) and t.device.type == "cpu"
-    return t if cpu and t.is_floating_point() else None  # parameters (not the token ids of the data)
+    # Plain host tensors (a storage-less stand-in of deferred init holds no memory), floating
+    # point (parameters, not the token ids of the data).
+    plain = type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+    return t if plain and t.is_floating_point() else None
 
 
 class Materialized(TorchDispatchMode):
