@@ -29,10 +29,11 @@ from pathlib import Path
 
 TORCHRUN = "LOCAL_RANK" in os.environ  # torchrun sets it for every process it starts
 TORCHRUN_COMMAND = "torchrun --nproc_per_node 4 examples/hf_trainer_fsdp.py"
-if not TORCHRUN and importlib.util.find_spec("torch_xla") is None and __name__ == "__main__":
+GSPMD = not TORCHRUN and importlib.util.find_spec("torch_xla") is not None  # one process drives every device
+if not TORCHRUN and not GSPMD and __name__ == "__main__":
     print(f"Without torch_xla this example runs on DTensor, one process per device: {TORCHRUN_COMMAND}")
     sys.exit(2)
-if not TORCHRUN:
+if GSPMD:
     from spmd import configure_default_devices
 
     configure_default_devices()
@@ -43,7 +44,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments  # 
 import fsdp_xla  # noqa: E402
 from fsdp_xla.hf import FSDPTrainer  # noqa: E402
 
-if not TORCHRUN:
+if GSPMD:
     import spmd
 
     spmd.enable_spmd()  # before TrainingArguments: it picks the XLA device
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    if not TORCHRUN:
+    if GSPMD:
         from spmd.xla_log import show_repeated_notices_once
 
         show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
