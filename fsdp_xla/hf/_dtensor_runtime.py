@@ -76,9 +76,20 @@ class DTensorRuntime:
             )
 
     def before_trainer(self, training_args: Any) -> None:
-        """accelerate's ``split_batches`` on, before the Trainer builds its Accelerator."""
-        if training_args is not None:
-            training_args.accelerator_config.split_batches = True
+        """accelerate's ``split_batches`` on, before the Trainer builds its Accelerator.
+
+        Raises:
+            HFConfigError: ``load_best_model_at_end``, which reads the Trainer's weight files.
+        """
+        if training_args is None:
+            return
+        if training_args.load_best_model_at_end:
+            raise HFConfigError(
+                "TrainingArguments(load_best_model_at_end=True) reloads the Trainer's weight files, and on the dtensor "
+                "backend FSDPTrainer's checkpoints are sharded (<checkpoint>/fsdp_xla). Leave it out and load the best "
+                "checkpoint with fsdp_xla.checkpoint.load_sharded(state.best_model_checkpoint + '/fsdp_xla', model)."
+            )
+        training_args.accelerator_config.split_batches = True
 
     def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
         """The mesh (default: every rank on one ``fsdp`` axis); accelerate must see every rank, and

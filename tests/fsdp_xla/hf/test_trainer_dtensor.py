@@ -125,3 +125,21 @@ def test_fsdp_trainer_without_a_process_group_or_torch_xla_says_to_use_torchrun(
     args = TrainingArguments(output_dir=str(tmp_path), fsdp=True, fsdp_config={"xla": True}, report_to=[])
     with pytest.raises(HFConfigError, match=r"no torch.distributed process group and no torch_xla.*torchrun"):
         FSDPTrainer(model=torch.nn.Linear(2, 2), args=args)
+
+
+def test_load_best_model_at_end_is_refused_on_dtensor(tmp_path):
+    """It reloads the Trainer's weight files; FSDPTrainer's checkpoints there are sharded."""
+    from transformers import TrainingArguments
+
+    from fsdp_xla.hf import HFConfigError
+    from fsdp_xla.hf._dtensor_runtime import DTensorRuntime
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        load_best_model_at_end=True,
+        eval_strategy="steps",
+        save_strategy="steps",
+        report_to=[],
+    )
+    with pytest.raises(HFConfigError, match=r"load_best_model_at_end=True.*fsdp_xla.checkpoint.load_sharded"):
+        DTensorRuntime(None).before_trainer(args)
