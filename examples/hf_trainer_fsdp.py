@@ -1,35 +1,53 @@
 """Train a GPT-2 built from a config through the Hugging Face Trainer with fsdp_xla, using the
-PyTorch/XLA blog's ``fsdp_config.json`` unchanged, on 8 virtual devices by default.
+PyTorch/XLA blog's ``fsdp_config.json`` unchanged: on torch_xla's GSPMD (8 virtual devices by
+default), or on DTensor under torchrun (one process per device; gloo on CPU, tpu_dist on TorchTPU).
 
-    python examples/hf_trainer_fsdp.py                     # small GPT-2, deferred init
+    python examples/hf_trainer_fsdp.py                     # torch_xla lane: small GPT-2, deferred init
+    torchrun --nproc_per_node 4 examples/hf_trainer_fsdp.py  # current lane: FSDP2 fully_shard per block
     python examples/hf_trainer_fsdp.py --eager-init --steps 20
     python examples/hf_trainer_fsdp.py --fsdp-config examples/fsdp_config.json --n-layer 6
 
 The same flags as the blog's run_clm.py (``--fsdp full_shard --fsdp_config fsdp_config.json``)
 reach the Trainer through TrainingArguments; the only change to a plain Trainer script is
 ``FSDPTrainer`` in place of ``Trainer`` and, for models larger than host memory,
-``fsdp_xla.deferred_init(AutoModelForCausalLM.from_config, config)``. No download: the data
-are synthetic token sequences made here (counting up by a random stride, so the loss falls).
+``fsdp_xla.deferred_init(AutoModelForCausalLM.from_config, config)``. ``--batch`` is the global
+batch on both (``per_device_train_batch_size`` under SPMD); under torchrun each rank takes its
+rows of it. No download: the data are synthetic token sequences made here (counting up by a
+random stride, so the loss falls). ``--save-steps N`` checkpoints every N steps (the sharded
+format on DTensor) and ``--resume-from DIR`` continues from one.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import os
 import resource
+import sys
 from pathlib import Path
 
-from spmd import configure_default_devices
+TORCHRUN = "LOCAL_RANK" in os.environ  # torchrun sets it for every process it starts
+TORCHRUN_COMMAND = "torchrun --nproc_per_node 4 examples/hf_trainer_fsdp.py"
+GSPMD = not TORCHRUN and importlib.util.find_spec("torch_xla") is not None  # one process drives every device
+if not TORCHRUN and not GSPMD and __name__ == "__main__":
+    print(f"Without torch_xla this example runs on DTensor, one process per device: {TORCHRUN_COMMAND}")
+    sys.exit(2)
+if GSPMD:
+    from spmd import configure_default_devices
 
-configure_default_devices()
+    configure_default_devices()
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments  # noqa: E402
 
 import fsdp_xla  # noqa: E402
-import spmd  # noqa: E402
 from fsdp_xla.hf import FSDPTrainer  # noqa: E402
 
-spmd.enable_spmd()  # before TrainingArguments: it picks the XLA device
+if GSPMD:
+    import spmd
+
+    spmd.enable_spmd()  # before TrainingArguments: it picks the XLA device
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,7 +68,31 @@ class CountingDataset(torch.utils.data.Dataset):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def per_rank(value: float) -> list[float]:
+    """``value`` of every rank under torchrun (rank order), else ``[value]``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def unit_count(model: torch.nn.Module) -> int:
+    """FSDP units: fsdp_xla's on GSPMD, torch's FSDPModules on DTensor."""
+    if hasattr(model, "fsdp_units"):
+        return len(model.fsdp_units)
+    from torch.distributed.fsdp import FSDPModule
+
+    return sum(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
     parser.add_argument("--steps", type=int, default=12)
@@ -63,8 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eager-init", action="store_true", help="build the model on the host first")
     parser.add_argument("--output-dir", default="runs/hf_trainer_fsdp")
-    args = parser.parse_args(argv)
+    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: no checkpoints)")
+    parser.add_argument("--resume-from", default=None, help="a checkpoint directory to continue from")
+    parser.add_argument("--json", default=None, help="write the losses and memory numbers here (rank 0)")
+    return parser.parse_args(argv)
 
+
+def build_trainer(args: argparse.Namespace) -> FSDPTrainer:
+    """The model (on the meta device unless ``--eager-init``) and the trainer, which shards it."""
     config = GPT2Config(
         vocab_size=args.vocab,
         n_positions=args.seq,
@@ -89,31 +137,54 @@ def main(argv: list[str] | None = None) -> dict:
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
         report_to=[],
         dataloader_drop_last=True,
         optim="adamw_torch",
+        use_cpu=TORCHRUN and not torch.accelerator.is_available(),  # accelerate: one gloo process per rank
     )
-    trainer = FSDPTrainer(
+    return FSDPTrainer(
         model=model,
         args=training_args,
         train_dataset=CountingDataset(args.batch * args.steps, args.seq, args.vocab),
     )
-    built_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak so far: building + sharding
-    result = trainer.train()
-    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    trainer = build_trainer(args)
+    model = trainer.model
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"losses: {[round(x, 3) for x in losses]}")
-    print(
-        f"{n_params:,} parameters in {len(model.fsdp_units)} units; peak host RSS building the trainer "
-        f"{built_rss / 2**30:.2f} GiB, whole run {peak_rss / 2**30:.2f} GiB; train loss {result.training_loss:.3f}"
-    )
-    return {"losses": losses, "built_rss_bytes": built_rss, "peak_rss_bytes": peak_rss, "units": model.fsdp_units}
+    built_rss = per_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # building + sharding
+    result = trainer.train(resume_from_checkpoint=args.resume_from)
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    peak_rss = per_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    model_bytes = n_params * 4  # float32
+    out = {
+        "losses": losses,
+        "built_rss_bytes": built_rss,
+        "peak_rss_bytes": peak_rss,
+        "model_bytes": model_bytes,
+        "units": unit_count(model),
+        "backend": trainer.backend,
+    }
+    if is_main_process():
+        gib = [f"{b / 2**30:.2f}" for b in built_rss]
+        print(f"losses: {[round(x, 3) for x in losses]}")
+        print(
+            f"{n_params:,} parameters in {unit_count(model)} units; {model_bytes / 2**30:.3f} GiB unsharded "
+            f"(float32), on {trainer.backend}; peak host RSS per process building the trainer {gib} GiB, whole run "
+            f"{[f'{b / 2**30:.2f}' for b in peak_rss]} GiB; train loss {result.training_loss:.3f}"
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
-    from spmd.xla_log import show_repeated_notices_once
+    if GSPMD:
+        from spmd.xla_log import show_repeated_notices_once
 
-    show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
+        show_repeated_notices_once()  # XLA's per-compile GSPMD notice, once
     main()

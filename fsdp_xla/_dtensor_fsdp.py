@@ -3,9 +3,11 @@
 
 Units are the same as on GSPMD (`plan_units`: the policy's modules, tied weights in the unit
 that holds every use). They are sharded inner first, as ``fully_shard`` requires; with deferred
-init each unit is first allocated on the host and initialized exactly as on GSPMD (the same
-per-module seeds), so the weights equal the GSPMD backend's for the same ``init_seed``, and only
-one unit exists unsharded at a time.
+init each unit is sharded while still on the meta device and each rank then initializes only its
+shards, with the values GSPMD's whole-unit init gives (the same per-module seeds;
+`fsdp_xla._shard_init`), so the weights equal the GSPMD backend's for the same ``init_seed`` and
+no rank holds a unit's unsharded parameters. An init that cannot be replayed on shards (see
+there) falls back to allocating that unit whole on the host first.
 
 The GSPMD options map as far as FSDP2 can express them, and are checked before anything is
 sharded:
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from fsdp_xla._options import FSDPOptions
+from fsdp_xla._shard_init import init_unit_into_shards, record_unit_init
 from fsdp_xla._sharding import SpecFn, spec_from_fn
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
@@ -149,7 +152,8 @@ def fully_shard_on_dtensor(
     deferred = needs_materialization(module)
     unit_paths = [p.path for p in plans]
     for plan in reversed(plans):  # inner units first; the root last takes what is left
-        if deferred:
+        record = record_unit_init(module, plan, unit_paths, param_init_fn, init_seed) if deferred else None
+        if deferred and record is None:
             materialize_unit(module, plan, unit_paths, param_init_fn, init_seed)
         # After materialize_unit: the unit's parameters are the ones fully_shard will see.
         placements = {id(s.param): Shard(shard_dims[s.name]) for s in plan.slots if s.name in shard_dims}
@@ -165,6 +169,8 @@ def fully_shard_on_dtensor(
             reshard_after_forward=reshard,
             shard_placement_fn=(lambda p, placements=placements: placements.get(id(p))) if placements else None,
         )
+        if record is not None:
+            init_unit_into_shards(module, plan, unit_paths, record, init_seed, device_type)
     return module
 
 

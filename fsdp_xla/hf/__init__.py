@@ -1,5 +1,5 @@
-"""Hugging Face integration: the Trainer's ``fsdp_config`` JSON, `FSDPTrainer`, and 2-D
-sharding plans for GPT-2 and Llama.
+"""Hugging Face integration: the Trainer's ``fsdp_config`` JSON, `FSDPTrainer` (on torch_xla's
+GSPMD, or on DTensor under torchrun), and 2-D sharding plans for GPT-2 and Llama.
 
 ``FSDPTrainer`` and ``TrainingArguments`` need transformers (``pip install 'xla-spmd[hf]'``);
 they are imported on first use, so reading a config works without it.

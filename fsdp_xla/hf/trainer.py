@@ -3,40 +3,38 @@
 ``FSDPTrainer(model=..., args=TrainingArguments(fsdp="full_shard", fsdp_config="fsdp_config.json"))``
 reads the same ``fsdp_config`` the Trainer documents (`read_fsdp_config`), shards the model with
 `fsdp_xla.FSDP` when the trainer is built (a model from `fsdp_xla.deferred_init` is
-initialized straight into its shards), shards each batch key on its batch dim over the data
-axes (``data``/``fsdp``; `batch_sharding`, per-key specs where given), and otherwise
-leaves the Trainer alone: its optimizer, scheduler, logging, evaluation and ``save_model``.
+initialized straight into its shards), gives each device its part of every batch
+(``per_device_train_batch_size`` is the global batch, as under SPMD), and otherwise leaves the
+Trainer alone: its optimizer, scheduler, logging and evaluation.
 
-What it changes in the Trainer, and why (transformers 5.23):
+It runs on either backend, chosen once when the trainer is built: under ``torchrun`` (the
+process group is up) on DTensor, torch's ``fully_shard`` per unit (`_dtensor_runtime`); in one
+process with torch_xla on GSPMD (`_gspmd_runtime`). What each changes in the Trainer is said
+there. On both it:
 
-- turns SPMD on before the Trainer picks its device (``xr.use_spmd()`` must come first);
 - turns the Trainer's own XLA FSDP flags off after reading the config: its v1 path wraps with
   ``XlaFullyShardedDataParallel`` and its v2 path ignores ``xla_fsdp_settings``; in 5.23
   both also leave the optimizer uncreated when the model is wrapped;
 - ``_wrap_model`` returns the model as is (it is sharded in place);
 - replaces the ``adamw_torch_fused`` default, which does not run on XLA tensors, by
-  ``adamw_torch``;
-- sets the dataloaders' input sharding (the Trainer does it only for its FSDPv2 path).
+  ``adamw_torch`` (on both, so the same arguments train the same way).
 """
 
 from __future__ import annotations
 
-import math
+import importlib.util
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from fsdp_xla.api import FSDP
 from fsdp_xla.errors import FSDPTypeError
+from fsdp_xla.hf._dtensor_runtime import TORCHRUN_HINT, DTensorRuntime
+from fsdp_xla.hf._gspmd_runtime import GspmdRuntime, batch_axes, batch_sharding
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
-from mesh import Mesh, as_mesh, set_global_mesh
-from spmd._backend import backend
-from spmd.compat.sharding_spec import ShardingSpec
-from spmd.devices import enable_spmd
-from spmd.errors import SpmdModeError
+from mesh import Mesh, as_mesh
 from spmd.sharding_plan import ShardingPlan
 
 try:
@@ -47,43 +45,24 @@ except ImportError as e:  # pragma: no cover - transformers is an optional depen
 __all__ = ["FSDPTrainer", "batch_axes", "batch_sharding"]
 
 
-def batch_axes(mesh: Mesh) -> tuple[str, ...]:
-    """The mesh axes a batch is split over: ``data`` and ``fsdp``, those the mesh has, in mesh order."""
-    return tuple(a for a in mesh.axis_names or () if a in ("data", "fsdp"))
-
-
-def batch_sharding(mesh: Mesh, specs: Mapping[str, Any] | None = None) -> Any:
-    """How the dataloader lays each batch key out: the batch dim (dim 0) over the data axes, the
-    rest replicated, for every key of any rank (a 0-d tensor is replicated); a key of ``specs``
-    takes its own spec. A spec that splits a dim its tensor lacks raises `ShardingError` when
-    the batch is sent: nothing is replicated silently.
+def _runtime_for(batch_specs: Mapping[str, Any] | None) -> DTensorRuntime | GspmdRuntime:
+    """DTensor once torch.distributed is up (torchrun; TrainingArguments starts the process
+    group), else GSPMD where torch_xla is installed.
 
     Raises:
-        HFConfigError: ``specs`` is not a mapping of key to spec.
+        HFConfigError: neither (one process, no torch_xla).
     """
-    default = ShardingSpec(mesh, (batch_axes(mesh),))
-    if specs is None:
-        return default
-    if not isinstance(specs, Mapping) or not all(isinstance(k, str) for k in specs):
-        raise HFConfigError(
-            f"batch_specs must map batch keys to specs, e.g. {{'pixel_values': P('fsdp')}}; got {specs!r:.200}."
-        )
-    return _KeyedSharding(default, {k: ShardingSpec(mesh, v) for k, v in specs.items()})
+    import torch.distributed as dist
 
-
-class _KeyedSharding(dict):
-    """torch_xla's loaders take a dict of ShardingSpec per batch key and refuse a key it lacks;
-    this one answers every key: its own spec, else the default."""
-
-    def __init__(self, default: ShardingSpec, specs: dict[str, ShardingSpec]) -> None:
-        super().__init__(specs)
-        self.default = default
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __missing__(self, key: str) -> ShardingSpec:
-        return self.default
+    if dist.is_available() and dist.is_initialized():
+        return DTensorRuntime(batch_specs)
+    if importlib.util.find_spec("torch_xla") is not None:
+        return GspmdRuntime(batch_specs)
+    raise HFConfigError(
+        "FSDPTrainer found no torch.distributed process group and no torch_xla: without torch_xla it runs on "
+        f"DTensor, one process per device. Launch the script with torchrun (e.g. `{TORCHRUN_HINT}`), and build "
+        "TrainingArguments before FSDPTrainer (it starts the process group)."
+    )
 
 
 def _replace_the_fused_adamw_default(training_args: Any) -> None:
@@ -145,20 +124,23 @@ def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
 
 
 class FSDPTrainer(Trainer):
-    """``transformers.Trainer`` training with `fsdp_xla.FSDP` on GSPMD (module docstring).
+    """``transformers.Trainer`` training with `fsdp_xla.FSDP` on GSPMD or DTensor (module docstring).
 
     Args:
         *args: the Trainer's own positional arguments.
         **kwargs: the Trainer's own keyword arguments; ``args`` (TrainingArguments) must enable
             ``fsdp`` and give an ``fsdp_config`` (path or dict).
-        mesh: the device mesh; default all devices on one ``fsdp`` axis. It becomes the global
-            mesh.
+        mesh: the device mesh; default all devices (ranks under torchrun) on one ``fsdp`` axis.
+            On GSPMD it becomes the global mesh.
         sharding_plan: a `spmd.sharding_plan.ShardingPlan` (e.g. `fsdp_xla.hf.gpt2_plan()`)
             for 2-D fsdp x tensor layouts; its specs become FSDP's ``param_spec_fn``.
+        batch_specs: GSPMD only: a spec per batch key where the default (the batch dim over the
+            data axes) does not fit.
 
     Raises:
         HFConfigError: ``fsdp`` is not enabled, or the config has a bad key (see
-            `read_fsdp_config`), or the batch size does not divide by the ``fsdp`` axis.
+            `read_fsdp_config`), or the batch size does not divide by the ``fsdp`` axis, or
+            there is neither a process group nor torch_xla.
         MeshTypeError: ``mesh`` is not a mesh.
         FSDPTypeError: ``sharding_plan`` is not a `ShardingPlan`.
     """
@@ -175,14 +157,9 @@ class FSDPTrainer(Trainer):
         plan for the parameters (`spmd.sharding_plan`); ``batch_specs``: a spec per batch key
         where the default (the batch dim over the data axes) does not fit, e.g.
         ``{"pixel_values": P("fsdp", None, None, None)}``."""
-        try:
-            enable_spmd()
-        except SpmdModeError as e:
-            raise SpmdModeError(
-                f"{e} With the Trainer: call spmd.enable_spmd() before creating TrainingArguments (which picks the "
-                "XLA device and may place tensors on it)."
-            ) from e
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        self._runtime = _runtime_for(batch_specs)
+        self._runtime.before_trainer(training_args)
         mesh = _check_mesh_and_plan(mesh, sharding_plan)
         _check_before_the_trainer(training_args, mesh)
         _replace_the_fused_adamw_default(training_args)
@@ -197,52 +174,60 @@ class FSDPTrainer(Trainer):
         self.is_fsdp_xla_enabled = False
         self.is_fsdp_xla_v1_enabled = False
         self.is_fsdp_xla_v2_enabled = False
-        self._set_mesh(mesh)
-        self._batch_sharding = batch_sharding(self.fsdp_mesh, batch_specs)
-        self._shard_model(sharding_plan)
-
-    def _set_mesh(self, mesh: Mesh | None) -> None:
-        """The mesh (the global one from now on), and the batch size it needs."""
-        n = backend.device_count()
-        self.fsdp_mesh = mesh or Mesh(np.arange(n), (n,), ("fsdp",))
-        set_global_mesh(self.fsdp_mesh)
-        ways = math.prod(self.fsdp_mesh.axis_size(a) for a in batch_axes(self.fsdp_mesh))
-        batch = self.args.per_device_train_batch_size
-        if batch % ways:
-            raise HFConfigError(
-                f"per_device_train_batch_size={batch} is the global batch under SPMD and must divide by the data axes "
-                f"({ways} devices of {self.fsdp_mesh.describe()}). Use a multiple of {ways}."
-            )
+        self.fsdp_mesh = self._runtime.mesh(mesh, self.args)
         if not self.args.dataloader_drop_last:
             warnings.warn(
                 "FSDPTrainer sets dataloader_drop_last=True: every batch must divide by the data axes.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=2,
             )
             self.args.dataloader_drop_last = True
+        self._shard_model(sharding_plan)
+
+    @property
+    def backend(self) -> str:
+        """``"torch_xla"`` (GSPMD, one process) or ``"dtensor"`` (torchrun, FSDP2)."""
+        return self._runtime.name
 
     def _shard_model(self, sharding_plan: ShardingPlan | None) -> None:
         model = self.model
         if self.fsdp_xla_config.gradient_checkpointing and getattr(getattr(model, "config", None), "use_cache", False):
             model.config.use_cache = False  # a KV cache is meaningless while recomputing
         kwargs_fsdp = self.fsdp_xla_config.fsdp_kwargs(model)
+        kwargs_fsdp["mixed_precision"] = self._runtime.mixed_precision(kwargs_fsdp["mixed_precision"], self.args)
         if sharding_plan is not None:
             kwargs_fsdp["param_spec_fn"] = sharding_plan.param_spec_fn(self.fsdp_mesh)
         FSDP(model, mesh=self.fsdp_mesh, shard_output=None, **kwargs_fsdp)
+        self._runtime.after_sharding(model)
         self.model_wrapped = model
 
     def _wrap_model(self, model: torch.nn.Module, training: bool = True, dataloader: Any = None) -> torch.nn.Module:
         return model  # sharded in place when the trainer was built
 
-    def _shard_batches(self, loader: Any) -> Any:
-        if hasattr(loader, "_parallel_loader_kwargs"):
-            loader._parallel_loader_kwargs["input_sharding"] = self._batch_sharding
-        return loader
-
     def get_train_dataloader(self) -> Any:
-        """The Trainer's train dataloader, each batch split over the ``fsdp`` axis."""
-        return self._shard_batches(super().get_train_dataloader())
+        """The Trainer's train dataloader, each device given its part of every batch."""
+        return self._runtime.shard_batches(super().get_train_dataloader())
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        """The Trainer's eval dataloader, each batch split over the ``fsdp`` axis."""
-        return self._shard_batches(super().get_eval_dataloader(eval_dataset))
+        """The Trainer's eval dataloader, each device given its part of every batch."""
+        return self._runtime.shard_batches(super().get_eval_dataloader(eval_dataset))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model: on DTensor in fsdp_xla's sharded format (``<output_dir>/fsdp_xla``, every
+        rank its shards; `fsdp_xla.checkpoint.consolidate` merges it) with ``config.json``; on
+        GSPMD as the Trainer does. `save_pretrained` writes consolidated safetensors."""
+        self._runtime.save_model(self, output_dir or self.args.output_dir, _internal_call, super().save_model)
+
+    def save_pretrained(self, output_dir: str | None = None) -> None:
+        """The trained model as ``from_pretrained`` reads it (consolidated safetensors and config),
+        written by rank 0 (every rank must call it)."""
+        self._runtime.save_pretrained(self, output_dir or self.args.output_dir)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        self._runtime.save_optimizer_and_scheduler(self, output_dir, super()._save_optimizer_and_scheduler)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        self._runtime.load_model(self, resume_from_checkpoint, model, super()._load_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        self._runtime.load_optimizer_and_scheduler(self, checkpoint, super()._load_optimizer_and_scheduler)
