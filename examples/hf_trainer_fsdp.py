@@ -28,11 +28,14 @@ import sys
 from pathlib import Path
 
 TORCHRUN = "LOCAL_RANK" in os.environ  # torchrun sets it for every process it starts
-TORCHRUN_COMMAND = "torchrun --nproc_per_node 4 examples/hf_trainer_fsdp.py"
 GSPMD = not TORCHRUN and importlib.util.find_spec("torch_xla") is not None  # one process drives every device
 if not TORCHRUN and not GSPMD and __name__ == "__main__":
-    print(f"Without torch_xla this example runs on DTensor, one process per device: {TORCHRUN_COMMAND}")
-    sys.exit(2)
+    # Without torch_xla this example runs on DTensor, one process per device: launch them.
+    try:
+        from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+    except ImportError:
+        import _lane  # run as a script: examples/ is on the path
+    sys.exit(_lane.launch_ranks(__file__, sys.argv[1:]))
 if GSPMD:
     from spmd import configure_default_devices
 
