@@ -103,17 +103,18 @@ def test_a_batch_that_does_not_divide_by_the_ranks_is_refused(run):
 
 
 @pytest.mark.skipif(HAS_TORCH_XLA, reason="without torch_xla only (the torch_xla lane runs the example on GSPMD)")
-def test_the_example_without_torchrun_says_how_to_run_it():
+def test_the_example_without_torchrun_launches_its_ranks(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "hf_trainer_fsdp.py")],
+        [sys.executable, str(ROOT / "examples" / "hf_trainer_fsdp.py"), "--steps", "2", "--n-layer", "1"]
+        + ["--output-dir", str(tmp_path / "out")],
         env=child_env(xla=False),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    assert run.returncode == 2, run.stderr[-2000:]
-    assert "torchrun --nproc_per_node 4 examples/hf_trainer_fsdp.py" in run.stdout
-    assert "Traceback" not in run.stderr
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "launching 4 CPU processes (gloo)" in run.stdout
+    assert "on dtensor" in run.stdout and "Traceback" not in run.stderr
 
 
 @pytest.mark.skipif(HAS_TORCH_XLA, reason="without torch_xla only (with it, one process runs on GSPMD)")
