@@ -8,7 +8,9 @@ import json
 import pytest
 
 from spmd.plan import PlanReport
+from spmd.plan._compat import device_order
 from tests.spmd.plan import plan_results
+from tests.spmd.plan.test_device_order import tpu7x_devices
 from tests.spmd.plan.test_plan import tiny_llama_params
 
 LIBTPU = tuple(int(v) for v in importlib.metadata.version("libtpu").split(".")[:3])
@@ -33,8 +35,10 @@ def test_a_config_json_plans_on_tpu7x(worker):
     # The report names the compiler: the partitioner and the versions.
     assert report.toolchain["partitioner"] in ("Shardy", "GSPMD")
     assert report.toolchain["libtpu"] == importlib.metadata.version("libtpu")
+    assert report.toolchain["device_order"] == device_order(tpu7x_devices(2, 2, 1))  # the installed jax's
     heading = run["stdout"].splitlines()[:2]
     assert "8 devices" in heading[0] and f"libtpu {report.toolchain['libtpu']}" in heading[1]
+    assert f"mesh device order: {report.toolchain['device_order']}" in heading[1]
     assert "(per chip, 2 devices:" in run["stdout"]
 
 
