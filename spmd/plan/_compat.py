@@ -22,8 +22,9 @@ and libtpu >= 0.0.50 (the current lane). What differs, measured here:
   installed, and every report says which (`device_order`). jax 0.12 gives TPU7x's core axis (the
   two TensorCores of a chip, the fastest links) to the busiest mesh axis first (jax PR 39340);
   0.10.2 treats it like x, y and z. So on ``tpu7x:2x4x4`` a ``fsdp=32, tensor=2`` mesh pairs the
-  two cores of each chip on ``tensor`` under jax 0.12, and chips along x under 0.10.2. jax 0.12
-  also orders ``v5p`` slices by its v5p rule ("TPU v5" devices), which 0.10.2 did not.
+  two cores of each chip on ``tensor`` under jax 0.12, and chips along x under 0.10.2 (slices of
+  up to 32 devices follow jax's ring rule under both). jax 0.12 also gives ``v5p:2x2x2`` its
+  8-chip ring ("TPU v5" devices), which 0.10.2 did not.
 - **torchax's builds**: two builds both named 0.0.13 differ in ``override_op_definition``
   (`override_function`).
 - **jax 0.7.1 with libtpu 0.0.20** (the torch_xla lane): jax writes Mosaic IR (Pallas kernels:
@@ -326,7 +327,7 @@ def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> lis
         if "Invalid TPU external name" in message:
             raise CompilerVersionError(
                 f"libtpu {_version('libtpu')} (jax {_version('jax')}) does not compile for {chip_family} "
-                f"({libtpu_topology!r}): {message}. {chip_family} needs libtpu >= {LIBTPU_FOR_TPU7X} with jax 0.10.2, "
+                f"({libtpu_topology!r}): {message}. {chip_family} needs libtpu >= {LIBTPU_FOR_TPU7X} with jax 0.10.2 or newer, "
                 f"the current lane: {_CURRENT_LANE}. The torch_xla lane stays on jax 0.7.1 / libtpu 0.0.20, "
                 "which torch_xla 2.9 was released with."
             ) from None
