@@ -271,8 +271,8 @@ def core_axis_first() -> bool:
 
     Asked of jax itself, on mock devices: a 2x4x4 chip grid of two cores each (64 devices, past
     the small-slice ring rule) and a (32, 2) mesh, the case of jax PR 39340. The 2-device axis
-    goes to each chip's two cores (jax 0.12) or to chips along x (jax 0.10.2); a jax that cannot
-    lay TPU7x out at all (0.7.1, the torch_xla lane, whose libtpu knows no TPU7x) answers no."""
+    goes to each chip's two cores (jax 0.12) or to chips along x (jax 0.10.2, and 0.7.1 on the
+    torch_xla lane, whose libtpu knows no TPU7x); a jax that cannot lay TPU7x out answers no."""
     from jax.experimental import mesh_utils
 
     chips = [(x, y, z) for z in range(4) for y in range(4) for x in range(2)]
