@@ -1,9 +1,10 @@
-"""Version drift under the planner, in one place: torchax on current torch, libtpu's chips, and
-reading what jax compiled. Nothing else in `spmd.plan` checks a version.
+"""Version drift under the planner, in one place: torchax on current torch, libtpu's chips, how
+jax lays devices out for a mesh, and reading what jax compiled. Nothing else in `spmd.plan`
+checks a version.
 
 The planner runs on two lanes (docs/plan.md): torch 2.9 with jax 0.7.1 and libtpu 0.0.20 (the
-torch_xla lane), and torch 2.15 with jax 0.10.2 and libtpu >= 0.0.50 (the current lane). What
-differs, measured here:
+torch_xla lane), and torch 2.15 with jax 0.10.2 (Python 3.11) or 0.12 (Python 3.12 and 3.13)
+and libtpu >= 0.0.50 (the current lane). What differs, measured here:
 
 - **torchax 0.0.13 on torch >= 2.14.** torchax, the newest on PyPI, resolves ATen names that
   torch removed (the named-tensor ``Dimname`` overloads, ``aten.cholesky``, ``aten.qr``), in two
@@ -17,6 +18,13 @@ differs, measured here:
   torchax's device registration live in `spmd._backend.torchax_import` (shard_as needs them too).
 - **libtpu 0.0.20** knows no ``tpu7x`` (Ironwood): "Invalid TPU external name". `topology_devices`
   turns that into `CompilerVersionError` naming the current lane.
+- **The mesh's device order** is jax's (``mesh_utils.create_device_mesh``), whichever jax is
+  installed, and every report says which (`device_order`). jax 0.12 gives TPU7x's core axis (the
+  two TensorCores of a chip, the fastest links) to the busiest mesh axis first (jax PR 39340);
+  0.10.2 treats it like x, y and z. So on ``tpu7x:2x4x4`` a ``fsdp=32, tensor=2`` mesh pairs the
+  two cores of each chip on ``tensor`` under jax 0.12, and chips along x under 0.10.2 (slices of
+  up to 32 devices follow jax's ring rule under both). jax 0.12 also gives ``v5p:2x2x2`` its
+  8-chip ring ("TPU v5" devices), which 0.10.2 did not.
 - **torchax's builds**: two builds both named 0.0.13 differ in ``override_op_definition``
   (`override_function`).
 - **jax 0.7.1 with libtpu 0.0.20** (the torch_xla lane): jax writes Mosaic IR (Pallas kernels:
@@ -25,16 +33,24 @@ differs, measured here:
   ("async-update instruction should have 1 operands but sees 4"): jaxlib parses HLO older than
   what libtpu emits. XLA's own dump of the optimized module has the whole text, so
   `compile_with_hlo` reads that, on both lanes.
+
+What else jax 0.12 changed, and why nothing here handles it: ``jax.make_mesh(axis_shapes=)`` is
+now ``axis_sizes``, ``with mesh:`` is deprecated for ``jax.set_mesh``, and the float flags
+``jax_exec_time_optimization_effort`` and ``jax_memory_fitting_effort`` are gone; the project
+uses none of the three (it builds ``jax.sharding.Mesh`` from `device_mesh` and passes meshes
+explicitly). ``jax[tpu]==0.12.0.1`` pins libtpu 0.0.50.*; the current lane names jax and libtpu
+separately (libtpu >= 0.0.50), as it did for 0.10.2, whose ``[tpu]`` extra pinned 0.0.42.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +69,9 @@ __all__ = [
     "Toolchain",
     "aten_stand_ins",
     "compile_with_hlo",
+    "core_axis_first",
+    "device_mesh",
+    "device_order",
     "import_torchax",
     "missing_aten_names",
     "mosaic_ir_for_libtpu",
@@ -190,7 +209,8 @@ def mosaic_ir_for_libtpu() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Toolchain:
-    """What compiled a plan: the partitioner (``Shardy`` or ``GSPMD``) and the package versions."""
+    """What compiled a plan: the partitioner (``Shardy`` or ``GSPMD``), the package versions, and
+    how the mesh's devices were ordered (`device_order`; empty when no devices were given)."""
 
     partitioner: str
     jax: str
@@ -198,9 +218,11 @@ class Toolchain:
     libtpu: str
     torch: str
     torchax: str
+    device_order: str = ""
 
     def describe(self) -> str:
-        return f"{self.partitioner}; jax {self.jax}, libtpu {self.libtpu}, torch {self.torch}, torchax {self.torchax}"
+        order = f"; mesh device order: {self.device_order}" if self.device_order else ""
+        return f"{self.partitioner}; jax {self.jax}, libtpu {self.libtpu}, torch {self.torch}, torchax {self.torchax}{order}"
 
 
 def _version(dist: str) -> str:
@@ -210,9 +232,9 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def toolchain() -> Toolchain:
-    """The partitioner jax lowers with now (torch_xla 2.9 turns Shardy off when it imports jax) and
-    the installed versions."""
+def toolchain(devices: Sequence[Any] = ()) -> Toolchain:
+    """The partitioner jax lowers with now (torch_xla 2.9 turns Shardy off when it imports jax),
+    the installed versions, and the device order jax gives ``devices`` (a mesh's, if any)."""
     import jax
 
     shardy = bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
@@ -223,7 +245,64 @@ def toolchain() -> Toolchain:
         _version("libtpu"),
         torch.__version__.split("+")[0],
         _version("torchax"),
+        device_order(devices) if devices else "",
     )
+
+
+# Device kinds whose two TensorCores are two JAX devices on one chip, the core axis of jax's
+# physical mesh (x, y, z, core) that jax 0.12 ranks first.
+_CORE_AXIS_KINDS = ("TPU7x", "TPU7")
+
+
+@dataclass(frozen=True)
+class _MockTpu:
+    """A TPU device as jax's ``mesh_utils`` reads one."""
+
+    id: int
+    coords: tuple[int, int, int]
+    core_on_chip: int
+    device_kind: str = "TPU7x"
+    platform: str = "tpu"
+
+
+@functools.cache
+def core_axis_first() -> bool:
+    """Whether the installed jax gives TPU7x's core axis to the busiest mesh axis first.
+
+    Asked of jax itself, on mock devices: a 2x4x4 chip grid of two cores each (64 devices, past
+    the small-slice ring rule) and a (32, 2) mesh, the case of jax PR 39340. The 2-device axis
+    goes to each chip's two cores (jax 0.12) or to chips along x (jax 0.10.2, and 0.7.1 on the
+    torch_xla lane, whose libtpu knows no TPU7x); a jax that cannot lay TPU7x out answers no."""
+    from jax.experimental import mesh_utils
+
+    chips = [(x, y, z) for z in range(4) for y in range(4) for x in range(2)]
+    devices = [_MockTpu(2 * k + core, chip, core) for k, chip in enumerate(chips) for core in (0, 1)]
+    try:
+        mesh = mesh_utils.create_device_mesh((32, 2), devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError):
+        return False
+    return all(a.coords == b.coords for a, b in mesh)
+
+
+def device_order(devices: Sequence[Any]) -> str:
+    """How `device_mesh` orders ``devices`` for a mesh, as a report says it: ``jax 0.12.0.1
+    mesh_utils (core axis first)`` on TPU7x, ``jax 0.10.2 mesh_utils (core axis like x, y, z)``,
+    ``jax 0.12.0.1 mesh_utils`` on chips of one device each."""
+    order = f"jax {_version('jax')} mesh_utils"
+    if getattr(devices[0], "device_kind", None) in _CORE_AXIS_KINDS:
+        order += " (core axis first)" if core_axis_first() else " (core axis like x, y, z)"
+    return order
+
+
+def device_mesh(sizes: Sequence[int], devices: Sequence[Any], dcn_sizes: Sequence[int] | None = None) -> Any:
+    """``devices`` as an array of shape ``sizes``, in the order the installed jax gives them for a
+    mesh (its ICI-aware ``create_device_mesh``; ``create_hybrid_device_mesh`` across slices, where
+    ``sizes`` are per slice and ``dcn_sizes`` across them). Physical axes may be split."""
+    from jax.experimental import mesh_utils
+
+    if dcn_sizes is not None:
+        return mesh_utils.create_hybrid_device_mesh(sizes, dcn_sizes, devices, allow_split_physical_axes=True)
+    return mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
 
 
 def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> list[Any]:
@@ -248,7 +327,7 @@ def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> lis
         if "Invalid TPU external name" in message:
             raise CompilerVersionError(
                 f"libtpu {_version('libtpu')} (jax {_version('jax')}) does not compile for {chip_family} "
-                f"({libtpu_topology!r}): {message}. {chip_family} needs libtpu >= {LIBTPU_FOR_TPU7X} with jax 0.10.2, "
+                f"({libtpu_topology!r}): {message}. {chip_family} needs libtpu >= {LIBTPU_FOR_TPU7X} with jax 0.10.2 or newer, "
                 f"the current lane: {_CURRENT_LANE}. The torch_xla lane stays on jax 0.7.1 / libtpu 0.0.20, "
                 "which torch_xla 2.9 was released with."
             ) from None

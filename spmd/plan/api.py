@@ -165,7 +165,7 @@ def _lower(
     config = TrainStepConfig(
         req.global_batch, seq, req.compute_dtype, req.remat, req.attention, batch_axes(req.mesh), gather
     )
-    tools = asdict(toolchain())
+    tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
 
 

@@ -3,8 +3,9 @@
 Three axes: ``data`` (the batch only; across slices, over DCN), ``fsdp`` (the batch and the
 parameters) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
 JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.topology`). Devices come from libtpu's
-compile-only client and are laid out in JAX's ICI-aware order (`create_device_mesh`, or
-`create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows).
+compile-only client and are laid out in the installed jax's ICI-aware order (`create_device_mesh`,
+or `create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows), which differs
+between jax versions on TPU7x (`spmd.plan._compat`); the report names it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mesh import Mesh
-from spmd.plan._compat import topology_devices
+from spmd.plan._compat import device_mesh, topology_devices
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
 
@@ -88,9 +89,8 @@ def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> Non
 
 
 def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -> Mesh:
-    """Our `Mesh` over ``devices`` positions, in JAX's physical order (a ``data`` axis spans slices)."""
-    from jax.experimental import mesh_utils
-
+    """Our `Mesh` over ``devices`` positions, in the physical order the installed jax gives
+    (`spmd.plan._compat.device_mesh`; a ``data`` axis spans slices)."""
     names, sizes = tuple(shape), tuple(shape.values())
     if math.prod(sizes) != len(devices):
         raise PlanError(
@@ -102,9 +102,9 @@ def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -
         if "data" not in names or shape["data"] % target.slices:
             raise PlanError(f"With {target.slices} slices the mesh needs a 'data' axis divisible by {target.slices}.")
         ici = tuple(s // d for s, d in zip(sizes, dcn))
-        ordered = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+        ordered = device_mesh(ici, devices, dcn)
     else:
-        ordered = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+        ordered = device_mesh(sizes, devices)
     position = {d.id: k for k, d in enumerate(devices)}
     ids = np.vectorize(lambda d: position[d.id])(ordered)
     return Mesh(ids.reshape(-1), sizes, names)

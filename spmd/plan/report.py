@@ -97,7 +97,8 @@ class PlanReport:
 
     ``splash_kernels``: splash attention kernels in the program (`spmd.plan.program.splash_kernels`).
     ``toolchain``: what compiled it (`spmd.plan._compat.Toolchain` as a dict: the partitioner,
-    jax, jaxlib, libtpu, torch, torchax).
+    jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
+    ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x).
     """
 
     model: str

@@ -23,12 +23,13 @@ def _heading(r: PlanReport) -> list[str]:
         f" by {t.get('partitioner', '?')} (jax {t.get('jax', '?')}, libtpu {t.get('libtpu', '?')}, "
         f"torch {t.get('torch', '?')}, torchax {t.get('torchax', '?')})"
     )
+    order = f"; mesh device order: {t['device_order']}" if t.get("device_order") else ""
     return [
         f"{r.model} on {r.topology} ({r.chips} x {r.chip}, {devices}{r.slices} slice(s)); mesh {mesh}; {r.strategy}; "
         f"batch {r.global_batch} x {r.seq_len}; {r.compute_dtype}; remat {r.remat}; attention {r.attention}"
         + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
-        f"{r.compile_seconds:.0f} s{compiled_by}",
+        f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",
     ]
 

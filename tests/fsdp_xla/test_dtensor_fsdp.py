@@ -113,6 +113,7 @@ def policy():
     return transformer_auto_wrap_policy({Block})
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     "options, message",
     [

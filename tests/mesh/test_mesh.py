@@ -24,6 +24,7 @@ def test_unnamed_mesh_uses_indices():
     assert mesh.axis_label(1) == 1
 
 
+@pytest.mark.smoke
 def test_value_semantics():
     a = Mesh(np.arange(8), (4, 2), ("x", "y"))
     b = Mesh(list(range(8)), [4, 2], ["x", "y"])

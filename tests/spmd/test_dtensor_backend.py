@@ -24,6 +24,7 @@ from tests.torchrun import torchrun
 WORKER = Path(__file__).with_name("dtensor_worker.py")
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("mesh_shape", [(4,), (2, 2), (2, 4), (2, 2, 2)])
 def test_placements_round_trip_to_the_spec(mesh_shape):
     mesh = Mesh(np.arange(int(np.prod(mesh_shape))), mesh_shape, tuple("xyz"[: len(mesh_shape)]))
@@ -146,6 +147,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.smoke
 def test_processes_exit_cleanly_after_destroy_process_group(tmp_path):
     """The DeviceMesh a mesh caches once kept the destroyed group's gloo workers alive into
     interpreter finalization, where torch 2.15 aborted most exits ("terminate called without an

@@ -71,6 +71,25 @@ def ironwood(config: Path, out: Path, results: dict) -> None:
     results["ironwood"] = {"exit": code, "stdout": stdout, "error": stderr.strip().splitlines()[-1:]}
 
 
+def device_orders(results: dict) -> None:
+    """The planner's mesh on tpu7x:2x4x4 (64 devices) for fsdp=32 x tensor=2, over libtpu's own
+    devices: the device ids in mesh order, the chip of each, and the order the report names. jax
+    0.12 puts each tensor pair on one chip's two cores, 0.10.2 on two chips along x."""
+    from spmd.plan._compat import toolchain
+    from spmd.plan.meshes import build_mesh, tpu_devices
+    from spmd.plan.topology import parse_slice
+
+    target = parse_slice("tpu7x:2x4x4")
+    try:
+        devices = tpu_devices(target)
+    except ShardingError as e:  # libtpu 0.0.20 (the torch_xla lane) knows no tpu7x
+        results["device_orders"] = {"error": [type(e).__name__, str(e)]}
+        return
+    ids = [int(i) for i in build_mesh({"fsdp": 32, "tensor": 2}, target, devices).device_ids]
+    chips = [list(devices[i].coords) for i in ids]
+    results["device_orders"] = {"ids": ids, "chips": chips, "device_order": toolchain(devices).device_order}
+
+
 def errors(results: dict) -> None:
     """Bad input that needs libtpu or the tracer: each a typed error naming the fix."""
     found = {}
@@ -128,6 +147,7 @@ def main(out: Path) -> None:
     results["two_slices"] = two.to_dict()
     policies_and_kernels(config, results)
     ironwood(config, out, results)
+    device_orders(results)
     errors(results)
     loop_collectives(results)
     (out / "results.json").write_text(json.dumps(results))

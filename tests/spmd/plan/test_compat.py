@@ -32,6 +32,7 @@ def test_torch_lacks_exactly_the_names_the_shim_lists():
         assert missing == []  # torch 2.9 still has them: nothing to stand in for
 
 
+@pytest.mark.smoke
 def test_torchax_runs_a_model_through_the_shim():
     torchax = import_torchax()  # fails on torch >= 2.14 if a stand-in is missing
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))

@@ -8,7 +8,11 @@ import json
 import pytest
 
 from spmd.plan import PlanReport
+from spmd.plan._compat import core_axis_first, device_order
+from spmd.plan.meshes import build_mesh
+from spmd.plan.topology import parse_slice
 from tests.spmd.plan import plan_results
+from tests.spmd.plan.test_device_order import tpu7x_devices
 from tests.spmd.plan.test_plan import tiny_llama_params
 
 LIBTPU = tuple(int(v) for v in importlib.metadata.version("libtpu").split(".")[:3])
@@ -33,9 +37,27 @@ def test_a_config_json_plans_on_tpu7x(worker):
     # The report names the compiler: the partitioner and the versions.
     assert report.toolchain["partitioner"] in ("Shardy", "GSPMD")
     assert report.toolchain["libtpu"] == importlib.metadata.version("libtpu")
+    assert report.toolchain["device_order"] == device_order(tpu7x_devices(2, 2, 1))  # the installed jax's
     heading = run["stdout"].splitlines()[:2]
     assert "8 devices" in heading[0] and f"libtpu {report.toolchain['libtpu']}" in heading[1]
+    assert f"mesh device order: {report.toolchain['device_order']}" in heading[1]
     assert "(per chip, 2 devices:" in run["stdout"]
+
+
+@pytest.mark.skipif(LIBTPU < (0, 0, 42), reason="libtpu < 0.0.42 knows no tpu7x")
+def test_libtpu_s_tpu7x_devices_order_as_the_mock_ones(worker):
+    """The planner's mesh over libtpu's own devices of tpu7x:2x4x4 (fsdp=32 x tensor=2) is the
+    mock devices' mesh (tests/spmd/plan/test_device_order.py): each tensor pair one chip's two
+    cores where the installed jax ranks the core axis first (jax 0.12), two chips otherwise."""
+    results, _ = worker
+    run = results["device_orders"]
+    chips = [tuple(c) for c in run["chips"]]
+    pairs = list(zip(chips[0::2], chips[1::2]))
+    assert len(pairs) == 32
+    assert all(a == b for a, b in pairs) if core_axis_first() else not any(a == b for a, b in pairs)
+    mock = build_mesh({"fsdp": 32, "tensor": 2}, parse_slice("tpu7x:2x4x4"), tpu7x_devices(2, 4, 4))
+    assert run["ids"] == [int(i) for i in mock.device_ids]
+    assert run["device_order"] == device_order(tpu7x_devices(2, 2, 1))
 
 
 @pytest.mark.skipif(LIBTPU >= (0, 0, 42), reason="this libtpu compiles tpu7x: tested above")
