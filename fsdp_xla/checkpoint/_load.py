@@ -20,8 +20,8 @@ import torch
 from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
-from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._format import DTYPES, checksum
+from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
