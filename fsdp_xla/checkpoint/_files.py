@@ -217,9 +217,9 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
     """The complete version directory ``path/LATEST`` names.
 
     Raises:
-        CheckpointError: no checkpoint there (or versions but no ``LATEST``); ``LATEST`` is a link, not a regular file, or names
-            anything but a version directory of this checkpoint; that version is a link, or
-            has no regular ``index.json``.
+        CheckpointError: no checkpoint there (or versions but no ``LATEST``: `has_checkpoint`);
+            ``LATEST`` is a link, not a regular file, or names anything but a version directory
+            of this checkpoint; that version is a link, or has no regular ``index.json``.
     """
     root = check_path("checkpoint_version", path)
     latest = root / LATEST
