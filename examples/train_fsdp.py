@@ -18,7 +18,8 @@ embeddings); both live in the root unit. Plain ``optimizer.step()`` updates the 
 Each process loads only its rows of every global batch (`spmd.ProcessDataLoader`: torch_xla's
 one process here loads them all; each of 4 DTensor ranks a quarter). With ``--checkpoint-dir``
 the run saves model, optimizer, step, data position and RNG every ``--save-every`` steps and,
-on start, resumes from the newest complete checkpoint, so a run killed at any moment and
+on start, resumes from the newest complete checkpoint (a directory holding versions but no
+``LATEST`` is refused, exit 2: it is never trained over), so a run killed at any moment and
 started again (``torchrun --max-restarts``) ends with the losses of one that never stopped.
 ``--timeout`` ends a collective that waits on a stopped rank (`spmd.init_process_group`).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,7 +50,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import spmd  # noqa: E402
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
-from fsdp_xla.checkpoint import load_sharded, save_sharded  # noqa: E402
+from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded  # noqa: E402
+from fsdp_xla.errors import CheckpointError  # noqa: E402
 from spmd import Mesh, P, ProcessDataLoader, mark_sharding, watch_collectives  # noqa: E402
 
 
@@ -208,8 +211,10 @@ def save(directory: Path, model: torch.nn.Module, optimizer: Any, loader: Proces
 
 
 def resume(directory: Path, model: torch.nn.Module, optimizer: Any, loader: ProcessDataLoader) -> int:
-    """Load the newest complete checkpoint in ``directory``, if any; the step to continue from."""
-    if not (directory / "LATEST").is_file():
+    """Load the newest complete checkpoint in ``directory``, if any; the step to continue from.
+    A directory holding versions but no ``LATEST`` is a `CheckpointError` (`has_checkpoint`):
+    never trained over."""
+    if not has_checkpoint(directory):
         return 0
     extra = load_sharded(directory, model, optimizer)
     loader.load_state_dict(extra["data"])
@@ -218,6 +223,16 @@ def resume(directory: Path, model: torch.nn.Module, optimizer: Any, loader: Proc
     if len(rng) == backend.process_count():  # the same processes: each takes its own stream back
         _set_rng_state(rng[backend.process_index()])
     return int(extra["step"])
+
+
+def check_checkpoint_dir(directory: Path) -> None:
+    """Exit 2 with one line if ``directory`` is no place to resume from or to start in: it holds
+    versions but no ``LATEST`` (another run's, or a damaged checkpoint; `has_checkpoint`)."""
+    try:
+        has_checkpoint(directory)
+    except CheckpointError as e:
+        print(f"train_fsdp.py: --checkpoint-dir: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -243,6 +258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.save_every and args.checkpoint_dir is None:
         parser.error("--save-every needs --checkpoint-dir")
+    if args.checkpoint_dir is not None:
+        check_checkpoint_dir(args.checkpoint_dir)  # before any rank starts: one line, not one per rank
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 

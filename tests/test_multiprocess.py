@@ -38,7 +38,7 @@ def faulty(tmp_path_factory):
     for path in out.glob("attempt*-rank*.json"):
         record = json.loads(path.read_text())
         attempts[(record["attempt"], record["rank"])] = record
-    return run, attempts
+    return run, attempts, out / "ckpt"
 
 
 def test_each_rank_s_rows_make_the_global_tensor(reference):
@@ -65,7 +65,7 @@ def test_four_ranks_with_per_process_loaders_train_as_one_process(reference):
 
 
 def test_killed_and_stopped_ranks_cost_nothing(reference, faulty):
-    run, attempts = faulty
+    run, attempts, _ = faulty
     assert run.returncode == 0, run.stderr[-4000:]
     assert sorted({a for a, _ in attempts}) == [0, 1, 2]  # two failures, two restarts
     final = attempts[(2, 0)]
@@ -78,14 +78,24 @@ def test_killed_and_stopped_ranks_cost_nothing(reference, faulty):
 
 
 def test_each_attempt_resumes_from_the_newest_complete_checkpoint(faulty):
-    _, attempts = faulty
+    _, attempts, _ = faulty
     # killed after step 10: back to the save after step 7; stopped at step 13: back to 12.
     assert [attempts[(a, 0)]["first_step"] for a in range(3)] == [0, 8, 12]
     assert attempts[(1, 0)]["positions"]["8"] == attempts[(0, 0)]["positions"]["8"]  # the same data position
 
 
+def test_restarted_attempts_go_on_pruning_their_own_run_s_versions(faulty):
+    _, _, ckpt = faulty
+    # Saves after steps 4 and 8 (attempt 0), 12 (attempt 1), 16 (attempt 2), keep=2: each attempt
+    # loaded the checkpoint first, so continued its lineage and removed the older ones.
+    versions = sorted(ckpt.glob("v-*"))
+    assert len(versions) == 2
+    steps = sorted(json.loads((v / "index.json").read_text())["extra"]["step"] for v in versions)
+    assert steps == [12, 16]
+
+
 def test_a_stopped_rank_ends_the_others_with_a_clear_error_within_the_timeout(faulty):
-    _, attempts = faulty
+    _, attempts, _ = faulty
     stopped = attempts[(1, 3)]
     assert stopped["end"] == "stopped"
     for rank in (0, 1, 2):

@@ -10,7 +10,8 @@ Layout of a checkpoint directory::
         ...
 
 A save writes a new version directory, syncs it to disk, then replaces ``LATEST`` with a
-rename, the one atomic step; older versions are removed after. A save killed at any point, or
+rename, the one atomic step; older versions of its own lineage are removed after (the versions
+its run wrote or resumed from, never another run's: `_lineage`). A save killed at any point, or
 stopped by a full disk (then a `CheckpointError`), leaves ``LATEST`` naming the previous
 complete version. Saves into one directory take an exclusive lock on ``<dir>/.lock`` and so run
 one after the other; loads take it shared, so no version is removed while it is being read.
@@ -26,13 +27,14 @@ with mode 0644.
 
 The modules, by job: `_arguments` (the functions' arguments, checked before anything is read
 or written), `_format` (names, dtypes, the index check, checksums), `_files` (the directory:
-lock, LATEST, versions, reading), `_save`, `_load`, `_optimizer` (optimizer state by parameter
-name), `_dtensor` (each rank's blocks on the DTensor backend).
+lock, LATEST, versions, pruning, reading), `_lineage` (whose versions a save may remove),
+`_save`, `_load`, `_optimizer` (optimizer state by parameter name), `_dtensor` (each rank's
+blocks on the DTensor backend).
 """
 
-from fsdp_xla.checkpoint._files import checkpoint_version
+from fsdp_xla.checkpoint._files import checkpoint_version, has_checkpoint
 from fsdp_xla.checkpoint._format import FORMAT
 from fsdp_xla.checkpoint._load import consolidate, load_sharded
 from fsdp_xla.checkpoint._save import save_sharded
 
-__all__ = ["FORMAT", "checkpoint_version", "consolidate", "load_sharded", "save_sharded"]
+__all__ = ["FORMAT", "checkpoint_version", "consolidate", "has_checkpoint", "load_sharded", "save_sharded"]

@@ -27,6 +27,7 @@ import torch
 
 from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
+from fsdp_xla.checkpoint._lineage import is_lineage
 from fsdp_xla.errors import CheckpointError
 from spmd.atomic_file import atomic_write
 from spmd.regular_file import read_regular_file
@@ -38,6 +39,7 @@ __all__ = [
     "Reader",
     "checkpoint_version",
     "commit",
+    "has_checkpoint",
     "is_disk_full",
     "locked",
     "new_version_name",
@@ -103,17 +105,16 @@ def commit(root: Path, work: Path, version: str) -> None:
     _fsync_dir(root)
 
 
-def prune(root: Path, version: str, keep: int) -> None:
-    """Remove all but the newest ``keep`` versions, and what killed saves left (under the lock).
+def prune(root: Path, version: str, keep: int, lineage: str) -> None:
+    """Remove all but the newest ``keep`` versions of ``lineage``, and what killed saves left
+    (under the lock).
 
-    Only what a save writes is touched: version directories (a writer's name, holding an
-    index.json) and the save's temp files; anything else in the directory stays. Versions are
-    ordered by when their index was written (several saves in one second included)."""
-    versions = [
-        p
-        for p in root.iterdir()
-        if is_version_name(p.name) and not p.is_symlink() and p.is_dir() and (p / INDEX).is_file()
-    ]
+    Only what this checkpoint's own saves wrote is removed: version directories (a writer's name,
+    holding an index.json) whose index records ``lineage`` (`fsdp_xla.checkpoint._lineage`), and
+    the save's temp files. A version of another lineage, one from before lineages were recorded,
+    one whose index cannot be read, and anything else in the directory stay. Versions are ordered
+    by when their index was written (several saves in one second included)."""
+    versions = [p for p in _version_dirs(root) if p.name == version or _lineage_of(p) == lineage]
     versions.sort(key=lambda p: ((p / INDEX).stat().st_mtime_ns, p.name))
     for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -122,6 +123,51 @@ def prune(root: Path, version: str, keep: int) -> None:
             shutil.rmtree(partial, ignore_errors=True)
     for stale in root.glob(f".{LATEST}.*.tmp"):  # a save killed while replacing LATEST
         stale.unlink(missing_ok=True)
+
+
+def _version_dirs(root: Path) -> list[Path]:
+    """The version directories in ``root``: a writer's name, no link, holding an index.json."""
+    return [
+        p
+        for p in root.iterdir()
+        if is_version_name(p.name) and not p.is_symlink() and p.is_dir() and (p / INDEX).is_file()
+    ]
+
+
+def _lineage_of(version: Path) -> str | None:
+    """The lineage ``version``'s index records; None if it records none or cannot be read."""
+    try:
+        meta = json.loads(_read_regular_file(version / INDEX, _MAX_INDEX_BYTES, "an index"))
+    except (CheckpointError, ValueError, RecursionError):
+        return None
+    lineage = meta.get("lineage") if isinstance(meta, dict) else None
+    return lineage if is_lineage(lineage) else None
+
+
+def has_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a checkpoint to resume from: True if ``path/LATEST`` exists, False
+    if ``path`` holds no version (missing, empty, or only other files and a killed first save's
+    temp files).
+
+    Raises:
+        CheckpointError: ``path`` holds versions but no ``LATEST``: nothing says which version is
+            complete, nor whose they are, so neither a resume nor a fresh start is safe there.
+    """
+    root = check_path("has_checkpoint", path)
+    if (root / LATEST).exists() or (root / LATEST).is_symlink():
+        return True
+    if not root.is_dir():
+        return False
+    versions = sorted(p.name for p in _version_dirs(root))
+    if not versions:
+        return False
+    shown = ", ".join(versions[:3]) + (f" and {len(versions) - 3} more" if len(versions) > 3 else "")
+    raise CheckpointError(
+        f"{root} holds {len(versions)} checkpoint version(s) ({shown}) but no {LATEST}: nothing says which is "
+        "complete, nor which run wrote them, so it is neither loaded nor resumed from. Give another checkpoint "
+        f"directory; or, if these versions are yours, restore {LATEST} (write a complete version's name into it) "
+        "or remove them yourself."
+    )
 
 
 def is_disk_full(e: BaseException) -> bool:
@@ -171,13 +217,14 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
     """The complete version directory ``path/LATEST`` names.
 
     Raises:
-        CheckpointError: no checkpoint there; ``LATEST`` is a link, not a regular file, or names
-            anything but a version directory of this checkpoint; that version is a link, or
-            has no regular ``index.json``.
+        CheckpointError: no checkpoint there (or versions but no ``LATEST``: `has_checkpoint`);
+            ``LATEST`` is a link, not a regular file, or names anything but a version directory
+            of this checkpoint; that version is a link, or has no regular ``index.json``.
     """
     root = check_path("checkpoint_version", path)
     latest = root / LATEST
     if not latest.exists() and not latest.is_symlink():
+        has_checkpoint(root)  # versions but no LATEST: raises, saying what is there
         raise CheckpointError(f"No sharded checkpoint at {root}: {latest} does not exist.")
     text = _read_regular_file(latest, _MAX_LATEST_BYTES, "LATEST").decode("utf-8", errors="replace")
     version = root / check_version_name(text, latest)

@@ -21,6 +21,7 @@ from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_pa
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
 from fsdp_xla.checkpoint._format import DTYPES, checksum
+from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
@@ -163,6 +164,7 @@ def load_sharded(
         for key, target in todo:
             _set(target, _place(target, _assemble(reader, key, index[key])))
             _set_extra_state(model, key.removeprefix("model/"), target)
+        remember_lineage(root, meta.get("lineage"))  # this process's saves here continue it
         return dict(meta.get("extra", {}))
 
 

@@ -25,6 +25,7 @@ from fsdp_xla.checkpoint._files import (
     write_index,
 )
 from fsdp_xla.checkpoint._format import DTYPE_NAMES, FORMAT, checksum, device_file_name
+from fsdp_xla.checkpoint._lineage import lineage_for_save
 from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
@@ -108,7 +109,11 @@ def save_sharded(
         optimizer: its optimizer; state is saved by parameter name, sharded like the params.
         extra: values to keep beside (step, epoch, ...): a dict of JSON values (string keys, no
             tuples or tensors), so that the load returns them as they were.
-        keep: complete versions to keep (the newest ``keep``; at least 1).
+        keep: complete versions of this run's lineage to keep (the newest ``keep``; at least 1).
+            A save removes only versions its own lineage wrote: this process's earlier saves
+            into ``path`` and the version it loaded from there, and their predecessors
+            (`fsdp_xla.checkpoint._lineage`). Versions another run or model wrote, and versions
+            from before lineages were recorded, are never removed.
 
     Returns:
         The version directory written.
@@ -123,11 +128,11 @@ def save_sharded(
     if pending:
         backend.sync_tensors(pending)
     with locked(root, shared=False):
-        version = new_version_name()
+        version, lineage = new_version_name(), lineage_for_save(root)
         work = root / f".{version}.partial"
         work.mkdir()
         try:
-            _write_version(work, tensors, aliases, optim_json, extra)
+            _write_version(work, tensors, aliases, optim_json, {"lineage": lineage, "extra": extra or {}})
             commit(root, work, version)
         except BaseException as e:
             shutil.rmtree(work, ignore_errors=True)
@@ -138,7 +143,7 @@ def save_sharded(
                     "save again."
                 ) from e
             raise
-        prune(root, version, keep)
+        prune(root, version, keep, lineage)
     return root / version
 
 
@@ -189,10 +194,11 @@ def _save_distributed(
                 }
                 for name, t in tensors.items()
             }
+            lineage = lineage_for_save(root)
             meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json}
-            write_index(work, {**meta, "extra": extra or {}})
+            write_index(work, {**meta, "lineage": lineage, "extra": extra or {}})
             commit(root, work, version)
-            prune(root, version, keep)
+            prune(root, version, keep, lineage)
         dist.barrier()
     return root / version
 
@@ -223,9 +229,8 @@ def _write_rank_blocks(work: Path, tensors: dict[str, torch.Tensor], rank: int) 
     return "", entries
 
 
-def _write_version(
-    work: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None
-) -> None:
+def _write_version(work: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, tail: dict) -> None:
+    """The device files, then the index (``tail``: its ``lineage`` and ``extra``)."""
     per_device: dict[int, dict[str, torch.Tensor]] = {}
     index: dict[str, Any] = {}
     for name, t in tensors.items():
@@ -238,6 +243,4 @@ def _write_version(
         index[name] = entry
     for device, content in sorted(per_device.items()):
         write_device_file(work / device_file_name(device), content)
-    write_index(
-        work, {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, "extra": extra or {}}
-    )
+    write_index(work, {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json, **tail})

@@ -7,6 +7,8 @@ steps; OUT holds those 2 losses. ``load_continue``: load (model + optimizer) int
 weights, 2 steps; OUT holds the saved extra and the losses. ``refuse_on_one_rank``: rank 0 loads
 a copy of CKPT with one flipped data byte in rank 1's file (a damaged node-local copy), the others
 CKPT itself; OUT holds each rank's verdict and whether its model and optimizer stayed as they were.
+``save_thrice``: 3 saves (model + optimizer, keep=1) into CKPT without loading it first (a new
+lineage); OUT holds the versions written.
 Batches are the GSPMD test's: each rank takes its part.
 """
 
@@ -47,6 +49,8 @@ def job(action: str, ckpt: str) -> dict:
         result["extra"] = ck.load_sharded(ckpt, model, opt)
     elif action == "refuse_on_one_rank":
         return refuse_on_one_rank(Path(ckpt), model, opt)
+    elif action == "save_thrice":
+        return {"written": [ck.save_sharded(ckpt, model, opt, keep=1, extra={"i": i}).name for i in range(3)]}
     else:
         raise SystemExit(f"unknown action {action!r}")
     result["losses"] = [rank_step(model, opt, tokens) for tokens in data[2:]]

@@ -58,14 +58,41 @@ def test_checkpoints_cross_between_torch_xla_and_dtensor_and_to_fewer_processes(
     assert on_two["losses"] == pytest.approx(dtensor_saved["losses"], rel=1e-5)
 
 
-def test_a_load_one_rank_refuses_is_refused_by_every_rank(tmp_path):
-    """Rank 0 reads a damaged copy (a node-local disk), rank 1 a good one: both refuse, neither changes."""
-    _, refused = dtensor_jobs(
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One torchrun launch of 2 ranks: a save, a load refused on one rank, and 3 saves (keep=1)
+    into a directory holding another run's checkpoint (written here, by this process)."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    ck.save_sharded(tmp / "theirs", torch.nn.Linear(3, 2), extra={"who": "them"})
+    before = files(tmp / "theirs")
+    _, refused, pruned = dtensor_jobs(
         2,
-        ("train_save", tmp_path / "ck", tmp_path / "saved.json"),
-        ("refuse_on_one_rank", tmp_path / "ck", tmp_path / "refused.json"),
+        ("train_save", tmp / "ck", tmp / "saved.json"),
+        ("refuse_on_one_rank", tmp / "ck", tmp / "refused.json"),
+        ("save_thrice", tmp / "theirs", tmp / "pruned.json"),
     )
+    return tmp, refused, pruned, before
+
+
+def files(root):
+    """Every file of ``root``'s versions, by relative path, with its bytes."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in root.glob("v-*/*") if f.is_file()}
+
+
+def test_a_load_one_rank_refuses_is_refused_by_every_rank(two_ranks):
+    """Rank 0 reads a damaged copy (a node-local disk), rank 1 a good one: both refuse, neither changes."""
+    _, refused, _, _ = two_ranks
     first, second = refused["ranks"]
     assert "checksum" in first["verdict"], first
     assert second["verdict"].startswith("CheckpointError: Rank 0 refused the load") and "checksum" in second["verdict"]
     assert first["unchanged"] and second["unchanged"]
+
+
+def test_dtensor_saves_prune_only_their_own_lineage(two_ranks):
+    """The ranks' saves (rank 0 prunes) keep 1 of their own and every byte of the other run's version."""
+    tmp, _, pruned, before = two_ranks
+    theirs = {name.split("/")[0] for name in before}
+    assert files(tmp / "theirs").keys() >= before.keys()
+    assert {k: v for k, v in files(tmp / "theirs").items() if k in before} == before
+    assert sorted(p.name for p in (tmp / "theirs").glob("v-*")) == sorted([*theirs, pruned["written"][-1]])
+    assert ck.checkpoint_version(tmp / "theirs").name == pruned["written"][-1]
