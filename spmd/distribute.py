@@ -107,6 +107,10 @@ def distribute_module(
     ``output_fn(module, outputs, device_mesh)`` run around each forward. Returns ``module``.
 
     Build the optimizer after this call: on DTensor each parameter becomes a new ``DTensor``.
+
+    All or nothing: if ``partition_fn`` (on any submodule) or the final layout raises, every
+    parameter and buffer is put back as it was (the same objects, on their device, unsharded)
+    before the error propagates, and no hook is registered.
     """
     if not isinstance(module, torch.nn.Module):
         raise SpmdTypeError(f"distribute_module takes an nn.Module, got {type(module).__name__}.")
@@ -115,11 +119,16 @@ def distribute_module(
             raise SpmdTypeError(f"distribute_module's {what} is a function or None, got {fn!r:.80}.")
     first = next(iter(module.parameters()), None)
     runtime = backend_for(first if first is not None else torch.empty(0))
-    module.to(runtime.compute_device())
-    if partition_fn is not None:
-        for name, sub in list(module.named_modules()):
-            partition_fn(name, sub, device_mesh)
-    shard_parameters(module, device_mesh, _replicate_the_rest(runtime))
+    kept = _Snapshot(module, runtime)
+    try:
+        module.to(runtime.compute_device())
+        if partition_fn is not None:
+            for name, sub in list(module.named_modules()):
+                partition_fn(name, sub, device_mesh)
+        shard_parameters(module, device_mesh, _replicate_the_rest(runtime))
+    except BaseException:
+        kept.restore()
+        raise
     if input_fn is not None:
         module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
     if output_fn is not None:
@@ -135,3 +144,33 @@ def _replicate_the_rest(runtime: Any) -> Callable[[str, torch.nn.Parameter], Par
         return None if runtime.sharding_of(p) is not None else PartitionSpec()
 
     return spec
+
+
+class _Snapshot:
+    """Every parameter and buffer of a module as it is now (which object sits under each name,
+    each tensor's data and device, whether it is sharded), to put back when `distribute_module`
+    fails part way: ``module.to`` may move a parameter's data in place or replace the parameter,
+    a partition function may replace it (DTensor) or annotate it in place (torch_xla)."""
+
+    def __init__(self, module: torch.nn.Module, runtime: Any) -> None:
+        self.runtime = runtime
+        self.slots = [(sub, dict(sub._parameters), dict(sub._buffers)) for sub in module.modules()]
+        tensors = {id(t): t for _, ps, bs in self.slots for t in (*ps.values(), *bs.values()) if t is not None}
+        self.tensors = [(t, t.data, runtime.sharding_of(t)) for t in tensors.values()]
+        self.grads = [(t, t.grad, t.grad.data) for t in tensors.values() if t.grad is not None]
+
+    def restore(self) -> None:
+        for sub, params, buffers in self.slots:
+            sub._parameters.clear()
+            sub._parameters.update(params)
+            sub._buffers.clear()
+            sub._buffers.update(buffers)
+        for t, data, sharding in self.tensors:
+            if sharding is None and self.runtime.sharding_of(t) is not None:
+                self.runtime.clear(t)  # annotated in place (torch_xla) by the partition function
+            if t.device != data.device:  # moved in place (``.data`` set) by module.to
+                t.data = data
+        for t, grad, data in self.grads:
+            if grad.device != data.device:
+                grad.data = data
+            t.grad = grad

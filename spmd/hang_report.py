@@ -1,8 +1,7 @@
 """`watch_collectives`: a collective that failed on a stopped, hung or dead rank, told clearly.
 
-Inside ``with watch_collectives("step 12"):`` a collective that times out or loses its peer
-(gloo: ``Timed out waiting ...``, ``Connection closed by peer``) raises `CollectiveTimeoutError`
-instead, naming:
+Inside ``with watch_collectives("step 12"):`` a collective that the process group itself timed
+out raises `CollectiveTimeoutError` instead, naming:
 
 - the collective: the last one torch's flight recorder holds for this rank (its kind, sequence
   number, group and ranks, tensor sizes);
@@ -12,11 +11,18 @@ instead, naming:
 
 With NCCL, torch's own watchdog ends the process on a timeout (``TORCH_NCCL_ASYNC_ERROR_HANDLING``)
 and its message names the collective; the heartbeat cannot report there.
+
+Only the process group's own timeout is translated; every other error (a lost peer, a
+DataLoader worker's or the user's own "timed out") passes through unchanged. Measured on gloo
+(torch 2.9 and 2.15): a collective that times out raises a plain ``RuntimeError`` whose text is
+gloo's source location then ``Timed out waiting 3000ms for recv operation to complete``, and the
+flight recorder's last entry is that collective (state ``scheduled``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,13 +33,21 @@ from spmd.process_group import Heartbeat, heartbeat
 
 __all__ = ["watch_collectives", "is_collective_failure", "describe_collective", "silent_ranks"]
 
-# What gloo and NCCL say when a collective waited too long or its peer went away.
-_FAILURES = ("timed out", "timeout", "connection closed by peer", "connection reset by peer", "broken pipe")
+# What the process group itself raises when a collective waited too long: gloo's timeout, from
+# its transport, with gloo's source location first (torch 2.9 and 2.15); NCCL's watchdog (torch's
+# own text, as a DistBackendError). A "timed out" anywhere else is not a collective's.
+_GLOO_TIMEOUT = re.compile(r"^\[[^\]]*gloo/[^\]]*\] Timed out waiting \d+ms for \w+ operation to complete")
+_NCCL_TIMEOUT = "Watchdog caught collective operation timeout"
 
 
 def is_collective_failure(error: BaseException) -> bool:
-    """Whether ``error`` is a collective that timed out or lost a peer (not a bug in the step)."""
-    return isinstance(error, RuntimeError) and any(f in str(error).lower() for f in _FAILURES)
+    """Whether ``error`` is the process group's own collective timeout (gloo's or NCCL's), not
+    any other error whose text says "timed out"."""
+    if type(error) is RuntimeError:
+        return _GLOO_TIMEOUT.match(str(error)) is not None
+    from torch.distributed import DistBackendError
+
+    return isinstance(error, DistBackendError) and _NCCL_TIMEOUT in str(error)
 
 
 def describe_collective(record: dict[str, Any] | None) -> tuple[str, str | None]:
@@ -93,11 +107,13 @@ def _message(label: str, error: BaseException, beat: Heartbeat | None) -> str:
 
 @contextlib.contextmanager
 def watch_collectives(label: str) -> Iterator[None]:
-    """Label this rank's work (heartbeats carry it) and turn a failed collective inside the block
-    into a `CollectiveTimeoutError` naming the collective and the ranks that did not answer.
+    """Label this rank's work (heartbeats carry it) and turn a collective that timed out inside
+    the block into a `CollectiveTimeoutError` naming the collective and the ranks that did not
+    answer. Only the process group's own timeout is turned; any other error passes through
+    unchanged.
 
     Raises:
-        CollectiveTimeoutError: a collective in the block timed out or lost a peer.
+        CollectiveTimeoutError: the process group timed out a collective in the block.
     """
     beat = heartbeat()
     if beat is not None:

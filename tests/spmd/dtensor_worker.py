@@ -176,6 +176,30 @@ try:
 except ShardingError as e:
     counts["shard_parameters_error"] = str(e)
 
+
+# distribute_module whose partition_fn fails on a later submodule leaves every parameter and
+# buffer as it was: the same objects, plain tensors (the first layer's DTensors put back).
+def fails_on_the_second_layer(name, sub, mesh):
+    if name == "1":
+        raise KeyError("no layout for the second layer")
+    if name == "0":
+        spmd.shard_parameters(sub, mesh, {"weight": ("model", None)})
+
+
+refused = torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.Linear(24, 8), torch.nn.BatchNorm1d(8))
+before = {n: (t, t.device) for n, t in [*refused.named_parameters(), *refused.named_buffers()]}
+try:
+    spmd.distribute_module(refused, mesh, fails_on_the_second_layer)
+    counts["mismatches"].append("distribute_module did not raise")
+except KeyError:
+    after = {n: (t, t.device) for n, t in [*refused.named_parameters(), *refused.named_buffers()]}
+    if after.keys() != before.keys() or any(
+        after[n][0] is not t or after[n][1] != device or type(t).__name__ == "DTensor"
+        for n, (t, device) in before.items()
+    ):
+        counts["mismatches"].append("a refused distribute_module changed the module")
+    counts["distribute_module_refused"] = True
+
 # clear_sharding gives the value back replicated (a DTensor's layout is its type).
 cleared = spmd.clear_sharding(mark_sharding(a, mesh, ("data", "model")))
 if not (get_sharding(cleared).is_replicated and torch.equal(cleared.to_local(), a)):

@@ -99,3 +99,39 @@ def test_convert_to_xla_mesh_needs_a_device_mesh():
 
     with pytest.raises(MeshTypeError, match="takes a torch.distributed DeviceMesh, got str"):
         convert_to_xla_mesh("x")
+
+
+class Refused(Exception):
+    pass
+
+
+def _fails_on_the_last_submodule(name, module, mesh):
+    if name == "1":
+        raise Refused("no layout for the second layer")
+    if name == "0":
+        spmd.shard_parameters(module, mesh, {"weight": P("model")})
+
+
+def _state(model):
+    """Which object sits under each parameter and buffer name, with its device and sharding."""
+    return {
+        name: (t, t.device.type, type(t), get_sharding(t) if t.device.type == "xla" else None)
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    }
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["on_the_host", "already_on_the_device"])
+def test_a_partition_fn_failing_on_a_later_submodule_leaves_the_module_as_it_was(xla, on_device):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8))
+    if on_device:
+        model.to(xla)
+    before = _state(model)
+    with pytest.raises(Refused, match="no layout for the second layer"):
+        spmd.distribute_module(model, MESH, _fails_on_the_last_submodule, input_fn=lambda m, i, mesh: i)
+    after = _state(model)
+    assert after.keys() == before.keys()
+    for name, (t, device, kind, sharding) in before.items():
+        assert after[name][0] is t and after[name][1:] == (device, kind, sharding), name
+    assert not model._forward_pre_hooks  # no hook either
+    spmd.distribute_module(model, MESH, lambda name, m, mesh: None)  # a retry works
+    assert model[0].weight.device.type == "xla" and get_sharding(model[0].weight).is_replicated

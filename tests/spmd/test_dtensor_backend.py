@@ -97,6 +97,7 @@ def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     assert result["world"] == ranks
     assert result["mismatches"] == []  # blocks, get_sharding, full_tensor and redistribute on every rank
     assert result["cases"] >= least_cases  # uneven and empty-block shapes included
+    assert result["distribute_module_refused"]  # and left the module as it was (else a mismatch)
     refusals = result["refusals"]
     assert all(
         any(
