@@ -32,7 +32,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fsdp_xla._units import UnitPlan
-from fsdp_xla.deferred import _unit_modules, module_seed
+from fsdp_xla.deferred import _unit_modules, init_module, module_seed
 
 __all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
@@ -250,26 +250,6 @@ def _apply_to_view(op: _Op, shape: tuple[int, ...], local: torch.Tensor, offset:
     flat_local[where] = values
 
 
-def _run_init(
-    root: torch.nn.Module,
-    path: str,
-    module: torch.nn.Module,
-    init_fn: Callable[[torch.nn.Module], None] | None,
-    seed: int,
-) -> None:
-    """`materialize_unit`'s init of one module."""
-    torch.manual_seed(module_seed(seed, path))
-    if init_fn is not None:
-        init_fn(module)
-        return
-    reset = getattr(module, "reset_parameters", None)
-    if callable(reset):
-        reset()
-    hf_init = getattr(root, "_init_weights", None)
-    if callable(hf_init):
-        hf_init(module)
-
-
 def record_unit_init(
     root: torch.nn.Module,
     plan: UnitPlan,
@@ -289,7 +269,7 @@ def record_unit_init(
     with torch.random.fork_rng(devices=[]):
         for path, module in _unit_modules(root, plan, unit_paths):
             log = record_init(
-                params, owners, lambda path=path, module=module: _run_init(root, path, module, init_fn, seed)
+                params, owners, lambda path=path, module=module: init_module(root, path, module, init_fn, seed)
             )
             if log.unsupported is not None:
                 return None

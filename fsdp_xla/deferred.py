@@ -30,6 +30,7 @@ __all__ = [
     "check_materializable",
     "materialize_unit",
     "module_seed",
+    "init_module",
 ]
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -98,6 +99,28 @@ def needs_materialization(module: torch.nn.Module) -> bool:
 def module_seed(seed: int, path: str) -> int:
     """The seed of the module at ``path`` (stable across runs and processes)."""
     return (seed * 1_000_003 + zlib.crc32(path.encode())) % (2**63 - 1)
+
+
+def init_module(
+    root: torch.nn.Module,
+    path: str,
+    module: torch.nn.Module,
+    init_fn: Callable[[torch.nn.Module], None] | None,
+    seed: int,
+) -> None:
+    """Initialize ``module`` (at ``path`` in ``root``) as deferred init does on every backend:
+    seeded from ``seed`` and its path, then ``init_fn``, or else its ``reset_parameters()`` and
+    the Hugging Face root's ``_init_weights``."""
+    torch.manual_seed(module_seed(seed, path))
+    if init_fn is not None:
+        init_fn(module)
+        return
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        reset()
+    hf_init = getattr(root, "_init_weights", None)
+    if callable(hf_init):
+        hf_init(module)
 
 
 def _unit_modules(root: torch.nn.Module, plan: UnitPlan, unit_paths: list[str]) -> list[tuple[str, torch.nn.Module]]:
@@ -175,16 +198,7 @@ def materialize_unit(
             allocated = True
     if not allocated:
         return
-    hf_init = getattr(root, "_init_weights", None)
     modules = _unit_modules(root, plan, unit_paths)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for path, module in modules:
-            torch.manual_seed(module_seed(seed, path))
-            if init_fn is not None:
-                init_fn(module)
-                continue
-            reset = getattr(module, "reset_parameters", None)
-            if callable(reset):
-                reset()
-            if callable(hf_init):
-                hf_init(module)
+            init_module(root, path, module, init_fn, seed)
