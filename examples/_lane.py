@@ -20,15 +20,20 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["CPU_RANKS", "default_backend", "exit_needing_torch_xla", "launch_ranks", "settle_backend"]
+__all__ = ["CPU_RANKS", "default_backend", "exit_needing_torch_xla", "launch_ranks", "settle_backend", "under_torchrun"]
 
 CPU_RANKS = 4
 """Ranks a script launches for itself on a host without GPUs (a (2, 2) mesh for train_spmd)."""
 
 
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (it sets ``WORLD_SIZE`` for every process it starts)."""
+    return "WORLD_SIZE" in os.environ
+
+
 def default_backend() -> str:
     """``dtensor`` under torchrun or without torch_xla, else ``torch_xla``."""
-    if "WORLD_SIZE" in os.environ or importlib.util.find_spec("torch_xla") is None:
+    if under_torchrun() or importlib.util.find_spec("torch_xla") is None:
         return "dtensor"
     return "torch_xla"
 
@@ -41,7 +46,7 @@ def settle_backend(requested: str | None, script: str, argv: Sequence[str] | Non
     backend = requested or default_backend()
     if backend == "torch_xla":
         exit_needing_torch_xla(script, "--backend torch_xla (GSPMD on XLA devices)")
-    elif "WORLD_SIZE" not in os.environ:
+    elif not under_torchrun():
         raise SystemExit(launch_ranks(script, sys.argv[1:] if argv is None else argv))
     return backend
 

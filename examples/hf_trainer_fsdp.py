@@ -20,21 +20,21 @@ format on DTensor) and ``--resume-from DIR`` continues from one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
 import sys
 from pathlib import Path
 
-TORCHRUN = "LOCAL_RANK" in os.environ  # torchrun sets it for every process it starts
-GSPMD = not TORCHRUN and importlib.util.find_spec("torch_xla") is not None  # one process drives every device
+try:
+    from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
+except ImportError:
+    import _lane  # run as a script: examples/ is on the path
+
+TORCHRUN = _lane.under_torchrun()
+GSPMD = _lane.default_backend() == "torch_xla"  # one process drives every device
 if not TORCHRUN and not GSPMD and __name__ == "__main__":
     # Without torch_xla this example runs on DTensor, one process per device: launch them.
-    try:
-        from examples import _lane  # the repository is on the path (tests, PYTHONPATH)
-    except ImportError:
-        import _lane  # run as a script: examples/ is on the path
     sys.exit(_lane.launch_ranks(__file__, sys.argv[1:]))
 if GSPMD:
     from spmd import configure_default_devices

@@ -32,6 +32,7 @@ import torch
 from fsdp_xla.hf.config import HFConfigError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
+from spmd._backend.dtensor_processes import process_count, process_index
 
 __all__ = ["DTensorRuntime", "SHARDED_DIR", "TORCHRUN_HINT"]
 
@@ -40,16 +41,8 @@ TORCHRUN_HINT = "torchrun --nproc_per_node 4 your_script.py"
 _SCHEDULER = "scheduler.pt"
 
 
-def _world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size()
-
-
 def _is_main() -> bool:
-    import torch.distributed as dist
-
-    return dist.get_rank() == 0
+    return process_index() == 0
 
 
 def _barrier() -> None:
@@ -99,7 +92,7 @@ class DTensorRuntime:
             HFConfigError: accelerate sees fewer processes than torchrun started, or the batch
                 does not divide by the ranks.
         """
-        world = _world()
+        world = process_count()
         if training_args.world_size != world:
             raise HFConfigError(
                 f"torchrun started {world} processes but accelerate sees {training_args.world_size} "
