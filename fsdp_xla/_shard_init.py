@@ -32,7 +32,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fsdp_xla._units import UnitPlan
-from fsdp_xla.deferred import _unit_modules, init_module, module_seed
+from fsdp_xla.deferred import _init_module, _unit_modules, module_seed
 
 __all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
@@ -269,7 +269,7 @@ def record_unit_init(
     with torch.random.fork_rng(devices=[]):
         for path, module in _unit_modules(root, plan, unit_paths):
             log = record_init(
-                params, owners, lambda path=path, module=module: init_module(root, path, module, init_fn, seed)
+                params, owners, lambda path=path, module=module: _init_module(root, path, module, init_fn, seed)
             )
             if log.unsupported is not None:
                 return None

@@ -30,7 +30,6 @@ __all__ = [
     "check_materializable",
     "materialize_unit",
     "module_seed",
-    "init_module",
 ]
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -101,7 +100,7 @@ def module_seed(seed: int, path: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(path.encode())) % (2**63 - 1)
 
 
-def init_module(
+def _init_module(
     root: torch.nn.Module,
     path: str,
     module: torch.nn.Module,
@@ -201,4 +200,4 @@ def materialize_unit(
     modules = _unit_modules(root, plan, unit_paths)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for path, module in modules:
-            init_module(root, path, module, init_fn, seed)
+            _init_module(root, path, module, init_fn, seed)
