@@ -42,6 +42,7 @@ from spmd.errors import (
     NotAnXlaTensorError,
     PartitionSpecTypeError,
     ProcessDataError,
+    RankDisagreementError,
     ShardingConflictError,
     ShardingError,
     ShardLoadError,
@@ -150,6 +151,7 @@ __all__ = [
     "MissingSpecError",
     "DataPositionError",
     "CollectiveTimeoutError",
+    "RankDisagreementError",
     "init_process_group",
     "watch_collectives",
     # torch_xla's names (see docs/migration.md)

@@ -20,6 +20,7 @@ import torch
 
 from mesh import Mesh, MeshTypeError, as_mesh
 from spmd._backend import backend_for
+from spmd._backend.agreement import agree_on_sharding
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.parameters import shard_parameters
@@ -83,6 +84,7 @@ def distribute_tensor(
         raise SpmdTypeError(f"distribute_tensor takes a torch.Tensor, got {type(tensor).__name__}.")
     runtime = backend_for(tensor)
     spec = PartitionSpec() if placements is None else placements
+    agree_on_sharding(runtime, "distribute_tensor", tensor, device_mesh, spec)
     sharding, hlo = resolve_sharding(tensor, device_mesh, spec, "distribute_tensor", runtime, check_tensor=False)
     placed = runtime.place(tensor, hlo)
     return runtime.shard(placed, sharding, hlo, replace=True)

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
+from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
 from spmd.errors import (
     PartitionSpecTypeError,
@@ -148,6 +149,8 @@ def mark_sharding(
         raise SpmdTypeError(f"mark_sharding's replace takes True or False, got {replace!r:.80}.")
     tensor = _unwrap(t)
     runtime = backend_for(tensor)
+    # Ranks agree first, on the arguments as given: then every later check fails alike on all.
+    agree_on_sharding(runtime, "mark_sharding", tensor, mesh, partition_spec, replace=replace)
     sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", runtime)
     return runtime.shard(tensor, sharding, hlo, replace=replace)
 

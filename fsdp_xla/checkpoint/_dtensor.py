@@ -42,9 +42,14 @@ def dtensor_block(t: torch.Tensor) -> tuple[int, tuple[tuple[int, int], ...], to
     another rank writes the same block (a replica)."""
     from spmd._backend import backend_for
 
+    import torch.distributed as dist
+
     rank = _rank()
     hlo = backend_for(t).sharding_of(t)
-    (bounds,) = hlo.shard_bounds(tuple(t.shape), [rank])
+    # Every device asked, not this rank alone: a replicated sharding numbers the copies by their
+    # place in the list asked for, so asked alone every rank was copy 0 and wrote the block
+    # (an index of overlapping blocks, which the load refuses as damaged).
+    bounds = hlo.shard_bounds(tuple(t.shape), list(range(dist.get_world_size())))[rank]
     if bounds.replica_id != 0:
         return None
     index = tuple((s.start, s.stop) for s in bounds.index)

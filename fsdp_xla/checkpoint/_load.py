@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._agreement import agree_on_load
 from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
@@ -158,6 +159,8 @@ def load_sharded(
         if refusal is not None:
             raise refusal
         meta, reader, todo, plan = prepared
+        if ranks:  # one version into one model on every rank, or none loads
+            agree_on_load(root, reader.version, strict, model, optimizer)
         index = meta["tensors"]
         if plan is not None:  # first: torch's own checks of the state run before the model changes
             load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
