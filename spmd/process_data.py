@@ -16,6 +16,7 @@ a spec per key, with one exchange of shapes for the whole dict.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -97,6 +98,19 @@ def _agree(
         **{k: str(v) for k, v in more.items()},
     }
     agree(runtime, what, fields, SAME_DATA, {"local shape": LocalShapeMismatchError})
+
+
+def _whole(value: object, name: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise SpmdTypeError(f"{name} must be a whole number >= 0 ({what}), got {value!r:.60} ({type(value).__name__}).")
+    return int(value)
+
+
+def _global_shape(given: object, what: str) -> tuple[int, ...]:
+    """``global_shape`` as whole numbers (``int(2.5)`` would have read 2 silently)."""
+    if isinstance(given, (str, bytes)) or not isinstance(given, (Sequence, np.ndarray)):
+        raise SpmdTypeError(f"{what}'s global_shape is a sequence of dim sizes, e.g. (64, 128), got {given!r:.60}.")
+    return tuple(_whole(n, f"{what}'s global_shape entry", "a dim size") for n in given)
 
 
 def _checked_flag(check: object, what: str) -> bool:
@@ -181,7 +195,7 @@ def _make(
     runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, given: Sequence[int] | None, what: str
 ) -> torch.Tensor:
     layout = _layout(runtime, mesh, spec, local, what)
-    shape = layout.global_shape(tuple(local.shape), None if given is None else tuple(int(n) for n in given))
+    shape = layout.global_shape(tuple(local.shape), None if given is None else _global_shape(given, what))
     blocks = {d: local[slices] for d, (slices, _) in layout.blocks(shape, tuple(local.shape)).items()}
     spec = PartitionSpec.from_value(spec)
     hlo = hlo_sharding_for(mesh, spec, local.dim(), shape)
@@ -244,7 +258,11 @@ def process_rows(mesh: Mesh | None, spec: SpecLike, global_size: int, dim: int =
 
     Raises:
         IndivisibleBatchError: ``global_size`` does not split evenly over the devices of ``dim``.
+        SpmdTypeError: ``global_size`` or ``dim`` is not a whole number >= 0 (a negative ``dim``
+            cannot be counted from the end here: the tensor's rank is not known).
     """
+    global_size = _whole(global_size, "process_rows' global_size", "the rows of the global batch, e.g. 64")
+    dim = _whole(dim, "process_rows' dim", "a dim counted from 0 (the tensor's rank is not known here, so not -1)")
     runtime, mesh = _runtime(mesh, f"process_rows(spec {spec!r}, {global_size} rows)")
     spec = PartitionSpec.from_value(spec)
     entries = list(spec) + [None] * (dim + 1 - len(spec))

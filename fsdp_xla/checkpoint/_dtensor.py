@@ -40,9 +40,9 @@ def _rank() -> int:
 def dtensor_block(t: torch.Tensor) -> tuple[int, tuple[tuple[int, int], ...], torch.Tensor] | None:
     """(rank, block bounds, host data) of this rank's block of DTensor ``t``, or ``None`` when
     another rank writes the same block (a replica)."""
-    from spmd._backend import backend_for
-
     import torch.distributed as dist
+
+    from spmd._backend import backend_for
 
     rank = _rank()
     hlo = backend_for(t).sharding_of(t)
