@@ -78,7 +78,8 @@ class DataPosition:
             wanted = bool if kind in ("bool", bool) else int
             if not isinstance(value[name], wanted) or (wanted is int and isinstance(value[name], bool)):
                 raise DataPositionError(
-                    f"Saved data position field {name!r} is {value[name]!r}, not an {wanted.__name__}."
+                    f"Saved data position field {name!r} is {value[name]!r:.60}, not an {wanted.__name__}: the saved "
+                    "state was edited or is not ProcessSampler.state_dict()'s. Save it again from the sampler."
                 )
         return cls(**{n: value[n] for n in names})
 
@@ -212,7 +213,10 @@ class ProcessSampler:
                     "it would load other batches than the saved run. Build the sampler as the saved run did."
                 )
         if not 0 <= saved.batch <= len(self):
-            raise DataPositionError(f"The saved data position's batch {saved.batch} is outside 0..{len(self)}.")
+            raise DataPositionError(
+                f"The saved data position's batch {saved.batch} is outside 0..{len(self)} (the batches of an epoch "
+                "of this sampler): it was edited or saved by another loader. Load the position the sampler saved."
+            )
         self._epoch, self._batch = saved.epoch, saved.batch
 
 

@@ -42,7 +42,10 @@ def _unwrap(t: object) -> torch.Tensor:
     if isinstance(t, XLAShardedTensor):
         return t.global_tensor
     if not isinstance(t, torch.Tensor):
-        raise SpmdTypeError(f"Expected a torch.Tensor, got {type(t).__name__}.")
+        raise SpmdTypeError(
+            f"Expected a torch.Tensor (or an XLAShardedTensor), got {type(t).__name__}; pass the tensor itself "
+            "(torch.as_tensor(x) for a list or numpy array)."
+        )
     return t
 
 
@@ -224,7 +227,10 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
     a_leaves, a_tree = tree_flatten(a)
     b_leaves, b_tree = tree_flatten(b)
     if a_tree != b_tree:
-        raise SpmdTypeError(f"shard_as needs two pytrees of one structure, got {a_tree} and {b_tree}.")
+        raise SpmdTypeError(
+            f"shard_as needs two pytrees of one structure, got {str(a_tree):.200} and {str(b_tree):.200}; pair the "
+            "tensors alike in both (the same nesting of lists, tuples and dicts)."
+        )
     out_a, out_b = [], []
     for i, (x, y) in enumerate(zip(a_leaves, b_leaves)):
         if x is None or y is None:

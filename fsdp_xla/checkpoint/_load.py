@@ -37,7 +37,10 @@ def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict
     where = f"{name!r}: the block in {reader.version / block['file']}"
     expected = tuple(b - a for a, b in block["index"])
     if tuple(data.shape) != expected:
-        raise CheckpointError(f"{where} has shape {tuple(data.shape)}, the index says {expected}.")
+        raise CheckpointError(
+            f"{where} has shape {tuple(data.shape)}, the index says {expected}: the checkpoint is damaged or was "
+            "edited. Restore it from a copy, or load an older version."
+        )
     if data.dtype != DTYPES[entry["dtype"]]:
         raise CheckpointError(
             f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry['dtype']}: "
@@ -66,7 +69,10 @@ def _assemble(reader: Reader, name: str, entry: dict[str, Any]) -> torch.Tensor:
         full[tuple(slice(a, b) for a, b in block["index"])] = data
         covered += data.numel()
     if covered != full.numel():
-        raise CheckpointError(f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}.")
+        raise CheckpointError(
+            f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}: the checkpoint is "
+            "damaged or was edited. Restore it from a copy, or load an older version."
+        )
     return full
 
 

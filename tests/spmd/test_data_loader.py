@@ -84,8 +84,10 @@ def test_a_position_for_other_data_is_refused():
         sampler.load_state_dict(other)
     with pytest.raises(DataPositionError, match=r"is a dict with keys"):
         sampler.load_state_dict({"epoch": 1})
-    with pytest.raises(DataPositionError, match=r"field 'batch' is '3', not an int"):
+    with pytest.raises(DataPositionError, match=r"field 'batch' is '3', not an int: .* Save it again from the sampl"):
         sampler.load_state_dict(dict(other, seed=5, batch="3"))
+    with pytest.raises(DataPositionError, match=r"batch 99 is outside 0..6 .* Load the position the sampler saved"):
+        sampler.load_state_dict(dict(other, seed=5, batch=99))
 
 
 def test_the_last_short_batch_and_batches_that_do_not_split():
