@@ -6,13 +6,12 @@ see a break of ours. ``with_sharding_constraint`` on a DTensor compiles into the
 both lanes (FSDP2 is in torch 2.9 and 2.15)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("compile_dtensor_worker.py")
+WORKER = WORKERS / "compile_dtensor_worker.py"
 PRECISIONS = ["fp32", "bf16"]
 
 

@@ -29,7 +29,7 @@ import spmd  # noqa: E402
 from examples import train_fsdp  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd import P, ProcessSampler, make_global_batch, make_global_tensor, process_rows  # noqa: E402
-from spmd import _torch_compat as torch_compat  # noqa: E402
+from spmd._util import torch_compat  # noqa: E402
 
 spmd.init_process_group("gloo", timeout=120)
 spmd.use_backend("dtensor")
