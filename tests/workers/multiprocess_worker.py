@@ -18,9 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-# tests/ holds test packages named spmd/ and mesh/ that would shadow the project's.
-sys.path.remove(str(Path(__file__).resolve().parent))
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -24,8 +24,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.remove(str(Path(__file__).resolve().parent))  # tests/spmd would shadow the project's spmd
-
 from examples import train_fsdp  # noqa: E402
 from fsdp_xla import checkpoint  # noqa: E402
 
