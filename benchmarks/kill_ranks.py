@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "train_fsdp_fault_worker.py"
+WORKER = ROOT / "tests" / "workers" / "train_fsdp_fault_worker.py"
 NPROC = 4
 
 
@@ -40,7 +40,7 @@ def launch(out: Path, plan: str, train: list[str], restarts: int) -> subprocess.
     env.update(PYTHONPATH=str(ROOT), USE_TORCH_XLA="0")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC)]
     command += ["--max-restarts", str(restarts), str(WORKER), str(out), plan, *train]
-    log = open(out / "torchrun.log", "w")  # noqa: SIM115 (closed with the process)
+    log = open(out / "torchrun.log", "w")
     return subprocess.Popen(command, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
