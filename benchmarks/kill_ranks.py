@@ -40,7 +40,7 @@ def launch(out: Path, plan: str, train: list[str], restarts: int) -> subprocess.
     env.update(PYTHONPATH=str(ROOT), USE_TORCH_XLA="0")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC)]
     command += ["--max-restarts", str(restarts), str(WORKER), str(out), plan, *train]
-    log = open(out / "torchrun.log", "w")
+    log = open(out / "torchrun.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(command, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
