@@ -23,8 +23,8 @@ from typing import Any
 
 from mesh import as_mesh, get_global_mesh
 from spmd.errors import LocalShapeMismatchError, RankDisagreementError
-from spmd.partition_spec import PartitionSpec
-from spmd.placements import is_placements
+from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding._placements import is_placements
 
 __all__ = [
     "SAME_SHARDING",

@@ -27,8 +27,8 @@ from mesh import Mesh
 from spmd._backend import backend_for
 from spmd._backend.agreement import agree
 from spmd.errors import DataPositionError, ProcessDataError, SpmdTypeError
-from spmd.partition_spec import PartitionSpec, SpecEntry
-from spmd.process_data import global_batch, global_tensor, process_rows
+from spmd.multiprocess._process_data import global_batch, global_tensor, process_rows
+from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
 
 __all__ = ["DataPosition", "ProcessSampler", "ProcessDataLoader"]
 

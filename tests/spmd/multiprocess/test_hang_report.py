@@ -5,7 +5,7 @@ SIGSTOPped rank: tests/test_multiprocess.py.)"""
 import pytest
 
 from spmd import CollectiveTimeoutError, watch_collectives
-from spmd.hang_report import is_collective_failure
+from spmd.multiprocess._hang_report import is_collective_failure
 
 # gloo's text for a collective timeout, as torch 2.9 and 2.15 raise it (a plain RuntimeError).
 GLOO_TIMEOUT = (
@@ -43,7 +43,7 @@ def test_the_process_group_s_own_timeout_is_a_collective_timeout():
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 1e12, 1, -5, True, "60"])
 def test_a_timeout_that_would_fail_inside_timedelta_or_never_end_is_refused(timeout):
     from spmd import SpmdTypeError
-    from spmd.process_group import timeouts_for
+    from spmd.multiprocess._process_group import timeouts_for
 
     with pytest.raises(SpmdTypeError, match=r"timeout must be a number of seconds above 1 and at most 2592000"):
         timeouts_for(timeout)
