@@ -83,7 +83,7 @@ def test_inspector_refuses_a_directory_as_json_before_running_the_script(tmp_pat
 
 
 def test_messages_of_the_tensor_verbs_name_the_fix():
-    from spmd import shard_as
+    from spmd.compat import shard_as
 
     with pytest.raises(SpmdTypeError, match=r"got list; pass the tensor itself \(torch.as_tensor"):
         mark_sharding([1.0, 2.0], MESH, P("data"))

@@ -27,8 +27,9 @@ import torch.distributed as dist
 
 import spmd
 from mesh import Mesh
-from spmd import P, RankDisagreementError
-from spmd import _torch_compat as torch_compat
+from spmd import P
+from spmd._util import torch_compat
+from spmd.errors import RankDisagreementError
 
 MESHES = [Mesh(np.arange(4), (4,), ("x",)), Mesh(np.arange(4), (2, 2), ("data", "model"))]
 if torch_compat.ordered_groups_supported():  # torch 2.13+: a permuted mesh lays blocks out in mesh order

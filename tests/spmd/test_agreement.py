@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spmd import LocalShapeMismatchError, RankDisagreementError
 from spmd._backend.agreement import SLOTS, agree, digest, ranks_text
+from spmd.errors import LocalShapeMismatchError, RankDisagreementError
 from tests.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("agreement_worker.py")
