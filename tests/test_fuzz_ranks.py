@@ -1,15 +1,14 @@
 """A multi-process fuzz (issue 30, item 6): seeded trials of the collective entry points on 4 gloo
-ranks, agreeing or with one rank differing in one field (tests/spmd/rank_fuzz.py). Agreeing ranks
+ranks, agreeing or with one rank differing in one field (tests/workers/rank_fuzz.py). Agreeing ranks
 get one process's result; ranks that differ all raise the same RankDisagreementError naming the
 field and the odd rank; no trial takes 30 s."""
 
 import json
 from collections import Counter
-from pathlib import Path
 
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).parent / "spmd" / "agreement_worker.py"
+WORKER = WORKERS / "agreement_worker.py"
 SEED, TRIALS = 30, 48
 
 

@@ -6,15 +6,14 @@ have sent; `agreement_worker.py` runs the real exchange."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from spmd._backend.agreement import SLOTS, agree, digest, ranks_text
 from spmd.errors import LocalShapeMismatchError, RankDisagreementError
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("agreement_worker.py")
+WORKER = WORKERS / "agreement_worker.py"
 
 
 class FourRanks:

@@ -1,11 +1,11 @@
 """Run under torchrun (4 ranks, gloo) by test_agreement.py and test_fuzz_ranks.py.
 
-    torchrun --nproc_per_node 4 tests/spmd/agreement_worker.py OUT_DIR cases
-    torchrun --nproc_per_node 4 tests/spmd/agreement_worker.py OUT_DIR fuzz SEED TRIALS
+    torchrun --nproc_per_node 4 tests/workers/agreement_worker.py OUT_DIR cases
+    torchrun --nproc_per_node 4 tests/workers/agreement_worker.py OUT_DIR fuzz SEED TRIALS
 
 ``cases``: each collective entry point called with one rank (or two) differing in one field;
 each rank records the error it raised (class, message, seconds taken) in OUT_DIR/rank<r>.json.
-Then the agreeing calls, which must not be refused. ``fuzz``: see `tests/spmd/rank_fuzz.py`.
+Then the agreeing calls, which must not be refused. ``fuzz``: see `tests/workers/rank_fuzz.py`.
 A collective left waiting ends after the process group's 20 s timeout, so no case can hang.
 """
 
@@ -14,18 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-# tests/ holds test packages named spmd/ and mesh/ that would shadow the project's.
-sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).resolve().parent]
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.tensor import Replicate, Shard  # noqa: E402
-
-import spmd  # noqa: E402
-from fsdp_xla.checkpoint import load_sharded, save_sharded  # noqa: E402
-from mesh import Mesh  # noqa: E402
-from spmd import P  # noqa: E402
+import spmd
+from fsdp_xla.checkpoint import load_sharded, save_sharded
+from mesh import Mesh
+from spmd import P
 
 spmd.init_process_group("gloo", timeout=20)
 spmd.use_backend("dtensor")
@@ -146,7 +143,7 @@ def agreeing():
 if mode == "cases":
     run_cases()
 else:
-    from tests.spmd.rank_fuzz import run_fuzz
+    from tests.workers.rank_fuzz import run_fuzz
 
     run_fuzz(out, rank, int(sys.argv[3]), int(sys.argv[4]))
 dist.barrier()
