@@ -20,6 +20,7 @@ import torch
 from fsdp_xla._engines import engine_for
 from fsdp_xla._module import FSDP, FullyShardedDataParallel, OutputSharding
 from fsdp_xla._options import FSDPOptions
+from fsdp_xla._rollback import ModuleSnapshot
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
@@ -152,7 +153,12 @@ def fully_shard(
     first = next(iter(module.parameters()), None)
     engine = engine_for(backend_for(first))
     engine.check(module, options)  # everything refused before anything is sharded
-    return engine.apply(module, options)
+    kept = ModuleSnapshot(module)  # what no check can see ahead (a user's init raising) is undone
+    try:
+        return engine.apply(module, options)
+    except BaseException:
+        kept.restore()
+        raise
 
 
 def _construct(cls: type, module: torch.nn.Module, **options: Any) -> Any:
