@@ -153,7 +153,13 @@ def fully_shard(
     first = next(iter(module.parameters()), None)
     engine = engine_for(backend_for(first))
     engine.check(module, options)  # everything refused before anything is sharded
-    kept = ModuleSnapshot(module)  # what no check can see ahead (a user's init raising) is undone
+    return _apply_or_roll_back(engine, module, options)
+
+
+def _apply_or_roll_back(engine: Any, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
+    """``engine.apply``; if it fails part way (what no check can see ahead: a user's init raising
+    on a later unit), the model is put back as it was (`fsdp_xla._rollback`)."""
+    kept = ModuleSnapshot(module)
     try:
         return engine.apply(module, options)
     except BaseException:

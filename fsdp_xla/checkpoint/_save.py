@@ -127,9 +127,7 @@ def save_sharded(
     keep, extra = check_keep(keep), check_extra(extra)
     _make_root(root)
     if distributed(tensors):
-        version, lineage = _save_distributed(
-            root, tensors, aliases, optim_json, extra, keep, lineage_for_save(root)
-        )
+        version, lineage = _save_distributed(root, tensors, aliases, optim_json, extra, keep, lineage_for_save(root))
         remember_lineage(root, lineage)  # rank 0's: every rank continues the lineage it wrote
         return version
     pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
