@@ -12,7 +12,6 @@ so build the optimizer after wrapping.
 from __future__ import annotations
 
 from collections.abc import Callable
-from numbers import Integral
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
+from mesh._checks import require_int
 from spmd import PartitionSpec
 from spmd._backend import backend_for
 from spmd.errors import ShardingError
@@ -192,12 +192,7 @@ def _check_hooks(**hooks: object) -> None:
 
 def _resolve_seed(init_seed: object) -> int:
     """``init_seed`` as a Python int (a numpy integer is one; its arithmetic would overflow)."""
-    if isinstance(init_seed, bool) or not isinstance(init_seed, Integral):
-        raise FSDPTypeError(
-            f"FSDP: init_seed must be an int (the seed of deferred init), got {init_seed!r:.60} "
-            f"({type(init_seed).__name__})."
-        )
-    return int(init_seed)
+    return require_int(init_seed, "FSDP: init_seed", FSDPTypeError, allowed="an int (the seed of deferred init)")
 
 
 def _check_flags(**flags: object) -> None:

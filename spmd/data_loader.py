@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from mesh import Mesh
+from mesh._checks import is_int, require_int
 from spmd.errors import DataPositionError, ProcessDataError
 from spmd.partition_spec import PartitionSpec, SpecEntry
 from spmd.process_data import make_global_batch, make_global_tensor, process_rows
@@ -73,17 +74,15 @@ class DataPosition:
             )
         for name, kind in names.items():
             wanted = bool if kind in ("bool", bool) else int
-            if not isinstance(value[name], wanted) or (wanted is int and isinstance(value[name], bool)):
+            if not (isinstance(value[name], bool) if wanted is bool else is_int(value[name])):
                 raise DataPositionError(
                     f"Saved data position field {name!r} is {value[name]!r}, not an {wanted.__name__}."
                 )
-        return cls(**{n: value[n] for n in names})
+        return cls(**{n: value[n] if isinstance(value[n], bool) else int(value[n]) for n in names})  # numpy ints too
 
 
 def _count(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ProcessDataError(f"{what} must be an int >= {minimum}, got {value!r}.")
-    return value
+    return require_int(value, what, ProcessDataError, minimum=minimum)
 
 
 class ProcessSampler:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral
 
 from mesh import Mesh, MeshTypeError
+from mesh._checks import is_int
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
 from spmd.hlo_sharding import HloSharding, ShardBounds
@@ -40,15 +40,11 @@ def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank:
 
 def _check_rank_and_shape(rank: object, shape: object) -> None:
     """``rank`` an int 0..63 and ``shape`` (if given) that many sizes >= 0, or SpecRankError."""
-    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank <= _MAX_RANK:
+    if not is_int(rank) or not 0 <= rank <= _MAX_RANK:
         raise SpecRankError(f"rank must be an int from 0 to {_MAX_RANK} (a tensor's number of dims), got {rank!r:.80}.")
     if shape is not None:
         dims = tuple(shape) if isinstance(shape, (tuple, list, torch_size_type())) else None
-        if (
-            dims is None
-            or len(dims) != rank
-            or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in dims)
-        ):
+        if dims is None or len(dims) != rank or not all(is_int(n) and n >= 0 for n in dims):
             raise SpecRankError(
                 f"shape must be {rank} non-negative ints (one per dim of the rank-{rank} tensor), got {shape!r:.200}."
             )

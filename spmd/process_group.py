@@ -20,12 +20,14 @@ collective fails (`spmd.hang_report`).
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from mesh._checks import is_real
 from spmd.errors import SpmdTypeError
 
 __all__ = ["init_process_group", "Beat", "Heartbeat", "heartbeat", "timeouts_for"]
@@ -50,7 +52,7 @@ def timeouts_for(total: float) -> Timeouts:
     Raises:
         SpmdTypeError: ``total`` is not a number of seconds > 1.
     """
-    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 1:
+    if not is_real(total) or not 1 < total < math.inf:  # nan or inf would make a timedelta raise
         raise SpmdTypeError(f"timeout must be a number of seconds > 1, got {total!r}.")
     probe = min(5.0, max(1.0, total / 5))
     return Timeouts(timedelta(seconds=total - probe), timedelta(seconds=probe), timedelta(seconds=probe / 3))

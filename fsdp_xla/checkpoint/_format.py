@@ -15,13 +15,13 @@ import itertools
 import math
 import re
 import zlib
-from numbers import Integral
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fsdp_xla.errors import CheckpointError
+from mesh._checks import is_int
 
 __all__ = [
     "FORMAT",
@@ -100,10 +100,6 @@ def _fail(where: str, key: str, what: str) -> CheckpointError:
     )
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool)
-
-
 def check_index(meta: object, where: Path) -> None:
     """Check a parsed ``index.json`` (``where``: its path, for messages) before reading tensors.
 
@@ -158,7 +154,7 @@ def _check_entry(key: str, entry: object, where: Path) -> None:
     if not isinstance(entry, dict):
         raise _fail(w, key, "is not an object")
     shape, dtype, blocks = entry.get("shape"), entry.get("dtype"), entry.get("blocks")
-    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
+    if not isinstance(shape, list) or not all(is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
         raise _fail(w, key, f"has shape {str(shape)[:100]}, not a list of at most 64 integers >= 0")
     if dtype not in DTYPE_NAMES:
         raise _fail(w, key, f"has dtype {str(dtype)[:50]!r}; allowed: {sorted(DTYPE_NAMES)}")
@@ -180,11 +176,11 @@ def _check_entry(key: str, entry: object, where: Path) -> None:
         if (
             not isinstance(index, list)
             or len(index) != len(shape)
-            or not all(isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and _is_int(b[1]) for b in index)
+            or not all(isinstance(b, list) and len(b) == 2 and is_int(b[0]) and is_int(b[1]) for b in index)
         ):
             raise _fail(w, key, f"block {i} has index {str(index)[:100]}, not one [start, stop] per dim of {shape}")
         crc = block.get("crc32", 0)
-        if not _is_int(crc) or not 0 <= crc < 2**32:
+        if not is_int(crc) or not 0 <= crc < 2**32:
             raise _fail(w, key, f"block {i} has checksum {str(crc)[:50]}, not a CRC-32")
         for d, ((lo, hi), n) in enumerate(zip(index, shape)):
             if not 0 <= lo <= hi <= n:

@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
-from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
+from fsdp_xla.checkpoint._arguments import check_arguments, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
 from fsdp_xla.checkpoint._format import DTYPES, checksum
 from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
-from fsdp_xla.errors import CheckpointError
+from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from mesh._checks import require_bool
 from spmd._backend import backend
 from spmd.hlo_sharding import HloSharding
 
@@ -142,7 +143,7 @@ def load_sharded(
             shape that does not match; the message names the key.
     """
     root = check_arguments("load_sharded", path, model, optimizer)
-    check_flag("load_sharded", "strict", strict)
+    require_bool(strict, "load_sharded: strict", CheckpointTypeError)
     ranks = distributed(model.state_dict(keep_vars=True))
     with contextlib.ExitStack() as stack:
         try:
@@ -211,7 +212,7 @@ def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dic
     verified (shape, dtype, checksum) before any tensor is assembled.
     """
     root = check_path("consolidate", path)
-    check_flag("consolidate", "optimizer", optimizer)
+    require_bool(optimizer, "consolidate: optimizer", CheckpointTypeError)
     if not (root / LATEST).exists() and not (root / LATEST).is_symlink():
         checkpoint_version(root)  # raises, naming the path; no lock file is left in a non-checkpoint
     with locked(root, shared=True):

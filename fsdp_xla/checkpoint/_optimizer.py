@@ -23,6 +23,7 @@ import torch
 
 from fsdp_xla.checkpoint._arguments import json_problem
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from mesh._checks import is_real
 
 __all__ = ["OptimizerPlan", "load_optimizer", "optimizer_json", "optimizer_plan", "state_shape_fits"]
 
@@ -143,7 +144,7 @@ def optimizer_plan(optimizer: torch.optim.Optimizer, model: torch.nn.Module, met
 
 def _check_scalar(pname: str, field: str, value: Any) -> None:
     """Non-tensor state must be what `_scalar_json` writes; ``step`` a count."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = is_real(value)
     if field == "step":
         ok, wanted = number and math.isfinite(value) and value >= 0, "a number >= 0"
     else:
@@ -159,7 +160,7 @@ def _kind_problem(saved: Any, current: Any) -> str | None:
     """Why a saved hyperparameter cannot stand in for the loading optimizer's ``current`` one."""
     if isinstance(current, torch.Tensor) and current.numel() == 1:
         current = current.item()
-    number = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    number = is_real(saved)
     if number and not math.isfinite(saved) and saved != current:
         return "not a finite number"
     if current is None or saved is None:
