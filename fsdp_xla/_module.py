@@ -39,6 +39,14 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     _fsdp_runtime: UnitRuntime
 
+    def __new__(cls, module: torch.nn.Module, **options: Any) -> Any:
+        """``FSDP(module, ...)`` is ``fully_shard(module, ...)``: ``module`` itself, wrapped in place."""
+        # fully_shard picks an engine, and the GSPMD engine builds subclasses of this class:
+        # fsdp_xla.api imports this module, so this one imports it when called.
+        from fsdp_xla.api import fully_shard
+
+        return fully_shard(module, **options)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to do: ``__new__`` wrapped the module in place."""
 
