@@ -17,7 +17,7 @@ from mesh import Mesh, mesh_or_global
 from mesh._checks import require_bool, require_int, require_optional_bool
 from spmd import PartitionSpec
 from spmd.errors import ShardingError
-from spmd.named_sharding import resolve_spec
+from spmd.sharding._named_sharding import resolve_spec
 
 __all__ = ["FSDPOptions"]
 

@@ -206,7 +206,7 @@ def test_named_sharding(mesh, entries, shape):
         assert total == math.prod(shape)  # the distinct blocks tile the tensor exactly
         assert HloSharding.parse(str(hlo)) == hlo
         if HAS_JAX and _jax_can_say(mesh, sharding.spec):
-            from tests.spmd.test_named_sharding import jax_hlo
+            from tests.spmd.sharding.test_named_sharding import jax_hlo
 
             assert jax_hlo(mesh, tuple(sharding.spec), len(shape)) == hlo_sharding_for(mesh, sharding.spec, len(shape))
 

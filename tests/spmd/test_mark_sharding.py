@@ -274,7 +274,7 @@ def test_shard_as_checks_its_pairs_and_runs_on_the_lane_as_installed(xla):
 def test_one_mark_sharding_converts_its_spec_and_computes_its_hlo_sharding_once(xla, monkeypatch):
     """Check once, convert once: the spec is read from its tuple once and the HLO sharding
     computed once (resolve_sharding and NamedSharding's own check each computed it)."""
-    import spmd.named_sharding as named
+    import spmd.sharding._named_sharding as named
     from spmd import PartitionSpec
 
     calls = {"hlo": 0, "from_value": 0}

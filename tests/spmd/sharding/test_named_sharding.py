@@ -147,7 +147,7 @@ def test_hlo_sharding_for_is_cached_and_keyed_on_exact_types():
 
 
 def test_a_named_sharding_checks_its_axes_without_computing_an_hlo_sharding(monkeypatch):
-    import spmd.named_sharding as named
+    import spmd.sharding._named_sharding as named
 
     computed = []
     monkeypatch.setattr(named, "_compute_hlo_sharding", lambda *args: computed.append(args))
