@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._agreement import agree_on_load
 from fsdp_xla.checkpoint._arguments import check_arguments, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
@@ -36,7 +37,10 @@ def _checked_block(reader: Reader, name: str, entry: TensorEntry, block: Block) 
     data = reader.block(block.file, name)
     where = f"{name!r}: the block in {reader.version / block.file}"
     if tuple(data.shape) != block.shape:
-        raise CheckpointError(f"{where} has shape {tuple(data.shape)}, the index says {block.shape}.")
+        raise CheckpointError(
+            f"{where} has shape {tuple(data.shape)}, the index says {block.shape}: the checkpoint is damaged or was "
+            "edited. Restore it from a copy, or load an older version."
+        )
     if data.dtype != entry.torch_dtype:
         raise CheckpointError(
             f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry.dtype}: "
@@ -65,7 +69,10 @@ def _assemble(reader: Reader, name: str, entry: TensorEntry) -> torch.Tensor:
         full[block.region] = data
         covered += data.numel()
     if covered != full.numel():
-        raise CheckpointError(f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry.shape}.")
+        raise CheckpointError(
+            f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry.shape}: the checkpoint is "
+            "damaged or was edited. Restore it from a copy, or load an older version."
+        )
     return full
 
 
@@ -160,6 +167,8 @@ def load_sharded(
         if refusal is not None:
             raise refusal
         saved, reader, todo, plan = prepared
+        if ranks:  # one version into one model on every rank, or none loads
+            agree_on_load(root, reader.version, strict, model, optimizer)
         index = saved.tensors
         if plan is not None:  # first: torch's own checks of the state run before the model changes
             load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
