@@ -27,7 +27,7 @@ import torch
 
 from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import CheckpointIndex, check_version_name, is_version_name, parse_index, version_name
-from fsdp_xla.checkpoint._lineage import is_lineage
+from fsdp_xla.checkpoint._lineage import continues, is_lineage, remember_lineage
 from fsdp_xla.errors import CheckpointError
 from spmd._util.atomic_file import atomic_write
 from spmd._util.regular_file import read_regular_file
@@ -95,33 +95,38 @@ def new_version_name() -> str:
     return version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
 
 
-def start_version(root: Path, version: str, lineage: str) -> Path:
+def start_version(root: Path, version: str, lineage: str) -> tuple[Path, str]:
     """The temp directory of a save of ``lineage``, with its ``.lineage`` record written first:
     what a killed save leaves is then removed by its own lineage's next save, and no other's."""
-    refuse_foreign_latest(root, lineage)
+    lineage = refuse_foreign_latest(root, lineage)
     work = root / f".{version}.partial"
     work.mkdir()
     fd = os.open(work / _PARTIAL_LINEAGE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     with os.fdopen(fd, "w") as f:
         f.write(lineage)
-    return work
+    return work, lineage
 
 
-def refuse_foreign_latest(root: Path, lineage: str) -> None:
-    """Refuse to replace a ``LATEST`` that names another lineage's version: that run's resume
-    would load this model. A version from before lineages were recorded is not provably another
-    run's, and may be followed."""
+def refuse_foreign_latest(root: Path, lineage: str) -> str:
+    """The lineage a save into ``root`` records: ``lineage``, or the one ``LATEST``'s version
+    records if this process continues it elsewhere (it loaded that run's state). Refuse to
+    replace a ``LATEST`` that names another lineage's version: that run's resume would load this
+    model. A version from before lineages were recorded is not provably another run's."""
     try:
         version = checkpoint_version(root)
     except CheckpointError:
-        return  # no LATEST, or one naming nothing complete: nothing a resume could load
+        return lineage  # no LATEST, or one naming nothing complete: nothing a resume could load
     theirs = _lineage_of(version)
+    if theirs is not None and theirs != lineage and continues(theirs):
+        remember_lineage(root, theirs)  # this run's own directory, written before a restart
+        return theirs
     if theirs is not None and theirs != lineage:
         raise CheckpointError(
             f"{root} holds another run's checkpoint ({root / LATEST} names {version.name}, of lineage {theirs}; this "
             f"model's saves there are of lineage {lineage}). Saving would make that run resume from this model. "
             "Save to another directory; or, to continue that run, load_sharded from it first. Nothing was written."
         )
+    return lineage
 
 
 def commit(root: Path, work: Path, version: str, lineage: str) -> None:

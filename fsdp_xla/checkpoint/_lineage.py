@@ -26,7 +26,7 @@ import threading
 import uuid
 from pathlib import Path
 
-__all__ = ["is_lineage", "lineage_for_save", "remember_lineage"]
+__all__ = ["continues", "is_lineage", "lineage_for_save", "remember_lineage"]
 
 _LINEAGE = re.compile(r"[0-9a-f]{32}")
 _lock = threading.Lock()
@@ -51,3 +51,10 @@ def remember_lineage(root: Path, lineage: object) -> None:
     if is_lineage(lineage):
         with _lock:
             _by_root[os.path.realpath(root)] = lineage
+
+
+def continues(lineage: object) -> bool:
+    """Whether this process continues ``lineage`` in some directory: it loaded that run's state
+    (the Hugging Face trainer resumes from ``checkpoint-5`` and saves ``checkpoint-10``)."""
+    with _lock:
+        return lineage in _by_root.values()

@@ -135,7 +135,7 @@ def save_sharded(
         backend.sync_tensors(pending)
     with locked(root, shared=False):
         version, lineage = new_version_name(), lineage_for_save(root)
-        work = start_version(root, version, lineage)  # refuses another run's LATEST first
+        work, lineage = start_version(root, version, lineage)  # refuses another run's LATEST first
         try:
             _write_version(work, tensors, aliases, optim_json, {"lineage": lineage, "extra": extra or {}})
             commit(root, work, version, lineage)
@@ -218,7 +218,7 @@ def _start_on_rank_0(root: Path, lineage: str) -> tuple[str, str, str]:
     """(version, lineage, refusal): rank 0's temp directory made, or why the save is refused."""
     version = new_version_name()
     try:
-        start_version(root, version, lineage)
+        _, lineage = start_version(root, version, lineage)
     except CheckpointError as e:
         return version, lineage, str(e)
     return version, lineage, ""

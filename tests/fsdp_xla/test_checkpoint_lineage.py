@@ -5,6 +5,7 @@ The example refuses a directory holding versions but no LATEST. Host tensors: no
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
@@ -206,3 +207,18 @@ def test_a_second_run_removes_none_of_the_first_runs_temp_files_in_progress_or_k
     after = tree(root)
     assert {k: v for k, v in after.items() if k in before} == before  # every byte of A's (and unknown) files
     assert not my_killed.exists() and not list(root.glob(f".LATEST.{mine}.*"))  # B's own leftovers went
+
+
+def test_a_run_resumed_from_one_of_its_directories_saves_into_another_of_them(tmp_path):
+    """The Hugging Face trainer resumes from checkpoint-5 and saves checkpoint-10, which the run
+    wrote before it was killed: that LATEST is of the lineage this process loaded, so the save
+    goes ahead (and continues it), where another run's LATEST is refused."""
+    other_run_saves(tmp_path / "checkpoint-5", seed=1, count=1)
+    shutil.copytree(tmp_path / "checkpoint-5", tmp_path / "checkpoint-10")  # the same run's other directory
+    old = versions(tmp_path / "checkpoint-10")
+    m = their_model()
+    ck.load_sharded(tmp_path / "checkpoint-5", m)
+    new = ck.save_sharded(tmp_path / "checkpoint-10", m, keep=1)
+    assert versions(tmp_path / "checkpoint-10") == [new.name] and old != [new.name]  # its own older version went
+    lineage = json.loads((tmp_path / "checkpoint-5" / old[0] / "index.json").read_text())["lineage"]
+    assert json.loads((new / "index.json").read_text())["lineage"] == lineage
