@@ -203,7 +203,13 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
         (dict(seq_len=10**12), PlanError, "seq_len must be an int from 2 to 16777216"),
-        (dict(remat="some"), PlanError, r"remat must be one of \['none', 'dots', 'full', 'offload'\]"),
+        (
+            dict(remat="some"),
+            PlanError,
+            r"remat must be one of \['none', 'dots', 'save_dot_except_mlp', 'save_qkv_proj', 'full', 'offload'\] "
+            r"\(or 'minimal', MaxText's name for 'dots'\)",
+        ),
+        (dict(moment_dtype="float16"), PlanError, r"moment_dtype must be one of \('float32', 'bfloat16'\)"),
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
@@ -230,7 +236,9 @@ def test_bad_requests_say_what_to_change(kwargs, error, says):
         (dict(jobs=0), "jobs must be a whole number from 1 to 64"),  # ran as 1, silently
         (dict(jobs=-5), "jobs must be a whole number from 1 to 64"),
         (dict(hbm_bytes=0), "hbm_bytes must be a positive int"),
-        (dict(compute_dtype="float16"), "compute_dtype must be 'bfloat16' or 'float32'"),
+        (dict(compute_dtype="float16"), r"compute_dtype must be one of \('bfloat16', 'float32'\)"),
+        (dict(hbm_bytes=2.5), r"hbm_bytes must be a positive int \(bytes per device\) or None, got 2.5"),
+        (dict(moment_dtype="int8"), "moment_dtype must be one of"),
         (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
         (dict(strategies="fsdp,foo"), "Unknown strategy 'foo'"),  # a string was split into letters: 'f'
         (dict(strategies=["2d"], tensors=["a"]), r"tensors must be positive integers, got \['a'\]"),
@@ -292,6 +300,12 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
         (["--advise", "--strategy", "2d"], "--strategy choose one plan, and --advise tries many"),
         (["--advise", "--remat", "full", "--batch", "8"], "--batch, --remat choose one plan"),
         (["--mesh", "fsdp=4,fsdp=1"], "--mesh names axis 'fsdp' twice"),
+        (["--jobs", "2"], "--jobs only steer the advisor's search, which runs with --advise: add --advise, or leave it"),
+        (["--remats", "full", "--no-cache"], "--remats, --no-cache only steer the advisor's search"),
+        (["--strategies", "fsdp", "--fsdp-config", "/tmp/x.json"], "--strategies, --fsdp-config only steer"),
+        (["--per-device-batches", "1", "--tensors", "2", "--datas", "1"], "--per-device-batches, --tensors, --datas"),
+        (["--cache", "/tmp"], "--cache only steer the advisor's search"),
+        (["--remat", "most"], "--remat: unknown remat policy 'most'; choose from none,dots,save_dot_except_mlp"),
     ],
 )
 def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
