@@ -13,7 +13,7 @@ Per device, in bytes (``t``: tokens per batch shard, ``T``: the ``tensor`` axis 
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
   peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
-  backward, the fp32 gradient accumulators, the block's recomputed MLP).
+  backward, the bf16 gradients, the block's recomputed MLP).
 
 The working set is the part a compiler schedules: it is what the math gets least right, and the
 advisor compiles every plan within `MARGIN` of the budget rather than trust it.
@@ -124,6 +124,6 @@ def plan_memory(
     loss = 2 * head + tokens * shape.vocab / tensor * 10  # the gathered head; logits bf16, fp32, fp32 gradient
     layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
     mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
-    block = 2 * 2 * layer_params + param_bytes + mlp
+    block = 2 * 2 * layer_params + param_bytes / 2 + mlp
     working = int(param_bytes / 2 + max(loss, block))
     return MemoryMath(arguments, saved, working, int(shape.n_layer * tokens * host))
