@@ -188,6 +188,14 @@ def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterabl
     )
 
 
+def _meshes(target: TpuSlice, choose: _Choices, hf_config: Any) -> list[tuple[str, dict[str, int]]]:
+    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
+    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
+    if not meshes:
+        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
+    return meshes
+
+
 def _model(model: Any, seq_len: int | None, kernel: Attention) -> tuple[torch.nn.Module, Any, int]:
     """The model on ``meta``, its config, and the sequence length (checked for the kernel)."""
     module, hf_config = build_meta_model(model)
@@ -269,10 +277,7 @@ def advise(
     module, hf_config, seq_len = _model(model, seq_len, settings.attention)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
     target = settings.target
-    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
-    if not meshes:
-        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
+    meshes = _meshes(target, choose, hf_config)
     searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     workers = min(jobs or default_jobs(), max(1, len(searches)))
     log(f"advisor: {len(searches)} meshes to search; per-device batches {list(choose.batches)}, "

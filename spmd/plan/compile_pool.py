@@ -10,8 +10,9 @@ How many workers (`default_jobs`): one per core, and no more than the memory thi
 free allows, at `COMPILE_HOST_BYTES` each (a Llama-3.1-70B compile peaks near 2 GiB of host
 memory, measured with ``/usr/bin/time -v``), keeping `RESERVE_BYTES` for everything else.
 
-Progress goes to the log (stderr) after every plan: plans done, how many are cached, at most how
-many are left, and the time left at the mean compile time so far. Ctrl-C (KeyboardInterrupt)
+Progress goes to the log (stderr) after every plan: plans done, how many are cached, how many are
+likely left (one a policy when our math is right) and at most, and the time to go at the mean
+compile time so far. Ctrl-C (KeyboardInterrupt)
 stops the workers (they ignore SIGINT themselves, so the main process decides) and returns what
 was done, marked interrupted: the advice then ranks a partial table.
 """
@@ -75,11 +76,12 @@ class _Progress:
         self.cached += outcome.cached
         if seconds is not None:
             self.compile_seconds.append(seconds)
-        left = sum(s.left() for s in self.searches)
-        line = f"[advisor: {self.done} plans done ({self.cached} cached), at most {left} left"
-        if left and self.compile_seconds:
+        counts = [s.left() for s in self.searches]
+        likely, most = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        line = f"[advisor: {self.done} plans done ({self.cached} cached), about {likely} left (at most {most})"
+        if likely and self.compile_seconds:
             mean = sum(self.compile_seconds) / len(self.compile_seconds)
-            line += f", about {_minutes(mean * left / self.jobs)} left"
+            line += f", about {_minutes(mean * likely / self.jobs)} to go"
         self.log(line + "]")
 
 

@@ -17,6 +17,7 @@ smallest.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,12 +92,16 @@ class MeshSearch:
             p.hi = index - 1
             p.guess = (p.lo + p.hi) // 2
 
-    def left(self) -> int:
-        """At most how many compiles remain (for the progress line)."""
-        count = 0 if self._policy is None else max(0, self._policy.hi - self._policy.lo + 1)
+    def left(self) -> tuple[int, int]:
+        """``(likely, at most)`` compiles left, for the progress line: the current policy's
+        bisection, and for each later policy one compile when our math is right (at most every
+        batch it does not rule out)."""
+        span = 0 if self._policy is None else max(0, self._policy.hi - self._policy.lo + 1)
+        likely, most = math.ceil(math.log2(span + 1)), span
         for remat in self.remats[self._index + 1 :]:
-            count += len(self._worth(remat))
-        return count
+            worth = len(self._worth(remat))
+            likely, most = likely + min(worth, 1), most + worth
+        return likely, most
 
     def _worth(self, remat: str) -> list[int]:
         """The batches of ``remat`` beyond the lighter policies' best that our math does not rule out."""
