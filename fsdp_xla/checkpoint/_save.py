@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._agreement import agree_on_save
 from fsdp_xla.checkpoint._arguments import check_arguments, check_extra, check_keep
 from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor
 from fsdp_xla.checkpoint._files import (
@@ -29,7 +30,7 @@ from fsdp_xla.checkpoint._lineage import lineage_for_save
 from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
-from spmd.hlo_sharding import HloSharding
+from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["dtype_name", "save_sharded"]
 
@@ -119,8 +120,10 @@ def save_sharded(
         The version directory written.
     """
     root = check_arguments("save_sharded", path, model, optimizer)
-    keep, extra = check_keep(keep), check_extra(extra)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
+    if distributed(tensors):  # first: then every rank refuses a bad keep or extra alike
+        agree_on_save(root, tensors, aliases, optim_json, extra, keep)
+    keep, extra = check_keep(keep), check_extra(extra)
     _make_root(root)
     if distributed(tensors):
         return _save_distributed(root, tensors, aliases, optim_json, extra, keep)

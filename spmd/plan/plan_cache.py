@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write
+from spmd._util.atomic_file import atomic_write
+from spmd._util.regular_file import read_regular_file
 from spmd.plan.advice import Candidate, Outcome
 from spmd.plan.errors import PlanError
 from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.report import GIB, PlanReport
 from spmd.plan.settings import PlanSettings
-from spmd.regular_file import read_regular_file
 
 __all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "default_cache_dir", "model_key",
            "run_candidate"]  # fmt: skip
