@@ -279,9 +279,9 @@ def advise(
     target = settings.target
     meshes = _meshes(target, choose, hf_config)
     searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
-    workers = min(jobs or default_jobs(), max(1, len(searches)))
-    log(f"advisor: {len(searches)} meshes to search; per-device batches {list(choose.batches)}, "
-        f"remat {list(choose.policies)}; {workers} compile(s) at once")  # fmt: skip
+    # A module cannot be sent to a worker process: it compiles here.
+    workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))
+    log(f"advisor: {len(searches)} meshes; batches {list(choose.batches)}; {workers} compile(s) at once")
     run = Settings(settings, cache_dir, model_key(model))
     source = module if isinstance(model, torch.nn.Module) else model
     interrupted = run_searches(source, searches, run, workers, log)
