@@ -90,14 +90,14 @@ def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int
 
 def _everything_per_token(shape: Any, attention: Attention, seq_len: int, tensor: int, itemsize: int) -> float:
     """``none``: every activation of a Llama block, as JAX lists them for the planner's program:
-    in bf16 the input, both norms' outputs, a projection, the out projection, q and k after
+    in bf16 the input, both norms' outputs, the out projection, v, k after rotation, q after
     rotation and the context, six MLP arrays (gate, up, the SiLU's parts and the product); in fp32
     each norm's upcast input and output and statistics, and the kernel's log-sum-exp. With dot
     attention, the scores and their fp32 softmax too."""
     d, heads = shape.d_model, shape.n_head / tensor
     q, kv = heads * shape.head_dim, shape.n_kv_head * shape.head_dim / tensor
     mlp = (6 if shape.gated_mlp else 3) * shape.d_ff / tensor
-    bf16 = 5 * d + 2 * q + kv + mlp
+    bf16 = 4 * d + 2 * q + 2 * kv + mlp
     fp32 = 4 * d + 4 + heads
     if attention is Attention.DOT:
         bf16 += heads * seq_len
