@@ -36,6 +36,9 @@ SUITES = (
     "test/spmd/test_xla_spmd_python_api_interaction.py",
     "test/spmd/test_dtensor_redistribute.py",
     "test/spmd/test_dtensor_convert_mesh.py",
+    "test/spmd/test_xla_sharded_tensor.py",
+    "test/spmd/test_xla_dtensor_spec_conversion.py",
+    "test/spmd/test_xla_dtensor_placements.py",
 )
 HELPERS = ("test/spmd/test_xla_sharding_base.py", "test/spmd/args_parse.py")
 

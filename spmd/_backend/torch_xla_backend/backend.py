@@ -16,7 +16,7 @@ from spmd._backend.torch_xla_backend.runtime import (
     sync,
     torch_xla_module,
 )
-from spmd._backend.torch_xla_backend.sharded_tensor import XLAShardedTensor
+from spmd._backend.torch_xla_backend.sharded_tensor import XLAShardedTensor, xla_device_mesh
 from spmd._backend.torch_xla_backend.shardings import (
     attach_sharding,
     attach_sharding_constraint,
@@ -107,10 +107,7 @@ class TorchXlaBackend:
         return torch_xla_module().device()
 
     def device_mesh(self, mesh: Any) -> Any:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
-        return DeviceMesh("xla", torch.as_tensor(mesh.get_logical_mesh()), mesh_dim_names=names)
+        return xla_device_mesh(mesh)
 
     def parameter(self, p: torch.nn.Parameter, sharding: Any, hlo: HloSharding, *, specified: bool) -> Any:
         if specified:
