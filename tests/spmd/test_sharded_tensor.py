@@ -263,9 +263,9 @@ def test_what_it_cannot_answer_is_a_typed_error(xla):
     x = mark_sharding(torch.randn(8, 4).to(xla), MESH, ("data", None))
     result = x * 2  # a result of an op: no mesh or spec of its own, as torch_xla's
     with pytest.raises(ValueError, match="^DTensorSpec not available: XLAShardedTensor requires mesh_shape"):
-        result._spec
+        _ = result._spec
     with pytest.raises(ValueError, match="^Placements not available"):
-        result.placements
+        _ = result.placements
     with pytest.raises(TypeError, match=r"has no per-process local tensor on GSPMD.*full_tensor\(\)"):
         x.to_local()
     torch.testing.assert_close(x.full_tensor().cpu(), x.cpu())

@@ -64,7 +64,7 @@ class XLAShardedTensor(DTensor):
     _spmd_marked: torch.Tensor | None
     _spmd_sharding: NamedSharding | None
     _spmd_declared: tuple[Any, Any] | None
-    _cached_spec: Any
+    _cached_spec: Any = None  # the DTensorSpec once built (a class default: results of ops pay nothing)
 
     # Ops never reach DTensor's dispatcher (it would look for a per-process local tensor, which a
     # GSPMD tensor has not: one process holds every device's block). Without a __torch_dispatch__
@@ -91,7 +91,9 @@ class XLAShardedTensor(DTensor):
         if not isinstance(elem, torch.Tensor):
             raise SpmdTypeError(f"XLAShardedTensor wraps a torch.Tensor, got {type(elem).__name__}.")
         if requires_grad is not None and not isinstance(requires_grad, bool):
-            raise SpmdTypeError(f"XLAShardedTensor's requires_grad takes True, False or None, got {requires_grad!r:.80}.")
+            raise SpmdTypeError(
+                f"XLAShardedTensor's requires_grad takes True, False or None, got {requires_grad!r:.80}."
+            )
         inner = elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
         if requires_grad is False and inner.requires_grad:
             inner = inner.detach()
@@ -117,7 +119,6 @@ class XLAShardedTensor(DTensor):
                 view = tensor.as_subclass(cls)
         view._spmd_marked = tensor
         view._spmd_sharding = sharding
-        view._cached_spec = None
         return view
 
     @property
