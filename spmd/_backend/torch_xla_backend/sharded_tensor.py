@@ -27,10 +27,10 @@ from mesh import Mesh
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError, SpmdTypeError
-from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
-from spmd.named_sharding import NamedSharding
-from spmd.partition_spec import PartitionSpec
-from spmd.sharding_type import ShardingType
+from spmd.sharding._hlo_sharding import HloSharding, ShardBounds, ShardingKind
+from spmd.sharding._named_sharding import NamedSharding
+from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding._sharding_type import ShardingType
 
 __all__ = [
     "Shard",
@@ -223,7 +223,7 @@ class XLAShardedTensor(DTensor):
             return cached
         from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-        from spmd.placements import placements_from_spec
+        from spmd.sharding._placements import placements_from_spec
 
         mesh, spec = self._mesh_and_spec(missing)
         tensor = self.global_tensor
@@ -234,7 +234,7 @@ class XLAShardedTensor(DTensor):
 
     def _mesh_and_spec(self, missing: str) -> tuple[Mesh, PartitionSpec]:
         """The mesh and spec it was marked with or that were recorded for it."""
-        from spmd.placements import PlacementError
+        from spmd.sharding._placements import PlacementError
 
         mesh_shape, spec = self.mesh_shape, self.partition_spec
         if mesh_shape is None or spec is None:
@@ -263,7 +263,7 @@ class XLAShardedTensor(DTensor):
                 ``Partial`` (`PartialPlacementError`, a ``NotImplementedError``).
         """
         from mesh import as_mesh
-        from spmd.placements import PlacementError, spec_from_placements
+        from spmd.sharding._placements import PlacementError, spec_from_placements
 
         where = f"redistribute(tensor of shape {tuple(self.shape)})"
         if placements is None:
