@@ -1,4 +1,4 @@
-"""What mark_sharding returns on torch_xla: a torch.Tensor view with shards and torch_xla's attributes."""
+"""What mark_sharding returns on torch_xla: a DTensor subclass view with shards and torch_xla's attributes."""
 
 import numpy as np
 import pytest
