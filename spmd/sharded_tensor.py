@@ -5,15 +5,8 @@ around it. It lives with the torch_xla backend, since every
 method is a torch_xla call; on the DTensor backend `mark_sharding` returns a ``DTensor``.
 """
 
-from spmd._backend.torch_xla_backend.sharded_tensor import (
-    Shard,
-    ShardedTensor,
-    XLAShard,
-    XLAShardedTensor,
-    unwrap_sharded_tensor,
-    wrap_as_sharded_tensor,
-    wrap_if_sharded,
-)
+from spmd._backend.torch_xla_backend.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor
+from spmd._backend.torch_xla_backend.wrapping import unwrap_sharded_tensor, wrap_as_sharded_tensor, wrap_if_sharded
 
 __all__ = [
     "Shard",

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from spmd._backend.torch_xla_backend import processes
+from spmd._backend.torch_xla_backend.dtensor_spec import xla_device_mesh
 from spmd._backend.torch_xla_backend.runtime import (
     device_count,
     ensure_spmd,
@@ -16,7 +17,7 @@ from spmd._backend.torch_xla_backend.runtime import (
     sync,
     torch_xla_module,
 )
-from spmd._backend.torch_xla_backend.sharded_tensor import XLAShardedTensor, xla_device_mesh
+from spmd._backend.torch_xla_backend.sharded_tensor import XLAShardedTensor
 from spmd._backend.torch_xla_backend.shardings import (
     attach_sharding,
     attach_sharding_constraint,

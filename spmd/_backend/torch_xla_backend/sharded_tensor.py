@@ -25,9 +25,11 @@ from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
 from spmd._backend.torch_xla_backend import runtime, shardings
+from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
+from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError, SpmdTypeError
-from spmd.sharding._hlo_sharding import HloSharding, ShardBounds, ShardingKind
+from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
 from spmd.sharding._named_sharding import NamedSharding
 from spmd.sharding._partition_spec import PartitionSpec
 from spmd.sharding._sharding_type import ShardingType
@@ -37,10 +39,6 @@ __all__ = [
     "XLAShard",
     "ShardedTensor",
     "XLAShardedTensor",
-    "wrap_if_sharded",
-    "wrap_as_sharded_tensor",
-    "unwrap_sharded_tensor",
-    "xla_device_mesh",
 ]
 
 
@@ -103,11 +101,25 @@ class XLAShardedTensor(DTensor):
         if isinstance(elem, XLAShardedTensor):
             view._spmd_declared = elem.__dict__.get("_spmd_declared")
         if mesh_shape is not None or partition_spec is not None:
-            _record(view, mesh_shape, partition_spec)
+            view._record(mesh_shape, partition_spec)
         return view
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # everything happens in __new__
         pass
+
+    def _record(self, mesh_shape: Any, partition_spec: Any) -> None:
+        """Record torch_xla's constructor arguments (those not given keep their value) and forget
+        the cached `_spec`. Checks them: a mesh shape of ints >= 1 and a spec."""
+        from mesh._mesh import shape_arg
+
+        shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
+        if partition_spec is not None:
+            PartitionSpec.from_value(partition_spec)  # raises PartitionSpecTypeError for what is not a spec
+        self._spmd_declared = (
+            shape if shape is not None else self.mesh_shape,
+            partition_spec if partition_spec is not None else self.partition_spec,
+        )
+        self._cached_spec = None
 
     @classmethod
     def _view(cls, tensor: torch.Tensor, sharding: NamedSharding | None) -> XLAShardedTensor:
@@ -221,15 +233,8 @@ class XLAShardedTensor(DTensor):
         cached = self.__dict__.get("_cached_spec")
         if cached is not None:
             return cached
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-        from spmd.sharding._placements import placements_from_spec
-
         mesh, spec = self._mesh_and_spec(missing)
-        tensor = self.global_tensor
-        meta = TensorMeta(shape=tensor.shape, stride=tensor.stride(), dtype=tensor.dtype)
-        placements = placements_from_spec(spec, mesh, tensor.dim())
-        self._cached_spec = DTensorSpec(xla_device_mesh(mesh), placements, tensor_meta=meta)
+        self._cached_spec = dtensor_spec(self.global_tensor, mesh, spec)
         return self._cached_spec
 
     def _mesh_and_spec(self, missing: str) -> tuple[Mesh, PartitionSpec]:
@@ -301,25 +306,7 @@ class XLAShardedTensor(DTensor):
 
         Runs the pending computation of this tensor if it has not run yet.
         """
-        tensor = self.global_tensor
-        runtime.sync_tensors([tensor])
-        hlo = self.hlo_sharding or HloSharding.replicated()  # computed now: it holds its layout
-        if hlo.kind is ShardingKind.MANUAL:
-            raise ShardLoadError(
-                f"The tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}); it has no global "
-                "layout to cut into shards. Call disable_manual_sharding(...) first."
-            )
-        shards = shardings.local_shard_devices(tensor)
-        replicated = hlo.kind is not ShardingKind.TILED
-        bounds = {
-            b.device: b for b in hlo.shard_bounds(tuple(tensor.shape), [shardings.device_id(d) for _, d in shards])
-        }
-        out = []
-        for data, device in shards:
-            b = bounds[shardings.device_id(device)]
-            indices = Ellipsis if replicated else [slice(s.start, s.stop, 1) for s in b.index]
-            out.append(Shard(data, indices, device, b.replica_id))
-        return out
+        return local_shards(self.global_tensor)
 
     def load_local_shards_(self, shards: list[Shard]) -> None:
         """Replace each device's block by ``shards[i].data`` (padded, as `local_shards` gives it).
@@ -328,40 +315,8 @@ class XLAShardedTensor(DTensor):
             ShardLoadError: the tensor is replicated, a device is missing or repeated, or a
                 block has the wrong shape or dtype. It is also a ``RuntimeError``, as torch_xla raises.
         """
-        tensor = self.global_tensor
-        hlo = self.hlo_sharding or HloSharding.replicated()
-        where = f"load_local_shards_ (tensor of shape {tuple(tensor.shape)}, sharding {hlo})"
-        if hlo.kind is not ShardingKind.TILED:
-            raise ShardLoadError(
-                f"{where}: a replicated tensor has no per-device blocks to load. Assign a new tensor, "
-                "or mark it sharded first."
-            )
-        expected = {d: shape for d, shape in _padded_block_shapes(tensor, hlo)}
-        given = [shardings.device_id(s.shard_device) for s in shards]
-        if sorted(given) != sorted(expected):
-            raise ShardLoadError(
-                f"{where}: got blocks for devices {sorted(given)}, need exactly one for each of "
-                f"{sorted(expected)}. Pass the whole list local_shards returned."
-            )
-        for s in shards:
-            shape = tuple(s.data.shape)
-            if s.data.dtype != tensor.dtype:  # the load would cast silently
-                raise ShardLoadError(
-                    f"{where}: the block for {s.shard_device} is {s.data.dtype}, the tensor {tensor.dtype}. Convert "
-                    f"the blocks first (shard.data = shard.data.to({tensor.dtype}))."
-                )
-            if shape != expected[shardings.device_id(s.shard_device)]:
-                raise ShardLoadError(
-                    f"{where}: the block for {s.shard_device} has shape {shape}; the device holds "
-                    f"{expected[shardings.device_id(s.shard_device)]} (padding included)."
-                )
-        datas, devices = [s.data for s in shards], [s.shard_device for s in shards]
-        shardings.load_local_shards(tensor, datas, devices)
+        load_local_shards(self.global_tensor, shards, self.hlo_sharding, also=self)
         self.invalidate_spec_cache()  # torch_xla's does: the data under the cached spec changed
-        if self is not tensor:
-            # This view is a second tensor over the same data; the load swaps device data
-            # under both, which functionalization cannot see, so each gets it.
-            shardings.load_local_shards(self, datas, devices)
 
     # Ours ---------------------------------------------------------------------------------------
     @property
@@ -434,70 +389,3 @@ def _rewrap(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)([_rewrap(v) for v in value])
     return value
-
-
-def _record(t: XLAShardedTensor, mesh_shape: Any, partition_spec: Any) -> None:
-    """Record torch_xla's constructor arguments on ``t`` (those not given keep their value) and
-    forget its cached `_spec`. Checks them: a mesh shape of ints >= 1 and a spec."""
-    from mesh._mesh import shape_arg
-
-    shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
-    if partition_spec is not None:
-        PartitionSpec.from_value(partition_spec)  # raises PartitionSpecTypeError for what is not a spec
-    t._spmd_declared = (
-        shape if shape is not None else t.mesh_shape,
-        partition_spec if partition_spec is not None else t.partition_spec,
-    )
-    t._cached_spec = None
-
-
-def _padded_block_shapes(tensor: torch.Tensor, hlo: HloSharding) -> list[tuple[int, tuple[int, ...]]]:
-    devices = list(range(runtime.device_count()))
-    return [(b.device, b.padded_shape) for b in hlo.shard_bounds(tuple(tensor.shape), devices)]
-
-
-def xla_device_mesh(mesh: Mesh) -> Any:
-    """``mesh`` as an ``xla`` ``DeviceMesh`` (its ids, order and axis names; unnamed axes are
-    ``axis0``, ``axis1``, ...), built once per mesh."""
-    built = mesh.memo.get("xla_device_mesh")
-    if built is None:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
-        built = DeviceMesh("xla", torch.as_tensor(mesh.get_logical_mesh()), mesh_dim_names=names)
-        mesh.memo["xla_device_mesh"] = built
-    return built
-
-
-def wrap_if_sharded(x: Any) -> Any:
-    """``x`` as an `XLAShardedTensor` if it is an XLA tensor with a sharding, else ``x`` itself."""
-    if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and runtime.is_xla_tensor(x):
-        if shardings.sharding_type(x) is not None:
-            return XLAShardedTensor._view(x, None)
-    return x
-
-
-def wrap_as_sharded_tensor(t: torch.Tensor, mesh_shape: Any = None, partition_spec: Any = None) -> XLAShardedTensor:
-    """``t`` as an `XLAShardedTensor` that records ``mesh_shape`` and ``partition_spec`` (torch_xla's
-    helper). On an `XLAShardedTensor` it records the ones given in place and forgets its cached
-    `_spec`, as torch_xla's does; nothing is laid out (`mark_sharding` does that).
-
-    Raises:
-        SpmdTypeError: ``t`` is not a tensor.
-        MeshTypeError, MeshError, PartitionSpecTypeError: what it would record is not a mesh shape
-            or a spec.
-    """
-    if not isinstance(t, torch.Tensor):
-        raise SpmdTypeError(f"wrap_as_sharded_tensor expects a torch.Tensor, got {type(t).__name__}.")
-    if not isinstance(t, XLAShardedTensor):
-        if mesh_shape is None and partition_spec is None:
-            return XLAShardedTensor._view(t, None)
-        return XLAShardedTensor(t, mesh_shape, partition_spec)
-    if mesh_shape is not None or partition_spec is not None:
-        _record(t, mesh_shape, partition_spec)
-    return t
-
-
-def unwrap_sharded_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The marked tensor behind an `XLAShardedTensor`, or ``t`` itself."""
-    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
