@@ -222,7 +222,7 @@ def test_autograd_through_the_constructor(xla):
     torch.testing.assert_close(w.grad.cpu(), torch.full((4, 4), 3.0))
     assert not XLAShardedTensor(w, requires_grad=False).requires_grad
     assert XLAShardedTensor(w).requires_grad
-    with pytest.raises(TypeError, match="requires_grad takes True, False or None, got 'yes'"):
+    with pytest.raises(TypeError, match="requires_grad must be True, False or None, got 'yes'"):
         XLAShardedTensor(w, requires_grad="yes")
 
 

@@ -24,6 +24,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
+from mesh._checks import require_optional_bool
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
 from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
@@ -88,10 +89,7 @@ class XLAShardedTensor(DTensor):
         """
         if not isinstance(elem, torch.Tensor):
             raise SpmdTypeError(f"XLAShardedTensor wraps a torch.Tensor, got {type(elem).__name__}.")
-        if requires_grad is not None and not isinstance(requires_grad, bool):
-            raise SpmdTypeError(
-                f"XLAShardedTensor's requires_grad takes True, False or None, got {requires_grad!r:.80}."
-            )
+        require_optional_bool(requires_grad, "XLAShardedTensor's requires_grad", SpmdTypeError)
         inner = elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
         if requires_grad is False and inner.requires_grad:
             inner = inner.detach()
