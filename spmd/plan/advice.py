@@ -54,7 +54,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Advice:
-    """The advisor's result: every candidate's outcome, fitting ones first, best first."""
+    """The advisor's result: every candidate's outcome, fitting ones first, best first (``interrupted``:
+    the search was stopped by Ctrl-C, and these are the plans done by then)."""
 
     model: str
     topology: str
@@ -69,6 +70,7 @@ class Advice:
     block_class: str | None = None
     model_type: str | None = None
     notes: tuple[str, ...] = field(default=())
+    interrupted: bool = False  # Ctrl-C stopped the search: the outcomes are a part of it
 
     @property
     def winner(self) -> Outcome | None:
