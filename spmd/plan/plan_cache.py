@@ -24,7 +24,7 @@ from spmd.regular_file import read_regular_file
 __all__ = ["CACHE_FORMAT", "Settings", "default_cache_dir", "model_key", "run_candidate"]
 
 _MAX_ENTRY_BYTES = 64 * 2**20  # an entry is a few KiB of JSON
-CACHE_FORMAT = 3  # bump when PlanReport's JSON changes (2: remat, attention, devices, toolchain; 3: device order)
+CACHE_FORMAT = 4  # bump when PlanReport's JSON changes (2: remat, attention, devices, toolchain; 3: device order; 4: the predicted step)
 
 
 def default_cache_dir() -> Path:
