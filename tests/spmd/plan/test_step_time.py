@@ -182,7 +182,9 @@ def test_a_splash_forward_kernel_runs_two_causal_matmuls():
     assert [splash_matmuls(n) for n in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "fusion")] == [2, 3, 4, 0]
 
 
-@pytest.mark.parametrize("text", ["", "HloModule m\n", "not hlo at all", "HloModule m\nENTRY %e {\n ROOT %x = f32[] bogus(\n}\n"])
+@pytest.mark.parametrize(
+    "text", ["", "HloModule m\n", "not hlo at all", "HloModule m\nENTRY %e {\n ROOT %x = f32[] bogus(\n}\n"]
+)
 def test_text_that_is_not_a_module_is_a_plan_error(text):
     with pytest.raises(PlanError, match="Cannot predict a step time"):
         predict_step(text, TARGET, CAL)
