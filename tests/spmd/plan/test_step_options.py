@@ -61,3 +61,23 @@ def test_flash_attention_is_the_splash_kernel(reports):
     assert not any(scores in line for line in flash.memory.largest_allocations)
     assert flash.memory.temp_bytes < dot.memory.temp_bytes
     assert f"attention flash ({flash.splash_kernels} splash kernels)" in flash.table()
+
+
+def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
+    """The prediction (the compiled program's model, `spmd.plan._step_time`) on the small Llama:
+    no faster than the roofline with all communication hidden (model FLOPs at peak), no slower
+    than 20 times the roofline with none hidden (tiny matmuls waste most of a 128 x 128 unit, and
+    a ring step's latency outweighs 2-layer shards: slow, not unbounded); its MFU is the model's
+    FLOPs at that time; and the program runs at least the model's FLOPs (more: recomputation)."""
+    for name, r in reports.items():
+        e = r.estimate
+        assert e.predicted, name
+        assert e.step_seconds_overlapped <= e.predicted_seconds <= 20 * e.step_seconds_serial, name
+        assert e.predicted_mfu == pytest.approx(e.model_flops_per_step / (e.predicted_seconds * r.devices * 197e12))
+        assert e.hardware_flops_per_device * r.devices >= 0.95 * e.model_flops_per_step, name
+        assert r.step_seconds == e.predicted_seconds and r.mfu == e.predicted_mfu
+    # recomputation is in the program: offload (the whole forward again) runs more FLOPs than none
+    flops = {k: r.estimate.hardware_flops_per_device for k, r in reports.items()}
+    assert flops["offload"] > flops["none"]
+    assert "predicted step (the compiled program" in reports["flash"].table()
+    assert "MFU bound" in reports["flash"].table()
