@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd.partition_spec import P
 from spmd.plan.published import published_for
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB, PlanReport
+from spmd.sharding._partition_spec import P
 
 __all__ = ["Advice", "Candidate", "Outcome", "advice_table", "winner_code"]
 

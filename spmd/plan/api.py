@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from mesh import Mesh
-from spmd.partition_spec import PartitionSpec
 from spmd.plan._compat import toolchain
 from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
@@ -36,6 +35,7 @@ from spmd.plan.remat import Remat
 from spmd.plan.report import MemoryReport, PlanReport, summarize
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = [
     "DEFAULT_SEQ_LEN",
