@@ -19,7 +19,7 @@ the device until it ends; collectives on one link run one after another; host tr
 (``copy-start`` to host memory) run on their own link. A ``while`` loop (the scanned layers) costs
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
-The few figures the model cannot derive are the `Calibration` below, shared by every plan.
+The few figures the model cannot derive are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
 """
 
 from __future__ import annotations
@@ -30,45 +30,13 @@ import re
 from dataclasses import dataclass
 
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
-from spmd.inspector.hlo_text import DTYPE_BYTES, HloModuleText, Instruction
+from spmd.inspector.hlo_text import HloModuleText, Instruction
+from spmd.plan._calibration import CALIBRATION, Calibration
 from spmd.plan.errors import PlanError
-from spmd.plan.program import trip_count
+from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.topology import TpuSlice
 
 __all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step"]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What the step-time model cannot derive from the program and the chip's figures.
-
-    Attributes:
-        matmul_efficiency: the share of the chip's peak a large matmul whose dims fill the matrix
-            unit reaches (smaller or ragged dims lose more, by the padding they need).
-        attention_efficiency: the same for a splash attention kernel's matmuls.
-        ring_step_seconds: the latency of one step of a ring collective (a hop and a sync).
-        host_bytes_per_second: device <-> host memory transfers, per chip (host offload).
-    """
-
-    matmul_efficiency: float
-    attention_efficiency: float
-    ring_step_seconds: float
-    host_bytes_per_second: float
-
-
-# Fitted on the two runs docs/plan.md names and on nothing else: tpu-recipes training/ironwood
-# Llama 3.1-70B 8k bf16 on 64 chips (1,207 TFLOP/s/chip) and Llama 3.1-405B 8k bf16 on 256 chips
-# (1,261 TFLOP/s/chip), planned with their recipes' shapes (`docs/plan.md`, "Calibration").
-# matmul_efficiency and attention_efficiency are one value, fitted to both runs (two runs
-# cannot tell them apart). ring_step_seconds and host_bytes_per_second are not fitted (the runs
-# do not constrain them: their collectives and transfers are hidden): a 1 us ICI hop, and PCIe
-# Gen5 x16's 64 GB/s per host shared by 4 chips.
-CALIBRATION = Calibration(
-    matmul_efficiency=0.80,
-    attention_efficiency=0.80,
-    ring_step_seconds=1e-6,
-    host_bytes_per_second=16e9,
-)
 
 
 @dataclass(frozen=True)
@@ -121,28 +89,6 @@ _DONES = frozenset({f"{k.value}-done" for k in CollectiveKind} | {"async-done", 
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
 
 
-_LEAF = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[\d,]*)\](?P<layout>\{[^}]*\})?")
-
-
-def _leaves(shape_text: str, every_space: bool = False) -> list[tuple[tuple[int, ...], int]]:
-    """(dims, bytes) of each array of an HLO shape. Bytes count in HBM only: an array whose
-    layout names another memory space (``S(1)``: the core's vector memory, ``S(5)``: the
-    host's) counts 0 unless ``every_space``."""
-    out = []
-    for m in _LEAF.finditer(re.sub(r"/\*.*?\*/", "", shape_text)):
-        if m.group("dtype") not in DTYPE_BYTES:
-            continue
-        dims = tuple(int(d) for d in m.group("dims").split(",") if d)
-        elsewhere = re.search(r"S\((\d+)\)", m.group("layout") or "")
-        on_hbm = every_space or elsewhere is None or elsewhere.group(1) == "0"
-        out.append((dims, math.prod(dims) * DTYPE_BYTES[m.group("dtype")] if on_hbm else 0))
-    return out
-
-
-def _bytes(shape_text: str) -> int:
-    return sum(b for _, b in _leaves(shape_text))
-
-
 def _dims(text: str | None) -> tuple[int, ...]:
     return tuple(int(d) for d in re.findall(r"\d+", text or ""))
 
@@ -175,7 +121,7 @@ class _Program:
         source = self.by_name.get(inst.operands[k]) if k < len(inst.operands) else None
         if source is None:
             return []
-        leaves = _leaves(source.shape_text)
+        leaves = shape_leaves(source.shape_text)
         index = inst.operand_outputs[k] if k < len(inst.operand_outputs) else None
         return leaves[index : index + 1] if index is not None else leaves
 
@@ -233,7 +179,7 @@ class _Program:
         if found:
             return float(found.group(1))
         # the operands' shapes as the kernel declares them (its operands may be tuple elements)
-        declared = _leaves(inst.attribute("operand_layout_constraints") or "", every_space=True)
+        declared = shape_leaves(inst.attribute("operand_layout_constraints") or "", every_space=True)
         qkv = [dims for dims, nbytes in declared if len(dims) >= 3 and nbytes >= 2 * math.prod(dims)]
         matmuls = splash_matmuls(inst.name)
         if len(qkv) < 2 or not matmuls:
@@ -258,21 +204,21 @@ class _Program:
             if param is not None and param.name == in_place:
                 continue
             if uses and all(u.opcode in _SLICING and u.operands[0] == param.name for u in uses):
-                total += sum(_bytes(u.shape_text) for u in uses)
+                total += sum(hbm_bytes(u.shape_text) for u in uses)
             else:
                 total += self._operand_bytes(inst, k)
         if in_place is not None and len(root.operands) > 1 and root.operands[1] in self.by_name:
-            return total + _bytes(self.by_name[root.operands[1]].shape_text)
-        return total + _bytes(inst.shape_text)
+            return total + hbm_bytes(self.by_name[root.operands[1]].shape_text)
+        return total + hbm_bytes(inst.shape_text)
 
     def _op_bytes(self, inst: Instruction) -> float:
         if inst.opcode == "fusion":
             return self._fusion_bytes(inst, (inst.attribute("calls") or "").lstrip("%"))
         if inst.opcode in _SLICING:
-            return 2.0 * _bytes(inst.shape_text)
+            return 2.0 * hbm_bytes(inst.shape_text)
         if inst.opcode == "dynamic-update-slice":
             return 2.0 * self._operand_bytes(inst, 1)
-        return _bytes(inst.shape_text) + sum(self._operand_bytes(inst, k) for k in range(len(inst.operands)))
+        return hbm_bytes(inst.shape_text) + sum(self._operand_bytes(inst, k) for k in range(len(inst.operands)))
 
     def op_seconds(self, inst: Instruction, scale: float) -> float:
         """One operation's time: the longer of its matmul and its memory time; the totals count
