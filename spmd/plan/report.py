@@ -183,6 +183,7 @@ class PlanReport:
         out["memory"]["margin_bytes"] = self.memory.margin_bytes
         out["fits"] = self.fits
         out["verdict"] = self.verdict()
+        out["predicted_tflops_per_chip"] = self.predicted_tflops_per_chip
         out["estimate_model"] = " ".join(_estimate_module.__doc__.split("\n\n", 1)[1].split())
         return out
 

@@ -76,6 +76,7 @@ def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
         assert e.predicted_mfu == pytest.approx(e.model_flops_per_step / (e.predicted_seconds * r.devices * 197e12))
         assert e.hardware_flops_per_device * r.devices >= 0.95 * e.model_flops_per_step, name
         assert r.step_seconds == e.predicted_seconds and r.mfu == e.predicted_mfu
+        assert r.to_dict()["predicted_tflops_per_chip"] == pytest.approx(e.predicted_mfu * 197)
     # recomputation is in the program: offload (the whole forward again) runs more FLOPs than none
     flops = {k: r.estimate.hardware_flops_per_device for k, r in reports.items()}
     assert flops["offload"] > flops["none"]
