@@ -36,7 +36,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.topology import TpuSlice
 
-__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step"]
+__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_matmuls"]
 
 
 @dataclass(frozen=True)
