@@ -145,14 +145,19 @@ class _Program:
 
     def _convolution(self, inst: Instruction) -> tuple[float, float]:
         """A ``convolution`` (how the TPU compiler often writes a matmul): 2 x result elements x
-        the kernel's elements per output feature."""
-        kernel = self._shape_of(inst, 1)
+        input features x the window taps that meet the input (the compiler writes some batched
+        matmuls as a window as long as the batch over an input of length 1: one tap each)."""
+        lhs, kernel = self._shape_of(inst, 0), self._shape_of(inst, 1)
         labels = (inst.attribute("dim_labels") or "").split("->")[0].split("_")
         out = inst.arrays[0].dims if inst.arrays else ()
-        if not kernel or len(labels) != 2 or "o" not in labels[1] or len(labels[1]) != len(kernel):
+        if len(labels) != 2 or len(labels[1]) != len(kernel) or len(labels[0]) != len(lhs) or "o" not in labels[1]:
             return 0.0, 1.0
         n = kernel[labels[1].index("o")]
-        k = math.prod(kernel) // max(n, 1)
+        k = kernel[labels[1].index("i")] if "i" in labels[1] else 1
+        for axis, label in enumerate(labels[1]):
+            if label.isdigit():
+                taps = lhs[labels[0].index(label)] if label in labels[0] else kernel[axis]
+                k *= min(kernel[axis], taps)
         mxu = self.target.chip.mxu
         m = math.prod(out) // max(n, 1)
         return 2.0 * math.prod(out) * k, _fill(k, mxu) * _fill(n, mxu) * _fill(m, mxu)

@@ -46,6 +46,29 @@ def test_a_ragged_dim_pays_for_its_padding_to_the_matrix_unit():
     assert predict_step(ragged, TARGET, CAL).seconds == pytest.approx(expected)
 
 
+WINDOWED = (
+    HEADER
+    + """%fused (x: bf16[512,512,1], w: bf16[16,512,512]) -> bf16[16,512,512] {
+  %x = bf16[512,512,1]{2,1,0} parameter(0)
+  %w = bf16[16,512,512]{2,1,0} parameter(1)
+  ROOT %c = bf16[16,512,512]{2,1,0} convolution(%x, %w), window={size=16 pad=15_15 rhs_reversal=1}, dim_labels=bf0_0oi->0fb
+}
+
+ENTRY %main (x: bf16[512,512,1], w: bf16[16,512,512]) -> bf16[16,512,512] {
+  %x = bf16[512,512,1]{2,1,0} parameter(0)
+  %w = bf16[16,512,512]{2,1,0} parameter(1)
+  ROOT %f = bf16[16,512,512]{2,1,0} fusion(%x, %w), kind=kOutput, calls=%fused
+}
+"""
+)
+
+
+def test_a_batched_matmul_written_as_a_window_counts_one_tap_per_output():
+    # how libtpu writes 16 batched [512 x 512] @ [512 x 512] matmuls: a window of 16 over an input
+    # of length 1, so each output meets one tap: 2 x (16 x 512 x 512) x 512 FLOPs, not 16 times it
+    assert predict_step(WINDOWED, TARGET, CAL).hardware_flops == 2 * 16 * 512 * 512 * 512
+
+
 def gather(group: str, name: str = "all-gather") -> str:
     return (
         HEADER
