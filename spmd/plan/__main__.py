@@ -212,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m spmd.plan",
         formatter_class=_Help,
         description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
-        "and report per-device HBM, collectives and an estimated step time and MFU.",
+        "and report per-device HBM, collectives and a predicted step time and MFU (with the roofline bound beside it).",
     )
     _step_flags(p)
     _one_plan_flags(p)

@@ -212,10 +212,13 @@ def _block_class(module: torch.nn.Module) -> str | None:
 
 
 def _rank(outcomes: list[Outcome]) -> tuple[Outcome, ...]:
+    """Plans that fit first, by predicted MFU (`PlanReport.mfu`); then those that do not; then
+    those not compiled."""
+
     def key(o: Outcome) -> tuple[int, float]:
         if o.report is None:
             return (2, 0.0)
-        return (0 if o.fits else 1, -o.report.tokens_per_second)
+        return (0 if o.fits else 1, -o.report.mfu)
 
     return tuple(sorted(outcomes, key=key))
 

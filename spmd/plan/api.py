@@ -4,7 +4,8 @@ It reads as its steps, in order: check the request (`_request`); build the model
 (`spmd.plan.models`); get the topology's devices from libtpu and lay out the mesh
 (`spmd.plan.meshes`); the strategy's parameter specs, checked for even splits
 (`spmd.plan.specs`); lower the step (`spmd.plan.lowering`); compile it (`spmd.plan.compile`);
-read its collectives (`spmd.plan.program`), estimate its time (`spmd.plan.estimate`) and report
+read its collectives (`spmd.plan.program`), predict its time from the compiled program
+(`spmd.plan._step_time`) with the roofline bound beside it (`spmd.plan.estimate`) and report
 (`spmd.plan.report`).
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from mesh import Mesh
 from spmd.plan._compat import toolchain
+from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
 from spmd.plan.errors import PlanError
@@ -211,9 +213,11 @@ def _report(
     predicted: int, tools: dict[str, str],
 ) -> PlanReport:  # fmt: skip
     collectives = step_collectives(compiled.hlo_text) if compiled.fits_compiler else []
+    step_time = predict_step(compiled.hlo_text, req.target) if compiled.fits_compiler else None
     n_params = sum(math.prod(s) for s in lowered.param_shapes.values())
     target = req.target
-    estimate = estimate_step(target, hf_config, n_params, req.global_batch * seq, seq, req.remat, collectives)
+    tokens = req.global_batch * seq
+    estimate = estimate_step(target, hf_config, n_params, tokens, seq, req.remat, collectives, step_time)
     return PlanReport(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
         slices=target.slices, mesh=req.mesh, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,

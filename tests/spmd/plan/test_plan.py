@@ -87,6 +87,11 @@ def test_advisor_picks_a_plan_that_fits_where_data_parallel_does_not(advice, wor
     winner = [o for o in advice["outcomes"] if o["report"] and o["report"]["fits"]][0]
     assert winner["strategy"] in ("fsdp", "2d") and advice["winner"].startswith(winner["strategy"])
     assert f"winner: {winner['strategy']}" in results["advise_stdout"]
+    # ranked by predicted MFU among the plans that fit, the roofline bound beside each
+    fitting = [PlanReport.from_dict(o["report"]) for o in advice["outcomes"] if o["report"] and o["report"]["fits"]]
+    mfus = [r.estimate.predicted_mfu for r in fitting]
+    assert all(m > 0 for m in mfus) and mfus == sorted(mfus, reverse=True)
+    assert "ranked by predicted MFU" in results["advise_stdout"] and "MFU bound" in results["advise_stdout"]
     assert "model = FSDP(" in advice["code"] and "LlamaDecoderLayer" in advice["code"]
     compile(advice["code"], "advice", "exec")
     assert "remat dots" in results["advise_stdout"] and "largest batch that fits" in results["advise_stdout"]

@@ -126,3 +126,24 @@ def test_a_bf16_first_moment_takes_2_bytes_a_parameter(fidelity):
     arguments = fidelity["flash_full"]["memory"]["argument_size_in_bytes"]
     expected = 10 * fidelity["n_params"] / 8 + 4 * B * S / 8
     assert abs(arguments - expected) / expected < 0.01, (arguments, expected)
+
+
+def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
+    """The prediction (the compiled program's model, `spmd.plan._step_time`) on the small Llama:
+    no faster than the roofline with all communication hidden (model FLOPs at peak), no slower
+    than 20 times the roofline with none hidden (tiny matmuls waste most of a 128 x 128 unit, and
+    a ring step's latency outweighs 2-layer shards: slow, not unbounded); its MFU is the model's
+    FLOPs at that time; and the program runs at least the model's FLOPs (more: recomputation)."""
+    for name, r in reports.items():
+        e = r.estimate
+        assert e.predicted, name
+        assert e.step_seconds_overlapped <= e.predicted_seconds <= 20 * e.step_seconds_serial, name
+        assert e.predicted_mfu == pytest.approx(e.model_flops_per_step / (e.predicted_seconds * r.devices * 197e12))
+        assert e.hardware_flops_per_device * r.devices >= 0.95 * e.model_flops_per_step, name
+        assert r.step_seconds == e.predicted_seconds and r.mfu == e.predicted_mfu
+        assert r.to_dict()["predicted_tflops_per_chip"] == pytest.approx(e.predicted_mfu * 197)
+    # recomputation is in the program: offload (the whole forward again) runs more FLOPs than none
+    flops = {k: r.estimate.hardware_flops_per_device for k, r in reports.items()}
+    assert flops["offload"] > flops["none"]
+    assert "predicted step (the compiled program" in reports["flash"].table()
+    assert "MFU bound" in reports["flash"].table()
