@@ -51,18 +51,29 @@ class StepEstimate:
         return self.predicted_seconds > 0
 
 
-def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, float]:
-    """``(training FLOPs per token, attention's share of them)``; a model with no known shape
-    counts ``6 N`` and no attention."""
+def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, dict[str, float]]:
+    """``(training FLOPs per token, the shares of them that remat policies may run again)``:
+    attention's, the MLP input projections' and the output projection's (the shares
+    `spmd.plan.remat.recompute_factor` takes). A model with no known shape counts ``6 N`` and no
+    shares."""
     from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
 
     try:
         shape = TransformerShape.from_hf_config(hf_config, n_params)
     except (ValueError, AttributeError):
-        return six_n_flops_per_token(n_params), 0.0
+        return six_n_flops_per_token(n_params), {}
     per_token = matmul_flops_per_token(shape, seq_len)
-    attention = 3.0 * shape.n_layer * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
-    return per_token, attention / per_token
+    layers = 3.0 * shape.n_layer  # training FLOPs: forward and backward, 3 x the forward
+    attention = layers * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
+    # backward of the MLP's output matrix needs its input, so a policy that keeps no MLP output
+    # runs the input projections again (two with a gate, one without), not the output one
+    mlp_inputs = layers * 2 * shape.d_model * shape.d_ff * (2 if shape.gated_mlp else 1)
+    out_projection = layers * 2 * shape.n_head * shape.head_dim * shape.d_model
+    return per_token, {
+        "attention_share": attention / per_token,
+        "mlp_share": mlp_inputs / per_token,
+        "out_share": out_projection / per_token,
+    }
 
 
 def estimate_step(
@@ -78,10 +89,10 @@ def estimate_step(
     """The estimate for a step of ``tokens`` tokens (module docstring); ``collectives`` are
     `spmd.plan.program.StepCollective` values, ``step_time`` the program's
     `spmd.plan._step_time.StepTime` (``None``: no program, no prediction)."""
-    per_token, attention_share = model_flops(hf_config, n_params, seq_len)
+    per_token, shares = model_flops(hf_config, n_params, seq_len)
     flops = per_token * tokens
     chip, devices = target.chip, target.devices
-    factor = recompute_factor(remat, attention_share)
+    factor = recompute_factor(remat, **{"attention_share": 0.0, **shares})
     compute = flops / devices / chip.device_peak_flops * factor
     ici = sum(c.bytes_sent_per_device for c in collectives if not c.over_dcn) / chip.device_allreduce_bytes_per_second
     dcn = sum(c.bytes_sent_per_device for c in collectives if c.over_dcn) / chip.device_dcn_bytes_per_second
