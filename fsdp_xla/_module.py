@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._engines import engine_for
 from fsdp_xla._options import FSDPOptions
+from fsdp_xla._rollback import ModuleSnapshot
 from fsdp_xla._runtime import UnitRuntime
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError
@@ -190,8 +191,19 @@ def fully_shard(
     first = next(iter(module.parameters()), None)
     engine = engine_for(backend_for(first))
     engine.check(module, options)  # everything refused before anything is sharded
-    wrapped = engine.apply(module, options)
-    _become_fsdp_units(wrapped)
+    return _apply_or_roll_back(engine, module, options)
+
+
+def _apply_or_roll_back(engine: Any, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
+    """``engine.apply``; if it fails part way (what no check can see ahead: a user's init raising
+    on a later unit), the model is put back as it was (`fsdp_xla._rollback`)."""
+    kept = ModuleSnapshot(module)
+    try:
+        wrapped = engine.apply(module, options)
+        _become_fsdp_units(wrapped)
+    except BaseException:
+        kept.restore()
+        raise
     return wrapped
 
 

@@ -27,7 +27,7 @@ import torch
 
 from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import CheckpointIndex, check_version_name, is_version_name, parse_index, version_name
-from fsdp_xla.checkpoint._lineage import is_lineage
+from fsdp_xla.checkpoint._lineage import continues, is_lineage, remember_lineage
 from fsdp_xla.errors import CheckpointError
 from spmd._util.atomic_file import atomic_write
 from spmd._util.regular_file import read_regular_file
@@ -45,6 +45,8 @@ __all__ = [
     "new_version_name",
     "prune",
     "read_index",
+    "refuse_foreign_latest",
+    "start_version",
     "write_device_file",
     "write_index",
 ]
@@ -52,6 +54,7 @@ __all__ = [
 INDEX = "index.json"
 LATEST = "LATEST"
 _LOCK = ".lock"
+_PARTIAL_LINEAGE = ".lineage"  # in a save's temp directory: whose it is
 FILE_MODE = 0o644
 """The mode of every file a save writes (docs/fsdp.md): readable by all, written by the owner."""
 _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -92,12 +95,47 @@ def new_version_name() -> str:
     return version_name(time.strftime("%Y%m%dT%H%M%S", time.gmtime()), uuid.uuid4().hex[:8])
 
 
-def commit(root: Path, work: Path, version: str) -> None:
+def start_version(root: Path, version: str, lineage: str) -> tuple[Path, str]:
+    """The temp directory of a save of ``lineage``, with its ``.lineage`` record written first:
+    what a killed save leaves is then removed by its own lineage's next save, and no other's."""
+    lineage = refuse_foreign_latest(root, lineage)
+    work = root / f".{version}.partial"
+    work.mkdir()
+    fd = os.open(work / _PARTIAL_LINEAGE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(lineage)
+    return work, lineage
+
+
+def refuse_foreign_latest(root: Path, lineage: str) -> str:
+    """The lineage a save into ``root`` records: ``lineage``, or the one ``LATEST``'s version
+    records if this process continues it elsewhere (it loaded that run's state). Refuse to
+    replace a ``LATEST`` that names another lineage's version: that run's resume would load this
+    model. A version from before lineages were recorded is not provably another run's."""
+    try:
+        version = checkpoint_version(root)
+    except CheckpointError:
+        return lineage  # no LATEST, or one naming nothing complete: nothing a resume could load
+    theirs = _lineage_of(version)
+    if theirs is not None and theirs != lineage and continues(theirs):
+        remember_lineage(root, theirs)  # this run's own directory, written before a restart
+        return theirs
+    if theirs is not None and theirs != lineage:
+        raise CheckpointError(
+            f"{root} holds another run's checkpoint ({root / LATEST} names {version.name}, of lineage {theirs}; this "
+            f"model's saves there are of lineage {lineage}). Saving would make that run resume from this model. "
+            "Save to another directory; or, to continue that run, load_sharded from it first. Nothing was written."
+        )
+    return lineage
+
+
+def commit(root: Path, work: Path, version: str, lineage: str) -> None:
     """Make the written version ``work`` the checkpoint: rename it, then replace ``LATEST``."""
+    (work / _PARTIAL_LINEAGE).unlink()  # its index records the lineage now (`_partial_lineage`)
     os.rename(work, root / version)
     _fsync_dir(root)
     try:
-        with atomic_write(root / LATEST) as tmp:  # its rename is the commit point
+        with atomic_write(root / LATEST, tag=lineage) as tmp:  # its rename is the commit point
             tmp.write_text(version + "\n")
     except BaseException:
         shutil.rmtree(root / version, ignore_errors=True)  # never made visible by LATEST
@@ -111,18 +149,32 @@ def prune(root: Path, version: str, keep: int, lineage: str) -> None:
 
     Only what this checkpoint's own saves wrote is removed: version directories (a writer's name,
     holding an index.json) whose index records ``lineage`` (`fsdp_xla.checkpoint._lineage`), and
-    the save's temp files. A version of another lineage, one from before lineages were recorded,
+    the temp files of this lineage's killed saves (recorded in their ``.lineage``, or named by
+    it). A version of another lineage, one from before lineages were recorded,
     one whose index cannot be read, and anything else in the directory stay. Versions are ordered
     by when their index was written (several saves in one second included)."""
     versions = [p for p in _version_dirs(root) if p.name == version or _lineage_of(p) == lineage]
     versions.sort(key=lambda p: ((p / INDEX).stat().st_mtime_ns, p.name))
     for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
-    for partial in root.glob(".v-*.partial"):
-        if is_version_name(partial.name[1 : -len(".partial")]) and not partial.is_symlink():
+    for partial in root.glob(".v-*.partial"):  # saves of this lineage killed while writing
+        if is_version_name(partial.name[1 : -len(".partial")]) and _partial_lineage(partial) == lineage:
             shutil.rmtree(partial, ignore_errors=True)
-    for stale in root.glob(f".{LATEST}.*.tmp"):  # a save killed while replacing LATEST
+    for stale in root.glob(f".{LATEST}.{lineage}.*.tmp"):  # a save of this lineage killed while replacing LATEST
         stale.unlink(missing_ok=True)
+
+
+def _partial_lineage(partial: Path) -> str | None:
+    """The lineage recorded in a save's temp directory; None if it is not one or records none."""
+    if partial.is_symlink() or not partial.is_dir():
+        return None
+    if not (partial / _PARTIAL_LINEAGE).exists() and (partial / INDEX).is_file():
+        return _lineage_of(partial)  # killed between dropping the record and the rename
+    try:
+        text = _read_regular_file(partial / _PARTIAL_LINEAGE, 64, "a lineage record").decode("ascii").strip()
+    except (CheckpointError, UnicodeDecodeError):
+        return None
+    return text if is_lineage(text) else None
 
 
 def _version_dirs(root: Path) -> list[Path]:

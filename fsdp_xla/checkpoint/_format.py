@@ -100,6 +100,7 @@ class SavedOptimizer:
 
     param_groups: tuple[dict[str, Any], ...]
     scalars: MappingProxyType[str, dict[str, Any]]
+    optimizer_class: str | None = None  # "module.Class"; None in checkpoints from before it was recorded
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,10 @@ def _parse_optimizer(optim: dict, where: Path) -> SavedOptimizer | None:
         raise CheckpointError(f"{where}: optimizer 'param_groups' must be a list of groups with parameter names.")
     if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
         raise CheckpointError(f"{where}: optimizer 'scalars' must map parameter names to objects.")
-    return SavedOptimizer(param_groups=tuple(groups), scalars=MappingProxyType(scalars))
+    cls = optim.get("class")
+    if cls is not None and not (isinstance(cls, str) and len(cls) <= 300):
+        raise CheckpointError(f"{where}: optimizer 'class' must be a class name (a short string).")
+    return SavedOptimizer(param_groups=tuple(groups), scalars=MappingProxyType(scalars), optimizer_class=cls)
 
 
 def _parse_entry(key: str, entry: object, where: Path) -> TensorEntry:

@@ -116,11 +116,7 @@ def _model_targets(
         key = aliases.get(f"model/{name}", f"model/{name}")
         if key not in index or id(target) in done:
             continue
-        if index[key].shape != tuple(target.shape):
-            raise CheckpointError(
-                f"{name!r} has shape {index[key].shape} in the checkpoint but {tuple(target.shape)} in the "
-                "model. Nothing was loaded."
-            )
+        _check_like_target(name, index[key], target)
         todo.append((key, target))
         done.add(id(target))
     if not todo:
@@ -129,6 +125,23 @@ def _model_targets(
             "names match, and no name matches). Nothing was loaded."
         )
     return todo
+
+
+def _check_like_target(name: str, entry: TensorEntry, target: torch.Tensor) -> None:
+    """Refuse a stored tensor of another shape or dtype than the model's (never cast silently:
+    a bf16 model loading an fp32 checkpoint loses precision the user did not ask to lose)."""
+    if entry.shape != tuple(target.shape):
+        raise CheckpointError(
+            f"{name!r} has shape {entry.shape} in the checkpoint but {tuple(target.shape)} in the "
+            "model. Load it into the model it was saved from. Nothing was loaded."
+        )
+    mine = str(target.dtype).removeprefix("torch.")
+    if entry.dtype != mine:
+        raise CheckpointError(
+            f"{name!r} is {entry.dtype} in the checkpoint but {mine} in the model. Convert the model to the "
+            f"checkpoint's dtype before loading (model.to(torch.{entry.dtype})), then after it if you want "
+            f"{mine}. Nothing was loaded."
+        )
 
 
 def load_sharded(

@@ -100,7 +100,26 @@ def optimizer_json(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> 
                 )
             else:
                 tensors[f"optim/{pname}/{key}"] = value
-    return tensors, {"param_groups": groups, "scalars": scalars}
+    return tensors, {"param_groups": groups, "scalars": scalars, "class": optimizer_class(optimizer)}
+
+
+def optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer's class as a checkpoint records it: a load into another class is refused."""
+    cls = type(optimizer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_class(optimizer: torch.optim.Optimizer, saved: object) -> None:
+    """Refuse an optimizer of another class than the saved one (Adam's state into SGD would load,
+    silently, and train with the saved hyperparameters). Checkpoints from before the class was
+    recorded have none, and are checked by their groups and state only."""
+    if saved is None or saved == optimizer_class(optimizer):
+        return
+    raise CheckpointError(
+        f"The checkpoint's optimizer is {str(saved)[:120]!r}, this one is {optimizer_class(optimizer)!r}: its state "
+        "would not mean the same. Build the optimizer the checkpoint was saved with, or load without the optimizer "
+        "(load_sharded(path, model)). Nothing was loaded."
+    )
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,7 @@ def optimizer_plan(optimizer: torch.optim.Optimizer, model: torch.nn.Module, sav
             "The checkpoint has no optimizer state; save it with save_sharded(path, model, optimizer), or load "
             "without the optimizer."
         )
+    _check_class(optimizer, saved.optimizer.optimizer_class)
     current = _current_groups(optimizer, model)
     position = {n: i for i, n in enumerate(n for group in current for n in group)}
     groups = _matching_groups(current, list(saved.optimizer.param_groups), position)

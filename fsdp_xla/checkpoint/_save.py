@@ -22,11 +22,12 @@ from fsdp_xla.checkpoint._files import (
     locked,
     new_version_name,
     prune,
+    start_version,
     write_device_file,
     write_index,
 )
 from fsdp_xla.checkpoint._format import DTYPE_NAMES, FORMAT, checksum, device_file_name
-from fsdp_xla.checkpoint._lineage import lineage_for_save
+from fsdp_xla.checkpoint._lineage import lineage_for_save, remember_lineage
 from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
@@ -126,17 +127,18 @@ def save_sharded(
     keep, extra = check_keep(keep), check_extra(extra)
     _make_root(root)
     if distributed(tensors):
-        return _save_distributed(root, tensors, aliases, optim_json, extra, keep)
+        version, lineage = _save_distributed(root, tensors, aliases, optim_json, extra, keep, lineage_for_save(root))
+        remember_lineage(root, lineage)  # rank 0's: every rank continues the lineage it wrote
+        return version
     pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
     if pending:
         backend.sync_tensors(pending)
     with locked(root, shared=False):
         version, lineage = new_version_name(), lineage_for_save(root)
-        work = root / f".{version}.partial"
-        work.mkdir()
+        work, lineage = start_version(root, version, lineage)  # refuses another run's LATEST first
         try:
             _write_version(work, tensors, aliases, optim_json, {"lineage": lineage, "extra": extra or {}})
-            commit(root, work, version)
+            commit(root, work, version, lineage)
         except BaseException as e:
             shutil.rmtree(work, ignore_errors=True)
             if is_disk_full(e):
@@ -165,18 +167,25 @@ def _make_root(root: Path) -> None:
 
 
 def _save_distributed(
-    root: Path, tensors: dict[str, torch.Tensor], aliases: dict, optim_json: dict, extra: dict | None, keep: int
-) -> Path:
-    """`save_sharded` of a DTensor model: each rank writes its blocks, rank 0 commits."""
+    root: Path,
+    tensors: dict[str, torch.Tensor],
+    aliases: dict,
+    optim_json: dict,
+    extra: dict | None,
+    keep: int,
+    lineage: str,
+) -> tuple[Path, str]:
+    """`save_sharded` of a DTensor model: each rank writes its blocks, rank 0 commits; returns
+    the version and rank 0's lineage (which every rank then continues)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     lock = locked(root, shared=False) if rank == 0 else contextlib.nullcontext()
     with lock:
-        version = broadcast(new_version_name() if rank == 0 else None)
+        version, lineage, refusal = broadcast(_start_on_rank_0(root, lineage) if rank == 0 else None)
+        if refusal:  # every rank raises rank 0's refusal: none waits for the others
+            raise CheckpointError(refusal)
         work = root / f".{version}.partial"
-        if rank == 0:
-            work.mkdir()
         dist.barrier()
         reports = agree(_write_rank_blocks(work, tensors, rank))  # every rank reaches this, or the others wait
         errors = [e for e, _ in reports if e]
@@ -197,13 +206,22 @@ def _save_distributed(
                 }
                 for name, t in tensors.items()
             }
-            lineage = lineage_for_save(root)
             meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json}
             write_index(work, {**meta, "lineage": lineage, "extra": extra or {}})
-            commit(root, work, version)
+            commit(root, work, version, lineage)
             prune(root, version, keep, lineage)
         dist.barrier()
-    return root / version
+    return root / version, lineage
+
+
+def _start_on_rank_0(root: Path, lineage: str) -> tuple[str, str, str]:
+    """(version, lineage, refusal): rank 0's temp directory made, or why the save is refused."""
+    version = new_version_name()
+    try:
+        _, lineage = start_version(root, version, lineage)
+    except CheckpointError as e:
+        return version, lineage, str(e)
+    return version, lineage, ""
 
 
 def _write_rank_blocks(work: Path, tensors: dict[str, torch.Tensor], rank: int) -> tuple[str, dict[str, list]]:

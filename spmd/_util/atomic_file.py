@@ -39,9 +39,11 @@ def file_to_write(path: object, what: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_write(path: str | os.PathLike[str], *, tag: str = "") -> Iterator[Path]:
     """Yield a temp path beside ``path``; when the block ends without an error, it is synced
-    and renamed to ``path``. On an error it is removed and ``path`` is untouched.
+    and renamed to ``path``. On an error it is removed and ``path`` is untouched. ``tag`` goes
+    into the temp file's name (``.<name>.<tag>.<random>.tmp``), so that a writer can tell its
+    own leftovers from another's.
 
     Example:
         >>> import json, tempfile, pathlib
@@ -53,7 +55,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{tag + '.' if tag else ''}", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
     try:

@@ -1,6 +1,7 @@
 """Sharded checkpoints: round trip with optimizer, consolidation (API and CLI), resharding
 8 -> 4 -> 8 devices, a save killed midway, and damaged or mismatched checkpoints."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -222,13 +223,17 @@ def test_saves_touch_only_what_they_wrote(xla, tmp_path):
     for folder in ("v-1.0-results", "v-20250101T000000-deadbeef"):  # the second has a version's name
         (root / folder).mkdir(parents=True)
         (root / folder / "notes.txt").write_text("mine")
-    (root / ".LATEST.abc.tmp").write_text("left by a killed save")
+    (root / ".LATEST.abc.tmp").write_text("left by a killed save")  # whose? no record: it stays
     model = wrapped()
-    versions = [save_sharded(root, model, keep=2, extra={"step": step}) for step in range(4)]  # in one second
+    versions = [save_sharded(root, model, keep=2, extra={"step": step}) for step in range(2)]
+    lineage = json.loads((versions[0] / "index.json").read_text())["lineage"]
+    (root / f".LATEST.{lineage}.abc.tmp").write_text("left by a killed save of this lineage")
+    versions += [save_sharded(root, model, keep=2, extra={"step": step}) for step in range(2, 4)]  # in one second
     assert [v.exists() for v in versions] == [False, False, True, True]  # the newest two, in save order
     assert (root / "v-1.0-results" / "notes.txt").exists()
     assert (root / "v-20250101T000000-deadbeef" / "notes.txt").exists()
-    assert not (root / ".LATEST.abc.tmp").exists()
+    assert (root / ".LATEST.abc.tmp").read_text() == "left by a killed save"
+    assert not (root / f".LATEST.{lineage}.abc.tmp").exists()
     assert (root / "LATEST").stat().st_mode & 0o777 == 0o644
 
 

@@ -3,6 +3,7 @@ losses: torch_xla (GSPMD, 8 devices) <-> dtensor (FSDP2, 4 processes under torch
 dtensor 4 -> 2 processes. The migration path off torch_xla mid-run."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,22 @@ def two_ranks(tmp_path_factory):
     into a directory holding another run's checkpoint (written here, by this process)."""
     tmp = tmp_path_factory.mktemp("two_ranks")
     ck.save_sharded(tmp / "theirs", torch.nn.Linear(3, 2), extra={"who": "them"})
+    shutil.copytree(tmp / "theirs", tmp / "their_latest")  # with the LATEST a run resumes from
+    (tmp / "theirs" / "LATEST").unlink()  # handed over: its version stays, nothing resumes from it
     before = files(tmp / "theirs")
-    _, refused, pruned = dtensor_jobs(
+    latest_before = {
+        str(f.relative_to(tmp / "their_latest")): f.read_bytes()
+        for f in (tmp / "their_latest").rglob("*")
+        if f.is_file()
+    }
+    _, refused, pruned, kept_out = dtensor_jobs(
         2,
         ("train_save", tmp / "ck", tmp / "saved.json"),
         ("refuse_on_one_rank", tmp / "ck", tmp / "refused.json"),
         ("save_thrice", tmp / "theirs", tmp / "pruned.json"),
+        ("save_thrice", tmp / "their_latest", tmp / "kept_out.json"),
     )
-    return tmp, refused, pruned, before
+    return tmp, refused, pruned, before, kept_out, latest_before
 
 
 def files(root):
@@ -81,7 +90,7 @@ def files(root):
 
 def test_a_load_one_rank_refuses_is_refused_by_every_rank(two_ranks):
     """Rank 0 reads a damaged copy (a node-local disk), rank 1 a good one: both refuse, neither changes."""
-    _, refused, _, _ = two_ranks
+    _, refused, *_ = two_ranks
     first, second = refused["ranks"]
     assert "checksum" in first["verdict"], first
     assert second["verdict"].startswith("CheckpointError: Rank 0 refused the load") and "checksum" in second["verdict"]
@@ -90,9 +99,23 @@ def test_a_load_one_rank_refuses_is_refused_by_every_rank(two_ranks):
 
 def test_dtensor_saves_prune_only_their_own_lineage(two_ranks):
     """The ranks' saves (rank 0 prunes) keep 1 of their own and every byte of the other run's version."""
-    tmp, _, pruned, before = two_ranks
+    tmp, _, pruned, before, *_ = two_ranks
     theirs = {name.split("/")[0] for name in before}
     assert files(tmp / "theirs").keys() >= before.keys()
     assert {k: v for k, v in files(tmp / "theirs").items() if k in before} == before
     assert sorted(p.name for p in (tmp / "theirs").glob("v-*")) == sorted([*theirs, pruned["written"][-1]])
     assert ck.checkpoint_version(tmp / "theirs").name == pruned["written"][-1]
+
+
+def test_dtensor_saves_never_re_point_another_runs_latest(two_ranks):
+    """Where LATEST names another run's version, every rank refuses the save and every byte stays."""
+    tmp, *_, kept_out, latest_before = two_ranks
+    assert [
+        r.startswith("CheckpointError: ") and "holds another run's checkpoint" in r for r in kept_out["refused"]
+    ] == [True, True]
+    after = {
+        str(f.relative_to(tmp / "their_latest")): f.read_bytes()
+        for f in (tmp / "their_latest").rglob("*")
+        if f.is_file()
+    }
+    assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in latest_before.items() if k != ".lock"}

@@ -5,6 +5,7 @@ The example refuses a directory holding versions but no LATEST. Host tensors: no
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
@@ -43,6 +44,15 @@ def hashes(root, names):
     }
 
 
+def tree(root):
+    """sha256 of every file under ``root`` (but the lock), by relative path; directories too."""
+    return {
+        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else "dir"
+        for f in sorted(root.rglob("*"))
+        if f.name != ".lock"
+    }
+
+
 def other_run_saves(root, seed, count):
     """``count`` saves (keep=1) of another model by another process: another run's lineage."""
     run = subprocess.run(
@@ -60,6 +70,11 @@ def test_a_run_pointed_at_another_models_checkpoint_removes_none_of_it(tmp_path)
     theirs = versions(root)
     before = hashes(root, theirs)
     assert len(theirs) == 1 and len(before) == 2  # index.json and device-00000.safetensors
+    everything = tree(root)
+    with pytest.raises(CheckpointError, match=r"holds another run's checkpoint .* names v-.*, of lineage [0-9a-f]{32}"):
+        ck.save_sharded(root, model(2, width=12))  # model B would re-point A's LATEST: refused
+    assert tree(root) == everything  # nothing written, nothing removed, LATEST still A's
+    (root / "LATEST").unlink()  # the user hands the directory over; A's version stays
     written = [ck.save_sharded(root, model(2, width=12), keep=2, extra={"i": i}) for i in range(5)]  # model B
     assert hashes(root, theirs) == before  # every byte of A's version survives
     assert [v.exists() for v in written] == [False, False, False, True, True]  # B keeps its own newest 2
@@ -158,3 +173,52 @@ def test_train_fsdp_refuses_a_directory_with_versions_but_no_latest_and_writes_n
     assert "launching" not in run.stdout  # refused before any rank started
     after = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert after == before and sorted(p.name for p in root.iterdir()) == versions(root)
+
+
+def plant_killed_save(root, lineage, name):
+    """What a save of ``lineage`` killed midway leaves: its temp directory (with its lineage
+    record and a half-written file) and a temp LATEST."""
+    partial = root / f".{name}.partial"
+    partial.mkdir(parents=True)
+    (partial / ".lineage").write_text(lineage)
+    (partial / "device-00000.safetensors").write_bytes(b"half written " + lineage.encode())
+    (root / f".LATEST.{lineage}.x1y2z3.tmp").write_text(name + "\n")
+    return partial
+
+
+def test_a_second_run_removes_none_of_the_first_runs_temp_files_in_progress_or_killed(tmp_path):
+    """Run A (another process) saved, and has a save in progress; run B (this process) points its
+    saves at the same directory: every byte of A's files survives, temp files included, while B's
+    own killed save is cleaned up."""
+    root = tmp_path / "ck"
+    other_run_saves(root, seed=1, count=1)
+    theirs = json.loads((root / versions(root)[0] / "index.json").read_text())["lineage"]
+    plant_killed_save(root, theirs, "v-20260101T000000-0000000a")  # A's save in progress
+    (root / ".v-20260101T000001-0000000b.partial").mkdir()  # a save (of whom?) before its record
+    (root / ".LATEST.abcdefgh.tmp").write_text("?")  # a temp LATEST of a save before lineages
+    (root / "LATEST").unlink()  # so that B may save here at all (see the test above)
+    before = tree(root)
+    first = ck.save_sharded(root, model(2))  # B's lineage starts here
+    mine = json.loads((first / "index.json").read_text())["lineage"]
+    assert mine != theirs
+    my_killed = plant_killed_save(root, mine, "v-20260101T000002-0000000c")
+    for _ in range(3):
+        ck.save_sharded(root, model(2), keep=1)
+    after = tree(root)
+    assert {k: v for k, v in after.items() if k in before} == before  # every byte of A's (and unknown) files
+    assert not my_killed.exists() and not list(root.glob(f".LATEST.{mine}.*"))  # B's own leftovers went
+
+
+def test_a_run_resumed_from_one_of_its_directories_saves_into_another_of_them(tmp_path):
+    """The Hugging Face trainer resumes from checkpoint-5 and saves checkpoint-10, which the run
+    wrote before it was killed: that LATEST is of the lineage this process loaded, so the save
+    goes ahead (and continues it), where another run's LATEST is refused."""
+    other_run_saves(tmp_path / "checkpoint-5", seed=1, count=1)
+    shutil.copytree(tmp_path / "checkpoint-5", tmp_path / "checkpoint-10")  # the same run's other directory
+    old = versions(tmp_path / "checkpoint-10")
+    m = their_model()
+    ck.load_sharded(tmp_path / "checkpoint-5", m)
+    new = ck.save_sharded(tmp_path / "checkpoint-10", m, keep=1)
+    assert versions(tmp_path / "checkpoint-10") == [new.name] and old != [new.name]  # its own older version went
+    lineage = json.loads((tmp_path / "checkpoint-5" / old[0] / "index.json").read_text())["lineage"]
+    assert json.loads((new / "index.json").read_text())["lineage"] == lineage

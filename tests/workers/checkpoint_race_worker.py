@@ -1,6 +1,7 @@
 """Run in subprocesses by test_checkpoint_safety.py (host tensors, no XLA runtime needed).
 
-python checkpoint_race_worker.py save_loop ROOT SEED COUNT   # COUNT saves into ROOT, keep=1
+python checkpoint_race_worker.py save_loop ROOT SEED COUNT [resume]  # COUNT saves into ROOT, keep=1;
+                                                                # resume: load ROOT first (continue its run)
 python checkpoint_race_worker.py full_disk ROOT              # a save that hits RLIMIT_FSIZE
 python checkpoint_race_worker.py slow_load ROOT              # load, pausing inside the read
 """
@@ -29,6 +30,8 @@ action, root = sys.argv[1], Path(sys.argv[2])
 if action == "save_loop":
     seed, count = int(sys.argv[3]), int(sys.argv[4])
     m = model(seed)
+    if sys.argv[5:] == ["resume"]:
+        ck.load_sharded(root, m)
     for i in range(count):
         with torch.no_grad():
             m[0].bias.fill_(seed * 1000 + i)  # which process and which save wrote it

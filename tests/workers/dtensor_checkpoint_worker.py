@@ -8,7 +8,7 @@ weights, 2 steps; OUT holds the saved extra and the losses. ``refuse_on_one_rank
 a copy of CKPT with one flipped data byte in rank 1's file (a damaged node-local copy), the others
 CKPT itself; OUT holds each rank's verdict and whether its model and optimizer stayed as they were.
 ``save_thrice``: 3 saves (model + optimizer, keep=1) into CKPT without loading it first (a new
-lineage); OUT holds the versions written.
+lineage); OUT holds the versions written, or every rank's refusal (LATEST names another run's).
 Batches are the GSPMD test's: each rank takes its part.
 """
 
@@ -50,11 +50,21 @@ def job(action: str, ckpt: str) -> dict:
     elif action == "refuse_on_one_rank":
         return refuse_on_one_rank(Path(ckpt), model, opt)
     elif action == "save_thrice":
-        return {"written": [ck.save_sharded(ckpt, model, opt, keep=1, extra={"i": i}).name for i in range(3)]}
+        return save_thrice(ckpt, model, opt)
     else:
         raise SystemExit(f"unknown action {action!r}")
     result["losses"] = [rank_step(model, opt, tokens) for tokens in data[2:]]
     return result
+
+
+def save_thrice(ckpt, model, opt) -> dict:
+    """3 saves (keep=1); or, where LATEST names another run's version, every rank's refusal."""
+    try:
+        return {"written": [ck.save_sharded(ckpt, model, opt, keep=1, extra={"i": i}).name for i in range(3)]}
+    except CheckpointError as e:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, f"CheckpointError: {e}")
+        return {"refused": gathered}
 
 
 def damaged_copy(ckpt: Path) -> Path:
