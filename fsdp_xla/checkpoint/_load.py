@@ -128,20 +128,34 @@ def _model_targets(
 
 
 def _check_like_target(name: str, entry: TensorEntry, target: torch.Tensor) -> None:
-    """Refuse a stored tensor of another shape or dtype than the model's (never cast silently:
-    a bf16 model loading an fp32 checkpoint loses precision the user did not ask to lose)."""
+    """Refuse a stored tensor of another shape than the model's, or of a dtype the model's cannot
+    hold exactly: a widening cast (bf16 into an fp32 model) loads, a narrowing one (an fp32
+    checkpoint into a bf16 model) or another kind (floats into ints) would lose what the user did
+    not ask to lose."""
     if entry.shape != tuple(target.shape):
         raise CheckpointError(
             f"{name!r} has shape {entry.shape} in the checkpoint but {tuple(target.shape)} in the "
             "model. Load it into the model it was saved from. Nothing was loaded."
         )
     mine = str(target.dtype).removeprefix("torch.")
-    if entry.dtype != mine:
+    if entry.dtype != mine and not _widens(entry.dtype, target.dtype):
         raise CheckpointError(
-            f"{name!r} is {entry.dtype} in the checkpoint but {mine} in the model. Convert the model to the "
-            f"checkpoint's dtype before loading (model.to(torch.{entry.dtype})), then after it if you want "
-            f"{mine}. Nothing was loaded."
+            f"{name!r} is {entry.dtype} in the checkpoint but {mine} in the model, which cannot hold it exactly. "
+            f"Convert the model to the checkpoint's dtype before loading (model.to(torch.{entry.dtype})), then "
+            f"after it if you want {mine}. Nothing was loaded."
         )
+
+
+def _widens(saved: str, target: torch.dtype) -> bool:
+    """The model's floating dtype holds every value of the saved one (bf16 or fp16 into fp32)."""
+    source = getattr(torch, saved, None)
+    return (
+        isinstance(source, torch.dtype)
+        and source.is_floating_point
+        and target.is_floating_point
+        and torch.promote_types(source, target) == target
+        and torch.finfo(target).bits > torch.finfo(source).bits
+    )
 
 
 def load_sharded(

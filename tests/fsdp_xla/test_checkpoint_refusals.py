@@ -56,7 +56,12 @@ def assert_same(a, b):
 CASES = [
     ("another model's LATEST", dict(n_layer=2), {}, r"does not match the model: missing \[\], unexpected \['h\.2\."),
     ("another width", dict(d_model=32), {}, r"'wte.weight' has shape \(64, 64\) in the checkpoint but \(64, 32\)"),
-    ("another dtype", dict(dtype=torch.bfloat16), {}, r"'wte.weight' is float32 in the checkpoint but bfloat16"),
+    (
+        "another dtype",
+        dict(dtype=torch.bfloat16),
+        {},
+        r"'wte.weight' is float32 in the checkpoint but bfloat16 in the model, which cannot hold it exactly",
+    ),
     (
         "another optimizer",
         dict(optimizer=torch.optim.SGD),
@@ -92,6 +97,16 @@ def test_the_matching_model_still_loads(tmp_path):
     for (n, p), q in zip(model.named_parameters(), saved_model.parameters()):
         assert same_bytes(p.detach(), q.detach()), n
     assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved_opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_widening_dtype_loads_exactly(tmp_path):
+    # a bf16 checkpoint into an fp32 model: every value fits, so it loads (a narrowing one is refused above)
+    saved_model, saved_opt = trained(seed=1, dtype=torch.bfloat16)
+    ck.save_sharded(tmp_path, saved_model)
+    model, _ = trained(seed=2)
+    ck.load_sharded(tmp_path, model)
+    for (n, p), q in zip(model.named_parameters(), saved_model.parameters()):
+        assert p.dtype == torch.float32 and torch.equal(p.detach(), q.detach().float()), n
 
 
 def test_a_checkpoint_from_before_the_optimizer_class_was_recorded_still_loads(tmp_path):
