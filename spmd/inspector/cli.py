@@ -39,7 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--devices", type=int_in(1, MAX_DEVICES), default=8, help="virtual CPU devices when no TPU is present (8)"
     )
-    parser.add_argument("--steps", type=int_in(1), default=None, help="stop the script after this many steps (syncs)")
+    parser.add_argument(
+        "--steps",
+        type=int_in(1),
+        default=None,
+        help="stop the script after this many steps (torch_xla: syncs, default all; --world: optimizer steps, 2)",
+    )
+    dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
+    dry.add_argument(
+        "--world",
+        type=int_in(1),
+        default=None,
+        help="run as a rank of a job of this many ranks, on the fake process group (default 8 without torch_xla)",
+    )
+    which = dry.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int_in(0), default=None, help="the rank to run as (0)")
+    which.add_argument(
+        "--ranks", choices=["all", "worst"], default=None, help="every rank, or the one with the highest peak"
+    )
     parser.add_argument(
         "--json", type=output_file, default=None, help="write the report as JSON (and the HLO beside it)"
     )
@@ -92,13 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
     script = Path(args.script)
-    from spmd._backend import backend
-    from spmd.errors import TorchXlaNotInstalledError
+    import importlib.util
 
-    try:  # the inspector reads XLA's dumps of torch_xla's programs
-        backend.require_torch_xla("spmd.inspector (it reads XLA's dumps of torch_xla's programs)")
-    except TorchXlaNotInstalledError as e:
-        print(f"spmd.inspector: {e}", file=sys.stderr)
+    if args.world is not None or importlib.util.find_spec("torch_xla") is None:
+        from spmd.inspector._dtensor_cli import dry_run
+
+        args.world = args.world or 8
+        return dry_run(args, script)
+    if args.rank is not None or args.ranks is not None:
+        print("spmd.inspector: --rank and --ranks choose ranks of a dry run: give --world N too.", file=sys.stderr)
         return 2
 
     from spmd.devices import configure_default_devices

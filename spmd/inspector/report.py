@@ -135,6 +135,8 @@ class WarningCode(enum.Enum):
     REPLICATED_ACTIVATION = "replicated-activation"
     PARAMETER_ALL_GATHER = "parameter-all-gather"
     RECOMPILATION = "recompilation"
+    UNEVEN_SHARD = "uneven-shard"
+    DATA_DEPENDENT = "data-dependent-call"
 
 
 @dataclass(frozen=True)
@@ -230,13 +232,16 @@ class Report:
 
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes as ints)."""
+        """A JSON-ready dict (bytes as ints); the DTensor lane's dry run writes the same keys
+        (`spmd.inspector._dtensor_report`)."""
         return {
             "tool": "spmd.inspector",
+            "lane": "torch_xla",
             "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,
             "graphs": [self._graph_dict(g) for g in self.graphs],
+            "ranks": [],  # one program for every device; the DTensor lane's dry run lists ranks here
             "steps": self.step_totals(),
             "totals": {
                 "graphs": len(self.graphs),

@@ -1,0 +1,58 @@
+"""Data-dependent calls in a dry run: ``loss.item()``, ``bool(t)``, ``float(t)``, ``t.tolist()``
+need values a fake tensor does not have. Rather than stop the run at a logging line, each returns
+a placeholder (zero, False) and the report lists where the script asked for one."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["Placeholders", "user_line"]
+
+_LIBRARY_PARTS = ("/torch/", "/site-packages/", "/spmd/", "/fsdp_xla/", "/mesh/", "/importlib/", "<frozen")
+
+
+def user_line(frames: list[traceback.FrameSummary] | None = None) -> str:
+    """``'train.py:42'``: the innermost frame of the script's own code (not torch's, not ours)."""
+    frames = traceback.extract_stack() if frames is None else frames
+    for frame in reversed(frames):
+        path = frame.filename.replace("\\\\", "/")
+        if not any(part in path for part in _LIBRARY_PARTS) and not path.startswith(sys.prefix):
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def _placeholder(func: Any, args: tuple) -> Any:
+    """Zero of the type the op returns: False for ``equal`` and bool tensors, 0 for integer
+    tensors, else 0.0."""
+    tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if func is torch.ops.aten.equal.default or (tensor is not None and tensor.dtype is torch.bool):
+        return False
+    if tensor is not None and not tensor.dtype.is_floating_point and not tensor.dtype.is_complex:
+        return 0
+    return 0.0
+
+
+class Placeholders(TorchDispatchMode):
+    """Answers data-dependent ops on fake tensors with a placeholder; ``lines`` counts them by
+    script line (``{'train.py:42': 2}``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+
+        try:
+            return func(*args, **(kwargs or {}))
+        except DataDependentOutputException:
+            if func not in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default):
+                raise
+            self.lines[user_line() or "(library code)"] += 1
+            return _placeholder(func, args)
