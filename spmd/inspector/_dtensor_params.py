@@ -54,14 +54,16 @@ class ParameterSummary:
 
 def _splits(p: torch.Tensor) -> list[tuple[int, int]]:
     """(tensor dim, ranks) of each sharded mesh dim of a DTensor parameter, outermost first."""
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor
 
     if not isinstance(p, DTensor):
         return []
+    # A split is a placement with a dim: Shard, and _StridedShard (FSDP over a TP split of the
+    # same dim), which is no Shard and whose is_shard() is False.
     return [
-        (placement.dim, p.device_mesh.size(mesh_dim))
+        (placement.dim, p.device_mesh.size(mesh_dim))  # type: ignore[attr-defined]
         for mesh_dim, placement in enumerate(p.placements)
-        if isinstance(placement, Shard)
+        if isinstance(getattr(placement, "dim", None), int)
     ]
 
 

@@ -227,8 +227,38 @@ class Recorder:
 
         return propagate
 
+    def _repadding(self, original: Any) -> Any:
+        """FSDP2's ``reset_sharded_param`` (at the root's first forward) keeps a padded shard
+        when the parameter still views it, which it tells by ``data_ptr``, and only for plain
+        tensors: a fake shard is padded anew, a new storage a real run never makes (an uneven
+        shard counted as an activation). On fake tensors the storages are compared instead and
+        an unchanged shard is kept, with the new one untracked, as a real run keeps it."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        def reset(param: Any) -> Any:
+            data, sharded = param._sharded_param_data, param.sharded_param
+            info = param._module_info
+            local = getattr(sharded, "_local_tensor", None)
+            unchanged = (
+                isinstance(data, FakeTensor)
+                and getattr(info.module, info.param_name) is sharded
+                and local is not None
+                and local.untyped_storage()._cdata == data.untyped_storage()._cdata
+            )
+            if not unchanged or self._tracker is None:
+                return original(param)
+            self._tracker.propagating += 1
+            try:
+                return original(param)
+            finally:
+                self._tracker.propagating -= 1
+                param._sharded_param_data, sharded._local_tensor = data, local
+
+        return reset
+
     # Context -----------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
+        from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
         from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -240,11 +270,14 @@ class Recorder:
             self._optimizer_built(optimizer)
 
         propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+        repad = FSDPParam.reset_sharded_param
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagating(propagate)  # type: ignore[method-assign]
+        FSDPParam.reset_sharded_param = self._repadding(repad)  # type: ignore[method-assign]
         self._undo = [
             lambda: setattr(torch.optim.Optimizer, "__init__", built),
             lambda: setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate),
+            lambda: setattr(FSDPParam, "reset_sharded_param", repad),
             register_optimizer_step_post_hook(self._optimizer_stepped).remove,
             register_module_forward_pre_hook(self._forward_starts).remove,
         ]
