@@ -18,6 +18,9 @@ from spmd.inspector.report import WarningCode
 
 __all__ = ["main", "build_parser"]
 
+MAX_RANKS = 1 << 20
+"""The largest ``--world`` (a dry run's process group numbers ranks in C++ ints)."""
+
 
 class _StopScript(BaseException):
     """Raised inside the script after ``--steps`` steps; BaseException so the script's own
@@ -48,12 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
     dry.add_argument(
         "--world",
-        type=int_in(1),
+        type=int_in(1, MAX_RANKS),
         default=None,
         help="run as a rank of a job of this many ranks, on the fake process group (default 8 without torch_xla)",
     )
     which = dry.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int_in(0), default=None, help="the rank to run as (0)")
+    which.add_argument("--rank", type=int_in(0, MAX_RANKS - 1), default=None, help="the rank to run as (0)")
     which.add_argument(
         "--ranks", choices=["all", "worst"], default=None, help="every rank, or the one with the highest peak"
     )
