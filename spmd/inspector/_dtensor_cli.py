@@ -35,8 +35,29 @@ def chosen_ranks(args: argparse.Namespace) -> list[int]:
     return [0]
 
 
+def _missing_support() -> str:
+    """What this torch lacks for a dry run ('' if nothing): the fake process group's "every rank
+    sends what this one does" (torch 2.15; the torch_xla lane's torch 2.9 has no such option)."""
+    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
+
+    if hasattr(FakeProcessGroup, "Options") and hasattr(FakeProcessGroup.Options(), "simulate_uniform_ranks"):
+        return ""
+    import torch
+
+    return (
+        f"the dry run (--world) needs the fake process group of torch 2.15 (simulate_uniform_ranks); this is "
+        f"torch {torch.__version__}. Run it in the current lane's environment (pip install 'xla-spmd[current]'), "
+        "or leave out --world to inspect the torch_xla program."
+    )
+
+
 def dry_run(args: argparse.Namespace, script: Path) -> int:
-    """Run the dry runs, print the report; the exit code (1 when the script failed)."""
+    """Run the dry runs, print the report; the exit code (1 when the script failed, 2 when this
+    torch cannot dry-run)."""
+    missing = _missing_support()
+    if missing:
+        print(f"spmd.inspector: error: {missing}", file=sys.stderr)
+        return 2
     runs: list[RankRun] = []
     for rank in chosen_ranks(args):
         run = run_rank(script, list(args.script_args), world=args.world, rank=rank, steps=args.steps or 2)

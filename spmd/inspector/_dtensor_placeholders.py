@@ -22,7 +22,7 @@ def user_line(frames: list[traceback.FrameSummary] | None = None) -> str:
     frames = traceback.extract_stack() if frames is None else frames
     for frame in reversed(frames):
         path = frame.filename.replace("\\\\", "/")
-        if not any(part in path for part in _LIBRARY_PARTS) and not path.startswith(sys.prefix):
+        if not any(part in path for part in _LIBRARY_PARTS) and not path.startswith((sys.prefix, sys.base_prefix)):
             return f"{frame.filename}:{frame.lineno}"
     return ""
 
