@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "train_fsdp_fault_worker.py"
+WORKER = ROOT / "tests" / "workers" / "train_fsdp_fault_worker.py"
 NPROC = 4
 
 

@@ -330,7 +330,7 @@ def plot(rows: list[dict], path: Path, peak_label: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2-tiny", choices=sorted(MODELS))
     parser.add_argument("--config", type=Path, default=None, help="a Hugging Face config.json (gpt2 or llama)")
@@ -356,7 +356,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
+    return args, parser
 
+
+def start_lane(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str, int]:
+    """Settle the lane's defaults (strategies, baseline) and start its runtime: (devices, platform, rank)."""
     if args.backend == "dtensor":  # under torchrun: one process per device
         if args.baseline == "torch_xla":
             parser.error("--baseline torch_xla runs on torch_xla only; on dtensor the baseline is fully_shard")
@@ -367,48 +371,36 @@ def main(argv: list[str] | None = None) -> dict:
                 f"--strategies {args.strategies}: only fsdp runs on dtensor here (2d and dp need torch's "
                 "parallelize_module and DDP, which this benchmark does not apply); use --strategies fsdp"
             )
-        n, platform, rank = start_dtensor()
-    else:
-        if args.baseline == "fully_shard":
-            parser.error("--baseline fully_shard runs on dtensor only (torchrun, or --backend dtensor)")
-        args.baseline = args.baseline or "torch_xla"
-        args.strategies = args.strategies or "fsdp,2d"
-        import torch_xla.runtime as xr
+        return start_dtensor()
+    if args.baseline == "fully_shard":
+        parser.error("--baseline fully_shard runs on dtensor only (torchrun, or --backend dtensor)")
+    args.baseline = args.baseline or "torch_xla"
+    args.strategies = args.strategies or "fsdp,2d"
+    import torch_xla.runtime as xr
 
-        spmd.enable_spmd()
-        n, platform, rank = xr.global_runtime_device_count(), xr.device_type(), 0
-    say = print if rank == 0 else (lambda *a, **k: None)
-    config = make_config(args.model, args.config, args.seq)
-    shape = TransformerShape.from_hf_config(config)
-    tokens = args.batch * args.seq
-    flops = {
-        "6n": six_n_flops_per_token(shape.n_params) * tokens,
-        "palm": palm_flops_per_token(shape, args.seq) * tokens,
-        "matmul": matmul_flops_per_token(shape, args.seq) * tokens,
-    }
+    spmd.enable_spmd()
+    return xr.global_runtime_device_count(), xr.device_type(), 0
+
+
+def peak_for(args: argparse.Namespace, parser: argparse.ArgumentParser, platform: str, n: int):
+    """(peak FLOP/s per chip, chips, label): the flag, this CPU's measured peak, or the TPU table."""
     if args.peak_tflops is not None:
-        peak, chips, peak_label = args.peak_tflops * 1e12, args.chips or n, f"{args.peak_tflops:g} TFLOP/s per chip"
-    elif platform == "GPU":
+        return args.peak_tflops * 1e12, args.chips or n, f"{args.peak_tflops:g} TFLOP/s per chip"
+    if platform == "GPU":
         parser.error("no peak FLOP/s table for GPUs here; pass --peak-tflops")
-    elif platform == "CPU":
-        peak, chips = cpu_peak_on_rank0() if args.backend == "dtensor" else measure_cpu_peak_flops(), args.chips or 1
-        peak_label = f"this CPU's measured fp32 matmul peak, {peak / 1e9:.1f} GFLOP/s"
-    else:
-        chip = chip_for_device_kind(backend.device_kind())
-        peak, chips = chip.peak_flops, args.chips or n / chip.devices_per_chip
-        peak_label = f"{chip.name} {chip.peak_flops / 1e12:g} TFLOP/s per chip"
-
-    strategies = [s for s in args.strategies.split(",") if s]
-    if args.baseline != "none":
-        strategies.append(args.baseline)
-    say(
-        f"{config.model_type} {args.model if args.config is None else args.config}: {shape.n_params:,} parameters; "
-        f"batch {args.batch} x seq {args.seq} = {tokens:,} tokens/step; {n} {platform} "
-        f"{'processes' if args.backend == 'dtensor' else 'devices'}; peak: {peak_label}"
+    if platform == "CPU":
+        peak = cpu_peak_on_rank0() if args.backend == "dtensor" else measure_cpu_peak_flops()
+        return peak, args.chips or 1, f"this CPU's measured fp32 matmul peak, {peak / 1e9:.1f} GFLOP/s"
+    chip = chip_for_device_kind(backend.device_kind())
+    return (
+        chip.peak_flops,
+        args.chips or n / chip.devices_per_chip,
+        f"{chip.name} {chip.peak_flops / 1e12:g} TFLOP/s per chip",
     )
-    if args.backend == "dtensor":
-        say(f"skipped: {skipped_without_torch_xla()}")
-    bar = progress_bar() if rank == 0 else (lambda it, desc="": it)
+
+
+def measure(strategies: list[str], config, args, n: int, bar, tokens: int, flops: dict, chips, peak) -> list[dict]:
+    """One row per strategy: step time, throughput and MFU by each FLOP count, and the ratio to the baseline."""
     rows = []
     for s in strategies:
         row = run(s, config, args, n, bar)
@@ -422,14 +414,17 @@ def main(argv: list[str] | None = None) -> dict:
         )
         rows.append(row)
     base = next((r for r in rows if r["strategy"] == args.baseline), None)
-    ratio_key = f"step_time_over_{args.baseline}"
     for r in rows:
-        r[ratio_key] = r["step_seconds"] / base["step_seconds"] if base else None
+        r[f"step_time_over_{args.baseline}"] = r["step_seconds"] / base["step_seconds"] if base else None
+    return rows
 
+
+def print_table(rows: list[dict], baseline: str, say) -> None:
+    ratio_key = f"step_time_over_{baseline}"
     say()
     say(
         f"{'strategy':>12}{'mesh':>20}{'step (s)':>10}{'min-max':>14}{'tokens/s':>10}{'TFLOP/s/dev':>12}"
-        f"{'MFU 6N':>8}{'PaLM':>7}{'matmul':>8}{'peak/dev':>11}{'x ' + args.baseline:>14}"
+        f"{'MFU 6N':>8}{'PaLM':>7}{'matmul':>8}{'peak/dev':>11}{'x ' + baseline:>14}"
     )
     for r in rows:
         mesh_text = "x".join(f"{k}{v}" for k, v in r["mesh"].items())
@@ -441,6 +436,45 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['tflops_per_device']:>12.4f}{100 * r['mfu_6n']:>7.1f}%{100 * r['mfu_palm']:>6.1f}%"
             f"{100 * r['mfu_matmul']:>7.1f}%{mem:>11}{ratio:>14}"
         )
+
+
+def write_outputs(out: dict, rows: list[dict], path: Path, peak_label: str, say) -> None:
+    """The JSON (atomically) and the plot beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(path)
+    png = path.with_suffix(".png")
+    plot(rows, png, peak_label)
+    say(f"\nJSON: {path}\nplot: {png}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, parser = parse_args(argv)
+    n, platform, rank = start_lane(args, parser)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    config = make_config(args.model, args.config, args.seq)
+    shape = TransformerShape.from_hf_config(config)
+    tokens = args.batch * args.seq
+    flops = {
+        "6n": six_n_flops_per_token(shape.n_params) * tokens,
+        "palm": palm_flops_per_token(shape, args.seq) * tokens,
+        "matmul": matmul_flops_per_token(shape, args.seq) * tokens,
+    }
+    peak, chips, peak_label = peak_for(args, parser, platform, n)
+    strategies = [s for s in args.strategies.split(",") if s]
+    if args.baseline != "none":
+        strategies.append(args.baseline)
+    say(
+        f"{config.model_type} {args.model if args.config is None else args.config}: {shape.n_params:,} parameters; "
+        f"batch {args.batch} x seq {args.seq} = {tokens:,} tokens/step; {n} {platform} "
+        f"{'processes' if args.backend == 'dtensor' else 'devices'}; peak: {peak_label}"
+    )
+    if args.backend == "dtensor":
+        say(f"skipped: {skipped_without_torch_xla()}")
+    bar = progress_bar() if rank == 0 else (lambda it, desc="": it)
+    rows = measure(strategies, config, args, n, bar, tokens, flops, chips, peak)
+    print_table(rows, args.baseline, say)
     out = {
         "backend": args.backend,
         "model": args.model if args.config is None else str(args.config),
@@ -456,15 +490,8 @@ def main(argv: list[str] | None = None) -> dict:
         "baseline": None if args.baseline == "none" else args.baseline,
         "results": rows,
     }
-    if rank != 0:
-        return out
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(args.json)
-    png = args.json.with_suffix(".png")
-    plot(rows, png, peak_label)
-    say(f"\nJSON: {args.json}\nplot: {png}")
+    if rank == 0:
+        write_outputs(out, rows, args.json, peak_label, say)
     return out
 
 

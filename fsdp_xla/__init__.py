@@ -5,7 +5,9 @@ gradient checkpointing and sharded checkpoints."""
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_shard
 from fsdp_xla.deferred import deferred_init
-from fsdp_xla.errors import (
+
+# Exceptions live in fsdp_xla.errors (not star-exported); they resolve here too.
+from fsdp_xla.errors import (  # noqa: F401
     CheckpointError,
     CheckpointTypeError,
     DeferredInitError,
@@ -24,21 +26,14 @@ from fsdp_xla.policies import (
 )
 
 __all__ = [
-    "CheckpointError",
-    "CheckpointTypeError",
-    "DeferredInitError",
     "FSDP",
-    "FSDPError",
     "FSDPOptions",
-    "FSDPTypeError",
     "FullyShardedDataParallel",
-    "MeshAxisError",
     "MixedPrecision",
     "OutputSharding",
     "SizeWrapPolicy",
     "TransformerWrapPolicy",
     "WrapPolicy",
-    "WrapPolicyError",
     "deferred_init",
     "fully_shard",
     "size_based_auto_wrap_policy",

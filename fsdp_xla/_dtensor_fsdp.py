@@ -42,8 +42,8 @@ from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
 from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
-from spmd.named_sharding import resolve_spec
-from spmd.partition_spec import PartitionSpec
+from spmd.sharding._named_sharding import resolve_spec
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = ["DTensorEngine", "check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
 

@@ -20,8 +20,8 @@ from mesh import Mesh
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm
 from spmd._backend import backend
 from spmd.errors import ShardingError
-from spmd.hlo_sharding import HloSharding
-from spmd.named_sharding import hlo_sharding_for
+from spmd.sharding._hlo_sharding import HloSharding
+from spmd.sharding._named_sharding import hlo_sharding_for
 
 __all__ = ["GspmdEngine"]
 

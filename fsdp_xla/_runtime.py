@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
 from spmd._backend import backend
-from spmd.hlo_sharding import HloSharding
+from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
 

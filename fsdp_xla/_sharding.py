@@ -14,7 +14,7 @@ import torch
 
 from spmd import P, PartitionSpec
 from spmd.errors import PartitionSpecTypeError, ShardingError
-from spmd.partition_spec import SpecEntry
+from spmd.sharding._partition_spec import SpecEntry
 
 __all__ = ["SpecFn", "default_fsdp_spec", "spec_from_fn", "without_axis", "with_axis_on_dim"]
 

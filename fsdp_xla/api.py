@@ -27,7 +27,7 @@ from mesh import Mesh, mesh_or_global
 from spmd import PartitionSpec
 from spmd._backend import backend_for
 from spmd.errors import ShardingError
-from spmd.named_sharding import resolve_spec
+from spmd.sharding._named_sharding import resolve_spec
 
 __all__ = ["FullyShardedDataParallel", "FSDP", "OutputSharding", "fully_shard"]
 

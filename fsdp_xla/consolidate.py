@@ -14,8 +14,8 @@ from fsdp_xla.checkpoint import consolidate
 from fsdp_xla.checkpoint._files import LATEST
 from fsdp_xla.checkpoint._format import is_version_name
 from fsdp_xla.errors import CheckpointError
-from spmd.atomic_file import atomic_write
-from spmd.cli_args import output_dir, output_file
+from spmd._util.atomic_file import atomic_write
+from spmd._util.cli_args import output_dir, output_file
 
 __all__ = ["build_parser", "main", "write_state_dict"]
 

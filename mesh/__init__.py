@@ -16,18 +16,16 @@ from mesh._context import (
 )
 from mesh._hybrid import DeviceInfo, HybridMesh, hybrid_device_order
 from mesh._mesh import AxisRef, Mesh
-from mesh.errors import DeviceCountError, MeshError, MeshTypeError, NoMeshError
+
+# Exceptions live in mesh.errors (not star-exported); they resolve here too.
+from mesh.errors import DeviceCountError, MeshError, MeshTypeError, NoMeshError  # noqa: F401
 
 __all__ = [
     "AxisRef",
-    "DeviceCountError",
     "DeviceInfo",
     "GlobalMeshFollower",
     "HybridMesh",
     "Mesh",
-    "MeshError",
-    "MeshTypeError",
-    "NoMeshError",
     "as_mesh",
     "follow_global_mesh",
     "get_1d_mesh",

@@ -26,6 +26,10 @@ __all__ = [
     "MissingSpecError",
     "DataPositionError",
     "CollectiveTimeoutError",
+    "PlacementError",
+    "PlacementDimError",
+    "PartialPlacementError",
+    "UnmatchedParameterError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -124,3 +128,20 @@ class DataPositionError(ValueError):
 class CollectiveTimeoutError(RuntimeError):
     """A collective did not complete within the process group's timeout: a rank stopped, hung
     or died. The message names the collective, its group and the ranks that did not answer."""
+
+
+class PlacementError(ShardingError):
+    """Placements that do not fit the mesh (one per mesh axis) or are not placements."""
+
+
+class PlacementDimError(PlacementError, IndexError):
+    """A ``Shard(dim)`` beyond the tensor's dims. Also an ``IndexError``, which torch_xla raises."""
+
+
+class PartialPlacementError(PlacementError, NotImplementedError):
+    """A ``Partial()`` placement: a pending reduction has no layout to shard by. Also a
+    ``NotImplementedError``, which torch_xla raises."""
+
+
+class UnmatchedParameterError(ShardingError):
+    """A strict plan has no rule for a parameter."""

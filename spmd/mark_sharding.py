@@ -16,11 +16,11 @@ from spmd.errors import (
     ShardingError,
     SpmdTypeError,
 )
-from spmd.hlo_sharding import HloSharding
-from spmd.named_sharding import NamedSharding, hlo_sharding_for
-from spmd.partition_spec import PartitionSpec, SpecEntry
-from spmd.placements import is_placements, spec_from_placements
 from spmd.sharded_tensor import XLAShardedTensor
+from spmd.sharding._hlo_sharding import HloSharding
+from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
+from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
+from spmd.sharding._placements import is_placements, spec_from_placements
 
 __all__ = [
     "mark_sharding",
@@ -117,7 +117,7 @@ def mark_sharding(
         mesh: the mesh (ours, torch_xla's, or a ``DeviceMesh``); ``None`` uses the global mesh.
         partition_spec: a `PartitionSpec` or a torch_xla-style tuple; it may be shorter than
             ``t.dim()`` (trailing dims replicated). Or DTensor's placements, one per mesh axis
-            (``[Shard(0), Replicate()]``; `spmd.placements`).
+            (``[Shard(0), Replicate()]``; `spmd.sharding`).
         replace: if ``t`` already has a different non-replicated sharding, replace it instead
             of raising. A replicated ``t`` (explicitly, or as every step's output is) is
             resharded without it, as torch_xla does.

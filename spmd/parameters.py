@@ -17,7 +17,7 @@ from mesh import Mesh
 from spmd._backend import backend_for
 from spmd.errors import ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
-from spmd.partition_spec import PartitionSpec
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = ["shard_parameters"]
 

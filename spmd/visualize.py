@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spmd.errors import SpmdTypeError
-from spmd.hlo_sharding import ShardBounds
-from spmd.named_sharding import NamedSharding
-from spmd.partition_spec import PartitionSpec
 from spmd.sharded_tensor import ShardedTensor
+from spmd.sharding._hlo_sharding import ShardBounds
+from spmd.sharding._named_sharding import NamedSharding
+from spmd.sharding._partition_spec import PartitionSpec
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -111,3 +111,23 @@ def test_no_function_over_60_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
     assert long == {}, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines): {long}"
+
+
+def _layer_modules() -> set[str]:
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    return {m.strip() for layer in contract["layers"] for m in layer.split(":")}
+
+
+def test_every_module_sits_in_the_layers_contract():
+    layers = _layer_modules()
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+    }
+    outside = sorted(
+        m for m in modules - set(PACKAGES) if not any(m == layer or m.startswith(layer + ".") for layer in layers)
+    )
+    assert not outside, f"not in any layer of pyproject.toml's contract: {outside}"

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from tests.torchrun import ROOT, torchrun
+from tests.torchrun import WORKERS, torchrun
 
 TRAIN = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "32", "--vocab", "64"]
 TRAIN += ["--batch", "16", "--steps", "16", "--dataset-rows", "512", "--lr", "1e-2"]
@@ -24,7 +24,7 @@ FAULTS = "kill:1:10@0,stop:3:13@1"
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("multiprocess")
-    run = torchrun(ROOT / "tests" / "multiprocess_worker.py", 4, str(out), *TRAIN)
+    run = torchrun(WORKERS / "multiprocess_worker.py", 4, str(out), *TRAIN)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 
@@ -33,7 +33,7 @@ def reference(tmp_path_factory):
 def faulty(tmp_path_factory):
     out = tmp_path_factory.mktemp("faults")
     args = [*TRAIN, "--checkpoint-dir", str(out / "ckpt"), "--save-every", "4", "--timeout", str(TIMEOUT)]
-    run = torchrun(ROOT / "tests" / "train_fsdp_fault_worker.py", 4, str(out), FAULTS, *args, max_restarts=3)
+    run = torchrun(WORKERS / "train_fsdp_fault_worker.py", 4, str(out), FAULTS, *args, max_restarts=3)
     attempts = {}
     for path in out.glob("attempt*-rank*.json"):
         record = json.loads(path.read_text())

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "tests" / "workers"  # scripts the tests launch as processes
 
 
 def child_env(*, xla: bool = True) -> dict[str, str]:

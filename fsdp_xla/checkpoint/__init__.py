@@ -36,5 +36,6 @@ from fsdp_xla.checkpoint._files import checkpoint_version, has_checkpoint
 from fsdp_xla.checkpoint._format import FORMAT
 from fsdp_xla.checkpoint._load import consolidate, load_sharded
 from fsdp_xla.checkpoint._save import save_sharded
+from fsdp_xla.errors import CheckpointError as CheckpointError  # its home is fsdp_xla.errors
 
 __all__ = ["FORMAT", "checkpoint_version", "consolidate", "has_checkpoint", "load_sharded", "save_sharded"]

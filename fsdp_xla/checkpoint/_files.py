@@ -29,8 +29,8 @@ from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
 from fsdp_xla.checkpoint._lineage import is_lineage
 from fsdp_xla.errors import CheckpointError
-from spmd.atomic_file import atomic_write
-from spmd.regular_file import read_regular_file
+from spmd._util.atomic_file import atomic_write
+from spmd._util.regular_file import read_regular_file
 
 __all__ = [
     "FILE_MODE",

@@ -25,7 +25,7 @@ from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
 from fsdp_xla.errors import CheckpointError
 from spmd._backend import backend
-from spmd.hlo_sharding import HloSharding
+from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["consolidate", "load_sharded"]
 

@@ -29,7 +29,7 @@ from fsdp_xla.checkpoint._lineage import lineage_for_save
 from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
 from spmd._backend import backend
-from spmd.hlo_sharding import HloSharding
+from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["dtype_name", "save_sharded"]
 

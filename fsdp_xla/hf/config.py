@@ -24,7 +24,7 @@ import torch
 from fsdp_xla.errors import FSDPError, FSDPTypeError, WrapPolicyError
 from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
-from spmd.regular_file import read_regular_file
+from spmd._util.regular_file import read_regular_file
 
 __all__ = ["HFConfigError", "HFFSDPConfig", "read_fsdp_config", "IGNORED_KEYS", "IGNORED_XLA_SETTINGS"]
 

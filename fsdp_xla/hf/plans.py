@@ -14,7 +14,7 @@ rules below account for.
 
 from __future__ import annotations
 
-from spmd.sharding_plan import LogicalAxisRules, ShardingPlan
+from spmd.logical_axes import LogicalAxisRules, ShardingPlan
 
 __all__ = ["DEFAULT_AXIS_RULES", "gpt2_plan", "llama_plan"]
 

@@ -35,7 +35,7 @@ from fsdp_xla.hf._dtensor_runtime import TORCHRUN_HINT, DTensorRuntime
 from fsdp_xla.hf._gspmd_runtime import GspmdRuntime, batch_axes, batch_sharding
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
 from mesh import Mesh, as_mesh
-from spmd.sharding_plan import ShardingPlan
+from spmd.logical_axes import ShardingPlan
 
 try:
     from transformers import Trainer
@@ -85,7 +85,7 @@ def _check_mesh_and_plan(mesh: object, sharding_plan: object) -> Mesh | None:
     """
     if sharding_plan is not None and not isinstance(sharding_plan, ShardingPlan):
         raise FSDPTypeError(
-            f"FSDPTrainer(sharding_plan=...) takes a spmd.sharding_plan.ShardingPlan (e.g. fsdp_xla.hf.gpt2_plan()) "
+            f"FSDPTrainer(sharding_plan=...) takes a spmd.logical_axes.ShardingPlan (e.g. fsdp_xla.hf.gpt2_plan()) "
             f"or None, got {sharding_plan!r:.60} ({type(sharding_plan).__name__})."
         )
     return None if mesh is None else as_mesh(mesh, "FSDPTrainer(mesh=...)")
@@ -132,7 +132,7 @@ class FSDPTrainer(Trainer):
             ``fsdp`` and give an ``fsdp_config`` (path or dict).
         mesh: the device mesh; default all devices (ranks under torchrun) on one ``fsdp`` axis.
             On GSPMD it becomes the global mesh.
-        sharding_plan: a `spmd.sharding_plan.ShardingPlan` (e.g. `fsdp_xla.hf.gpt2_plan()`)
+        sharding_plan: a `spmd.logical_axes.ShardingPlan` (e.g. `fsdp_xla.hf.gpt2_plan()`)
             for 2-D fsdp x tensor layouts; its specs become FSDP's ``param_spec_fn``.
         batch_specs: GSPMD only: a spec per batch key where the default (the batch dim over the
             data axes) does not fit.
@@ -154,7 +154,7 @@ class FSDPTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         """``mesh``: the mesh (default: all devices on one ``fsdp`` axis); ``sharding_plan``: a 2-D
-        plan for the parameters (`spmd.sharding_plan`); ``batch_specs``: a spec per batch key
+        plan for the parameters (`spmd.logical_axes`); ``batch_specs``: a spec per batch key
         where the default (the batch dim over the data axes) does not fit, e.g.
         ``{"pixel_values": P("fsdp", None, None, None)}``."""
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)

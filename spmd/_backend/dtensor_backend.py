@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 
-from spmd import _torch_compat as torch_compat
 from spmd._backend import dtensor_processes
 from spmd._backend.dtensor_meshes import device_mesh
+from spmd._util import torch_compat
 from spmd.errors import ShardingConflictError, ShardingError
-from spmd.hlo_sharding import HloSharding, ShardingKind
-from spmd.named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
-from spmd.partition_spec import PartitionSpec
-from spmd.placements import placements_from_spec, spec_from_placements
+from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
+from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
+from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding._placements import placements_from_spec, spec_from_placements
 
 __all__ = ["DTensorBackend", "device_mesh", "placements_for", "process_device_type", "spec_of"]
 
@@ -83,7 +83,7 @@ def _gspmd_blocks_in(start: int, stop: int, ways: int) -> list[tuple[int, int]]:
 
 def placements_for(mesh: Any, spec: PartitionSpec, shape: tuple[int, ...]) -> tuple[Any, ...]:
     """DTensor placements (one per mesh axis) that lay a tensor of ``shape`` out as ``spec``
-    exactly as GSPMD does (`spmd.placements.placements_from_spec`, checked against the shape).
+    exactly as GSPMD does (`spmd.sharding.placements_from_spec`, checked against the shape).
 
     Raises:
         ShardingError: DTensor cannot hold the layout GSPMD gives (see the module docstring).
@@ -133,7 +133,7 @@ def _check_empty_blocks(placements: list[Any], dims: tuple, mesh: Any, spec: Par
 
 
 def spec_of(mesh: Any, placements: tuple[Any, ...], rank: int) -> PartitionSpec:
-    """The `PartitionSpec` of a DTensor's ``placements`` on ``mesh`` (`spmd.placements`).
+    """The `PartitionSpec` of a DTensor's ``placements`` on ``mesh`` (`spmd.sharding`).
 
     Raises:
         ShardingError: a ``Partial`` placement (a pending sum has no layout of its own).

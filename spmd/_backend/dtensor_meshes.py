@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spmd import _torch_compat as torch_compat
+from spmd._util import torch_compat
 
 __all__ = ["device_mesh"]
 

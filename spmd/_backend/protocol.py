@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import torch
 
 from mesh import Mesh
-from spmd.hlo_sharding import HloSharding
-from spmd.named_sharding import NamedSharding
+from spmd.sharding._hlo_sharding import HloSharding
+from spmd.sharding._named_sharding import NamedSharding
 
 __all__ = ["ShardingBackend"]
 

@@ -3,7 +3,7 @@
 ``from torch_xla.distributed.spmd.api import ...`` becomes ``from spmd.api import ...``.
 `convert_to_xla_mesh` returns our `Mesh` (torch_xla's returns its own), `xla_distribute_tensor`
 and `xla_distribute_module` are `spmd.distribute_tensor` and `spmd.distribute_module` with
-torch_xla's signatures, and `convert_to_xla_partition_spec` is `spmd.placements`' rule with
+torch_xla's signatures, and `convert_to_xla_partition_spec` is `spmd.sharding`' rule with
 torch_xla's integer entries. The differences from torch_xla are in docs/migration.md.
 """
 
@@ -20,7 +20,7 @@ from spmd._backend import backend_for
 from spmd.compat.xla_mesh import Mesh as XlaMesh
 from spmd.distribute import distribute_module, distribute_tensor
 from spmd.errors import SpmdTypeError
-from spmd.placements import PlacementError, spec_from_placements
+from spmd.sharding._placements import PlacementError, spec_from_placements
 
 __all__ = [
     "MeshSizeError",

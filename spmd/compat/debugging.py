@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from spmd.errors import SpmdTypeError
-from spmd.hlo_sharding import HloSharding
 from spmd.mark_sharding import get_sharding
+from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["visualize_sharding", "visualize_tensor_sharding"]
 

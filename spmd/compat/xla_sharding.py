@@ -25,7 +25,6 @@ from spmd.mark_sharding import (
     mark_sharding_with_gradients,
     shard_as,
 )
-from spmd.partition_spec import PartitionSpec
 from spmd.sharded_tensor import (
     XLAShard,
     XLAShardedTensor,
@@ -33,7 +32,8 @@ from spmd.sharded_tensor import (
     wrap_as_sharded_tensor,
     wrap_if_sharded,
 )
-from spmd.sharding_type import ShardingType
+from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding._sharding_type import ShardingType
 
 _mark_manual_sharding = mark_manual_sharding
 

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from spmd.cli_args import input_file, int_in, output_dir, output_file
+from spmd._util.cli_args import input_file, int_in, output_dir, output_file
 from spmd.devices import MAX_DEVICES
 from spmd.inspector.report import WarningCode
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spmd.hlo_sharding import iota_device_ids
 from spmd.inspector.hlo_text import ArrayShape, HloModuleText, Instruction, module_scope, parse_shape
+from spmd.sharding._hlo_sharding import iota_device_ids
 
 __all__ = [
     "CollectiveKind",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write, file_to_write
+from spmd._util.atomic_file import atomic_write, file_to_write
 from spmd.inspector.collectives import Collective, CollectiveKind
 from spmd.inspector.hlo_text import ArrayShape
 from spmd.inspector.memory import MemoryUsage

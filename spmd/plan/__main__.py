@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from spmd.atomic_file import atomic_write
-from spmd.cli_args import finite_float, int_in, output_dir, output_file
+from spmd._util.atomic_file import atomic_write
+from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
 from spmd.plan.meshes import STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN

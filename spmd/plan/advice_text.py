@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from spmd.partition_spec import P
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
+from spmd.sharding._partition_spec import P
 
 if TYPE_CHECKING:
     from spmd.plan.advice import Advice, Outcome

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from mesh import Mesh
-from spmd.partition_spec import PartitionSpec
 from spmd.plan._compat import toolchain
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
@@ -34,6 +33,7 @@ from spmd.plan.remat import Remat
 from spmd.plan.report import MemoryReport, PlanReport, summarize
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = [
     "DEFAULT_SEQ_LEN",

@@ -30,11 +30,11 @@ import torch
 
 from mesh import Mesh
 from spmd.errors import ShardingError
-from spmd.partition_spec import P, PartitionSpec
 from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy
+from spmd.sharding._partition_spec import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from spmd._util.regular_file import read_regular_file
 from spmd.plan.errors import ModelSpecError, PlanError
-from spmd.regular_file import read_regular_file
 
 __all__ = [
     "BUILTIN_CONFIGS",

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write
+from spmd._util.atomic_file import atomic_write
+from spmd._util.regular_file import read_regular_file
 from spmd.plan.advice import Candidate, Outcome
 from spmd.plan.errors import PlanError
 from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.report import GIB, PlanReport
-from spmd.regular_file import read_regular_file
 
 __all__ = ["CACHE_FORMAT", "Settings", "default_cache_dir", "model_key", "run_candidate"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write
+from spmd._util.atomic_file import atomic_write
 from spmd.plan.advice import Advice
 from spmd.plan.report import GIB, PlanReport
 

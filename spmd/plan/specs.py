@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mesh import Mesh
-from spmd.named_sharding import resolve_spec
-from spmd.partition_spec import P, PartitionSpec
 from spmd.plan.errors import PlanError
 from spmd.plan.meshes import STRATEGIES
+from spmd.sharding._named_sharding import resolve_spec
+from spmd.sharding._partition_spec import P, PartitionSpec
 
 __all__ = [
     "SpecFn",

@@ -20,7 +20,7 @@ from fsdp_xla import (
 )
 from mesh import Mesh, NoMeshError, set_global_mesh, use_mesh
 from spmd import P, ShardableLayerNorm, UnknownAxisError, clear_sharding, get_sharding, mark_sharding
-from spmd.named_sharding import hlo_sharding_for
+from spmd.sharding._named_sharding import hlo_sharding_for
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, lm_loss, train
 
 

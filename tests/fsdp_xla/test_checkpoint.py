@@ -14,10 +14,10 @@ from fsdp_xla.checkpoint import checkpoint_version, consolidate, load_sharded, s
 from fsdp_xla.consolidate import main as consolidate_main
 from spmd import get_sharding
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, train
-from tests.torchrun import child_env
+from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("checkpoint_worker.py")
+WORKER = WORKERS / "checkpoint_worker.py"
 
 
 def wrapped(seed=0, **config):

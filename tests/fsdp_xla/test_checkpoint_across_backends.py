@@ -11,9 +11,9 @@ import torch
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, train
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("dtensor_checkpoint_worker.py")
+WORKER = WORKERS / "dtensor_checkpoint_worker.py"
 
 
 def gspmd_model(seed):

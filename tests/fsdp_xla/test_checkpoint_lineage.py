@@ -7,7 +7,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +14,9 @@ import torch
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import CheckpointError
 from fsdp_xla.checkpoint._files import prune
-from tests.torchrun import ROOT, child_env
+from tests.torchrun import ROOT, WORKERS, child_env
 
-RACE_WORKER = Path(__file__).with_name("checkpoint_race_worker.py")
+RACE_WORKER = WORKERS / "checkpoint_race_worker.py"
 
 
 def model(seed=0, width=8):

@@ -17,9 +17,10 @@ from safetensors.torch import save_file
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import CheckpointError
 from fsdp_xla.checkpoint._format import DTYPE_NAMES, check_index
+from tests.torchrun import WORKERS
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("checkpoint_race_worker.py")
+WORKER = WORKERS / "checkpoint_race_worker.py"
 
 
 def model(seed):

@@ -6,13 +6,12 @@ see a break of ours. ``with_sharding_constraint`` on a DTensor compiles into the
 both lanes (FSDP2 is in torch 2.9 and 2.15)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("compile_dtensor_worker.py")
+WORKER = WORKERS / "compile_dtensor_worker.py"
 PRECISIONS = ["fp32", "bf16"]
 
 
@@ -59,7 +58,7 @@ def test_a_graph_break_in_the_model_is_counted(compiled_runs):
 def test_with_sharding_constraint_inside_a_compiled_function_keeps_the_graph_whole(compiled_runs):
     """Its spec check is traceable (math.prod over a generator broke the graph 4 times for one
     call, torch 2.15). torch 2.9's Dynamo also cannot trace repr() of a PartitionSpec, which the
-    check's context strings build on every call (spmd/mark_sharding.py, spmd/named_sharding.py):
+    check's context strings build on every call (spmd/mark_sharding.py, spmd/sharding/_named_sharding.py):
     6 breaks there, the value still right."""
     result = compiled_runs["with_sharding_constraint"]
     assert result["compiled"] == pytest.approx(result["eager"], rel=1e-6, abs=0)

@@ -4,7 +4,6 @@ and shard_output), mixed precision, deferred init giving the GSPMD backend's wei
 same seed, and one step's collectives as torch's CommDebugMode counts them. The options FSDP2 cannot express are refused in this process, before any sharding."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,12 +12,12 @@ import torch
 from fsdp_xla import FSDP, FSDPError, deferred_init, transformer_auto_wrap_policy
 from mesh import Mesh
 from spmd import P
-from spmd import _torch_compat as torch_compat
 from spmd._backend import use_backend
+from spmd._util import torch_compat
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("dtensor_fsdp_worker.py")
+WORKER = WORKERS / "dtensor_fsdp_worker.py"
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ conformance tests (1, 2 and 3 axes); the placement translation is checked here w
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,14 +13,14 @@ import torch
 import spmd
 from mesh import Mesh
 from spmd import PartitionSpec, ShardingError
-from spmd import _torch_compat as torch_compat
 from spmd._backend import backend_for, use_backend
 from spmd._backend.dtensor_backend import placements_for, spec_of
+from spmd._util import torch_compat
 from tests.conftest import HAS_TORCH_XLA
 from tests.spmd.specs import all_specs
-from tests.torchrun import torchrun
+from tests.torchrun import WORKERS, torchrun
 
-WORKER = Path(__file__).with_name("dtensor_worker.py")
+WORKER = WORKERS / "dtensor_worker.py"
 
 
 @pytest.mark.smoke

@@ -1,5 +1,5 @@
 """shard_parameters on torch_xla: in place, the same parameters, specs by name or function, errors.
-(On DTensor, with tied weights and buffers: tests/spmd/dtensor_worker.py.)"""
+(On DTensor, with tied weights and buffers: tests/workers/dtensor_worker.py.)"""
 
 import numpy as np
 import pytest

@@ -23,10 +23,10 @@ from mesh import Mesh
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError, SpmdTypeError
-from spmd.hlo_sharding import HloSharding, ShardBounds, ShardingKind
-from spmd.named_sharding import NamedSharding
-from spmd.partition_spec import PartitionSpec
-from spmd.sharding_type import ShardingType
+from spmd.sharding._hlo_sharding import HloSharding, ShardBounds, ShardingKind
+from spmd.sharding._named_sharding import NamedSharding
+from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding._sharding_type import ShardingType
 
 __all__ = [
     "Shard",
@@ -153,7 +153,7 @@ class XLAShardedTensor(torch.Tensor):
             PlacementError: it has no mesh or spec (a result of an op; mark it first). Also a
                 ``ValueError``, as torch_xla raises.
         """
-        from spmd.placements import PlacementError, placements_from_spec
+        from spmd.sharding._placements import PlacementError, placements_from_spec
 
         mesh_shape, spec = self.mesh_shape, self.partition_spec
         if mesh_shape is None or spec is None:
@@ -176,7 +176,7 @@ class XLAShardedTensor(torch.Tensor):
                 ``Partial`` (`PartialPlacementError`, a ``NotImplementedError``).
         """
         from mesh import as_mesh
-        from spmd.placements import spec_from_placements
+        from spmd.sharding._placements import spec_from_placements
 
         mesh = as_mesh(device_mesh, f"redistribute(tensor of shape {tuple(self.shape)})")
         spec = spec_from_placements(placements, mesh, self.dim(), by_index=True)

@@ -11,8 +11,8 @@ from fsdp_xla import FSDP
 from fsdp_xla.hf import gpt2_plan, llama_plan
 from mesh import Mesh
 from spmd import P, get_sharding, mark_sharding
-from spmd.named_sharding import hlo_sharding_for
-from spmd.sharding_plan import LogicalAxisRules, ShardingPlan, UnmatchedParameterError
+from spmd.logical_axes import LogicalAxisRules, ShardingPlan, UnmatchedParameterError
+from spmd.sharding._named_sharding import hlo_sharding_for
 from tests.fsdp_xla.hf.models import gpt2, llama, token_batches
 
 MESH_2D = Mesh(np.arange(8), (4, 2), ("fsdp", "tensor"))

@@ -120,7 +120,7 @@ def test_what_transformers_would_fail_on_obscurely_is_said_first(xla, tmp_path, 
     ("extra", "error", "says"),
     [
         (dict(mesh="fsdp"), MeshTypeError, r"FSDPTrainer\(mesh=\.\.\.\) expects a mesh.Mesh .* got builtins.str"),
-        (dict(sharding_plan="x"), FSDPTypeError, r"sharding_plan=\.\.\.\) takes a spmd.sharding_plan.ShardingPlan"),
+        (dict(sharding_plan="x"), FSDPTypeError, r"sharding_plan=\.\.\.\) takes a spmd.logical_axes.ShardingPlan"),
     ],
 )
 def test_a_mesh_or_plan_of_the_wrong_type_is_named(xla, tmp_path, extra, error, says):

@@ -7,16 +7,15 @@ serves every test here but the last two, which need no process group."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.conftest import HAS_TORCH_XLA
-from tests.torchrun import ROOT, child_env, torchrun
+from tests.torchrun import ROOT, WORKERS, child_env, torchrun
 
-WORKER = Path(__file__).with_name("hf_trainer_worker.py")
+WORKER = WORKERS / "hf_trainer_worker.py"
 TORCH_XLA_LOSSES = ROOT / "tests" / "data" / "hf_trainer" / "torch_xla_losses.json"
 
 

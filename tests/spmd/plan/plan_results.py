@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.torchrun import child_env
+from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # The test files that read the worker's results: collecting any of them starts it.
@@ -28,7 +28,7 @@ def start() -> None:
     env = child_env(xla=False)
     log = open(out / "log.txt", "w")
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("plan_worker.py")), str(out)],
+        [sys.executable, str(WORKERS / "plan_worker.py"), str(out)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         preexec_fn=lambda: os.nice(19),  # the other tests first: this one only waits at the end
     )  # fmt: skip

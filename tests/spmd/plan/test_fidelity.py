@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.torchrun import child_env
+from tests.torchrun import WORKERS, child_env
 
 pytest.importorskip("torch_xla", reason="compares with the same step compiled through torch_xla (its lane)")
 
@@ -71,7 +71,7 @@ def torch_xla_step(xla) -> list:
 def planner_step(tmp: Path) -> list:
     config = tmp / "config.json"
     config.write_text(json.dumps(CONFIG))
-    worker = Path(__file__).with_name("fidelity_worker.py")
+    worker = WORKERS / "fidelity_worker.py"
     done = subprocess.run(
         [sys.executable, str(worker), str(config), str(BATCH), str(SEQ)],
         env=child_env(xla=False), capture_output=True, text=True, timeout=600,

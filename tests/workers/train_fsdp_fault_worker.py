@@ -24,10 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.remove(str(Path(__file__).resolve().parent))  # tests/spmd would shadow the project's spmd
-
-from examples import train_fsdp  # noqa: E402
-from fsdp_xla import checkpoint  # noqa: E402
+from examples import train_fsdp
+from fsdp_xla import checkpoint
 
 out, plan, train_args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -1,4 +1,4 @@
-"""ProcessSampler (spmd.data_loader): every row once per epoch across processes, the same global
+"""ProcessSampler (spmd.multiprocess): every row once per epoch across processes, the same global
 batches for any process count, and a saved position that resumes exactly."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 
 from mesh import Mesh
 from spmd import DataPosition, DataPositionError, IndivisibleBatchError, P, ProcessDataError, ProcessSampler
-from spmd.named_sharding import hlo_sharding_for
-from spmd.process_layout import ProcessLayout
+from spmd.multiprocess._process_layout import ProcessLayout
+from spmd.sharding._named_sharding import hlo_sharding_for
 
 MESH = Mesh(np.arange(8), (8,), ("data",))
 

@@ -1,4 +1,4 @@
-"""DTensor placements <-> PartitionSpec (spmd.placements): pure conversions, no runtime."""
+"""DTensor placements <-> PartitionSpec (spmd.sharding): pure conversions, no runtime."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from spmd import (
     placements_from_spec,
     spec_from_placements,
 )
-from spmd._torch_compat import is_strided_shard
+from spmd._util.torch_compat import is_strided_shard
 
 MESH = Mesh(np.arange(8), (2, 4), ("data", "model"))
 

@@ -13,10 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-# This script's directory, tests/, holds test packages named spmd/ and mesh/ that would shadow the
-# project's (PYTHONPATH, set by tests/torchrun.py, comes after it).
-sys.path.remove(str(Path(__file__).resolve().parent))
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

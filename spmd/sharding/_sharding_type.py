@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from spmd.hlo_sharding import HloSharding, ShardingKind
+from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
 
 __all__ = ["ShardingType", "sharding_type_of"]
 

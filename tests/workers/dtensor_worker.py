@@ -23,7 +23,7 @@ import torch.distributed as dist
 import spmd
 from mesh import Mesh, MeshError
 from spmd import PartitionSpec, ShardingError, get_sharding, hlo_sharding_for, mark_sharding, with_sharding_constraint
-from spmd import _torch_compat as torch_compat
+from spmd._util import torch_compat
 from tests.spmd.specs import all_specs
 
 dist.init_process_group("gloo")

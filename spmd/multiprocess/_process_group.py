@@ -14,7 +14,7 @@
 that was waiting) and starts a heartbeat: a daemon thread that writes a counter and this rank's
 current label into the job's store (torchrun's agent store, outside every worker, so a stopped
 worker cannot block it) every ``T / 15`` seconds. `spmd.watch_collectives` reads both when a
-collective fails (`spmd.hang_report`).
+collective fails (`spmd.multiprocess`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Heartbeat:
         with self._lock:
             self._count += 1
             count = self._count
-        from spmd import _torch_compat as torch_compat
+        from spmd._util import torch_compat
 
         beat = Beat(count, torch_compat.group_sequence_numbers(), self._label)
         try:

@@ -24,8 +24,8 @@ import torch
 
 from mesh import Mesh
 from spmd.errors import DataPositionError, ProcessDataError
-from spmd.partition_spec import PartitionSpec, SpecEntry
-from spmd.process_data import make_global_batch, make_global_tensor, process_rows
+from spmd.multiprocess._process_data import make_global_batch, make_global_tensor, process_rows
+from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
 
 __all__ = ["DataPosition", "ProcessSampler", "ProcessDataLoader"]
 

@@ -5,7 +5,7 @@ SIGSTOPped rank: tests/test_multiprocess.py.)"""
 import pytest
 
 from spmd import CollectiveTimeoutError, watch_collectives
-from spmd.hang_report import is_collective_failure
+from spmd.multiprocess._hang_report import is_collective_failure
 
 # gloo's text for a collective timeout, as torch 2.9 and 2.15 raise it (a plain RuntimeError).
 GLOO_TIMEOUT = (

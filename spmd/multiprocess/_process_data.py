@@ -3,7 +3,7 @@
 On a pod every host loads only its part of the batch. `make_global_tensor(local, mesh, spec)`
 turns each process's ``local`` rows into one global tensor laid out as ``spec``, as JAX's
 ``jax.make_array_from_process_local_data`` does: no process ever holds the global batch. The
-layout follows `spmd.process_layout` (JAX's): along a dim split over several processes, each
+layout follows `spmd.multiprocess` (JAX's): along a dim split over several processes, each
 process passes its part (its tiles in order); along any other dim, the whole dim.
 
 On torch_xla (one process per host) the blocks go straight to this host's devices, each device
@@ -23,9 +23,9 @@ import torch
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend_for
 from spmd.errors import LocalShapeMismatchError, MissingSpecError, SpmdTypeError
-from spmd.named_sharding import NamedSharding, hlo_sharding_for
-from spmd.partition_spec import PartitionSpec, SpecEntry
-from spmd.process_layout import ProcessLayout
+from spmd.multiprocess._process_layout import ProcessLayout
+from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
+from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
 
 __all__ = ["make_global_tensor", "make_global_batch", "process_rows"]
 

@@ -17,10 +17,10 @@ from numbers import Integral
 from typing import Any
 
 from mesh import Mesh, MeshTypeError
-from spmd import _torch_compat as torch_compat
-from spmd.errors import ShardingError, SpmdTypeError
-from spmd.named_sharding import resolve_spec
-from spmd.partition_spec import PartitionSpec
+from spmd._util import torch_compat
+from spmd.errors import PartialPlacementError, PlacementDimError, PlacementError, ShardingError, SpmdTypeError
+from spmd.sharding._named_sharding import resolve_spec
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = [
     "PartialPlacementError",
@@ -30,19 +30,6 @@ __all__ = [
     "placements_from_spec",
     "spec_from_placements",
 ]
-
-
-class PlacementError(ShardingError):
-    """Placements that do not fit the mesh (one per mesh axis) or are not placements."""
-
-
-class PlacementDimError(PlacementError, IndexError):
-    """A ``Shard(dim)`` beyond the tensor's dims. Also an ``IndexError``, which torch_xla raises."""
-
-
-class PartialPlacementError(PlacementError, NotImplementedError):
-    """A ``Partial()`` placement: a pending reduction has no layout to shard by. Also a
-    ``NotImplementedError``, which torch_xla raises."""
 
 
 def _placement_types() -> tuple[type, type, type]:

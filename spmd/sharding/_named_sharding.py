@@ -16,8 +16,8 @@ from numbers import Integral
 from mesh import Mesh, MeshTypeError
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
-from spmd.hlo_sharding import HloSharding, ShardBounds
-from spmd.partition_spec import PartitionSpec
+from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
+from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = ["NamedSharding", "resolve_spec", "hlo_sharding_for"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from mesh import Mesh
 from spmd.errors import ShardingError, SpmdTypeError
-from spmd.sharding_plan import LogicalAxisRules, ShardingPlan
+from spmd.logical_axes import LogicalAxisRules, ShardingPlan
 
 RULES = LogicalAxisRules((("embed", "fsdp"), ("mlp", ("fsdp", "tensor")), ("norm", None)))
 

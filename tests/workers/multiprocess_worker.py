@@ -18,9 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-# tests/ holds test packages named spmd/ and mesh/ that would shadow the project's.
-sys.path.remove(str(Path(__file__).resolve().parent))
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -29,7 +26,7 @@ import spmd  # noqa: E402
 from examples import train_fsdp  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd import P, ProcessSampler, make_global_batch, make_global_tensor, process_rows  # noqa: E402
-from spmd import _torch_compat as torch_compat  # noqa: E402
+from spmd._util import torch_compat  # noqa: E402
 
 spmd.init_process_group("gloo", timeout=120)
 spmd.use_backend("dtensor")

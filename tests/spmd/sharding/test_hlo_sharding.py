@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from spmd import HloSharding, ShardingKind
 from spmd.errors import HloShardingError, SpmdTypeError
-from spmd.hlo_sharding import iota_device_ids
+from spmd.sharding._hlo_sharding import iota_device_ids
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from fsdp_xla import FSDP, FSDPError, MixedPrecision, deferred_init, transformer
 from fsdp_xla.communication import bytes_by_phase, dtensor_traffic_mode
 from mesh import Mesh
 from spmd import P
-from spmd import _torch_compat as torch_compat
+from spmd._util import torch_compat
 
 SMALL = dict(vocab=64, d_model=64, n_head=4, n_layer=3, seq=16)
 

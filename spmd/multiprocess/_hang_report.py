@@ -5,7 +5,7 @@ out raises `CollectiveTimeoutError` instead, naming:
 
 - the collective: the last one torch's flight recorder holds for this rank (its kind, sequence
   number, group and ranks, tensor sizes);
-- the ranks: the heartbeats (`spmd.process_group`) are read twice, ``probe`` apart; a rank whose
+- the ranks: the heartbeats (`spmd.multiprocess`) are read twice, ``probe`` apart; a rank whose
   counter did not move is stopped, hung in native code with its threads, or dead; a rank whose
   counter moves under another label is alive elsewhere (it never reached the collective).
 
@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from spmd import _torch_compat as torch_compat
+from spmd._util import torch_compat
 from spmd.errors import CollectiveTimeoutError
-from spmd.process_group import Heartbeat, heartbeat
+from spmd.multiprocess._process_group import Heartbeat, heartbeat
 
 __all__ = ["watch_collectives", "is_collective_failure", "describe_collective", "silent_ranks"]
 

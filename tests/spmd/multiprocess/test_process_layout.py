@@ -1,4 +1,4 @@
-"""The pure per-process layout (spmd.process_layout): any number of processes, simulated in one.
+"""The pure per-process layout (spmd.multiprocess): any number of processes, simulated in one.
 
 The round trip: cut a global array into each process's local data (its rows along every dim
 split over processes, from `ProcessLayout.rows`), then each device's block taken from its
@@ -12,7 +12,7 @@ import pytest
 
 from mesh import Mesh
 from spmd import IndivisibleBatchError, P, ProcessDataError, hlo_sharding_for
-from spmd.process_layout import ProcessLayout
+from spmd.multiprocess._process_layout import ProcessLayout
 
 
 def layouts(mesh, spec, rank, device_processes):

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from mesh import Mesh
-from spmd.errors import ShardingError, SpmdTypeError
-from spmd.partition_spec import P, PartitionSpec
+from spmd.errors import ShardingError, SpmdTypeError, UnmatchedParameterError
+from spmd.sharding._partition_spec import P, PartitionSpec
 
 __all__ = ["LogicalAxisRules", "ShardingPlan", "UnmatchedParameterError"]
 
@@ -52,10 +52,6 @@ def _names(value: object, allow_none_entries: bool) -> tuple | str | None:
     ):
         return tuple(value)
     return False
-
-
-class UnmatchedParameterError(ShardingError):
-    """A strict plan has no rule for a parameter."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from spmd import (
     process_rows,
 )
 from spmd._backend import backend_for
-from spmd.named_sharding import NamedSharding
-from spmd.process_layout import ProcessLayout
+from spmd.multiprocess._process_layout import ProcessLayout
+from spmd.sharding._named_sharding import NamedSharding
 
 MESH = Mesh(np.arange(8), (4, 2), ("data", "model"))
 

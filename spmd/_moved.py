@@ -1,0 +1,82 @@
+"""Old module paths of ``spmd`` that moved into subpackages: one table, one import hook.
+
+``import spmd.partition_spec`` (and ``from spmd.partition_spec import PartitionSpec``) still
+works: the hook hands back the module at its new path, under the old name too, after a
+`DeprecationWarning` that names the path to import from. The tree shows only the new layout;
+docs/migration.md lists the same table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+__all__ = ["MOVED_MODULES", "install"]
+
+# old path -> (module now, what to import instead)
+MOVED_MODULES: dict[str, tuple[str, str]] = {
+    "spmd.partition_spec": ("spmd.sharding._partition_spec", "spmd.sharding"),
+    "spmd.named_sharding": ("spmd.sharding._named_sharding", "spmd.sharding"),
+    "spmd.hlo_sharding": ("spmd.sharding._hlo_sharding", "spmd.sharding"),
+    "spmd.placements": ("spmd.sharding._placements", "spmd.sharding"),
+    "spmd.sharding_plan": ("spmd.logical_axes", "spmd.logical_axes"),
+    "spmd.sharding_type": ("spmd.sharding._sharding_type", "spmd.compat (ShardingType)"),
+    "spmd.process_data": ("spmd.multiprocess._process_data", "spmd.multiprocess"),
+    "spmd.process_layout": ("spmd.multiprocess._process_layout", "spmd.multiprocess"),
+    "spmd.process_group": ("spmd.multiprocess._process_group", "spmd.multiprocess"),
+    "spmd.data_loader": ("spmd.multiprocess._data_loader", "spmd.multiprocess"),
+    "spmd.hang_report": ("spmd.multiprocess._hang_report", "spmd.multiprocess"),
+    "spmd.atomic_file": ("spmd._util.atomic_file", "spmd._util.atomic_file (private)"),
+    "spmd.regular_file": ("spmd._util.regular_file", "spmd._util.regular_file (private)"),
+    "spmd.cli_args": ("spmd._util.cli_args", "spmd._util.cli_args (private)"),
+    "spmd._torch_compat": ("spmd._util.torch_compat", "spmd._util.torch_compat (private)"),
+}
+
+
+def warn_moved(old: str, stacklevel: int = 2) -> None:
+    """The one deprecation message for a moved module path."""
+    new, use = MOVED_MODULES[old]
+    warnings.warn(
+        f"{old} moved to {new}; import from {use} instead (docs/migration.md)",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads an old path as the module at its new path (the same object, not a copy)."""
+
+    def __init__(self, old: str) -> None:
+        self.old = old
+        self.own: tuple = (None, None)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warn_moved(self.old, stacklevel=2)  # warnings skips importlib's frames: the importing line
+        target = importlib.import_module(MOVED_MODULES[self.old][0])
+        self.own = (target.__spec__, target.__loader__)
+        return target
+
+    def exec_module(self, module: ModuleType) -> None:
+        # importlib set the old name's spec on the shared module object: give it back its own,
+        # so `importlib.reload` and pickling by module path see the new path.
+        module.__spec__, module.__loader__ = self.own
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (importlib's signature)
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname))
+
+
+_FINDER = _MovedFinder()
+
+
+def install() -> None:
+    """Put the hook first on ``sys.meta_path`` (once)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)

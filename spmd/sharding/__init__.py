@@ -1,0 +1,35 @@
+"""Sharding as values: partition specs, named shardings, XLA's HLO shardings, and DTensor
+placements. Pure math over a `mesh.Mesh`: nothing here asks a runtime.
+
+The implementation modules are private; import from here (or from ``spmd``).
+"""
+
+from spmd.sharding._hlo_sharding import HloSharding as HloSharding
+from spmd.sharding._hlo_sharding import ShardBounds as ShardBounds
+from spmd.sharding._hlo_sharding import ShardingKind as ShardingKind
+from spmd.sharding._hlo_sharding import iota_device_ids as iota_device_ids
+from spmd.sharding._named_sharding import NamedSharding as NamedSharding
+from spmd.sharding._named_sharding import hlo_sharding_for as hlo_sharding_for
+from spmd.sharding._named_sharding import resolve_spec as resolve_spec
+from spmd.sharding._partition_spec import P as P
+from spmd.sharding._partition_spec import PartitionSpec as PartitionSpec
+from spmd.sharding._partition_spec import SpecEntry as SpecEntry
+from spmd.sharding._placements import is_placements as is_placements
+from spmd.sharding._placements import placements_from_spec as placements_from_spec
+from spmd.sharding._placements import spec_from_placements as spec_from_placements
+
+__all__ = [
+    "HloSharding",
+    "NamedSharding",
+    "P",
+    "PartitionSpec",
+    "ShardBounds",
+    "ShardingKind",
+    "SpecEntry",
+    "hlo_sharding_for",
+    "iota_device_ids",
+    "is_placements",
+    "placements_from_spec",
+    "resolve_spec",
+    "spec_from_placements",
+]
