@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spmd.atomic_file import atomic_write, file_to_write
+from spmd._util.atomic_file import atomic_write, file_to_write
 from spmd.inspector._dtensor_collectives import CollectiveCall
 from spmd.inspector._dtensor_record import CATEGORIES, StepRecord
 from spmd.inspector._dtensor_run import RankRun

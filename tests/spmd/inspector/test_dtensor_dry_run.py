@@ -45,7 +45,7 @@ def _collectives(step: dict) -> list[dict]:
     ],
 )
 def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args):
-    worker = ROOT / "tests" / "data" / "dryrun_real_worker.py"
+    worker = ROOT / "tests" / "workers" / "dryrun_real_worker.py"
     real = torchrun(worker, WORLD, str(tmp_path), str(STEPS), str(script), *args)
     assert real.returncode == 0, real.stderr[-3000:]
     ratios = []

@@ -2,7 +2,7 @@
 tensors) under the inspector's `Recorder`, the one the dry run uses, and writes the steps it
 recorded to ``OUT/rank<r>.json``.
 
-    torchrun --nproc_per_node 4 tests/data/dryrun_real_worker.py OUT STEPS SCRIPT [ARGS]
+    torchrun --nproc_per_node 4 tests/workers/dryrun_real_worker.py OUT STEPS SCRIPT [ARGS]
 """
 
 import json
