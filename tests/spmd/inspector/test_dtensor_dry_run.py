@@ -62,6 +62,10 @@ def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args):
                 if category not in LATE_FREED:
                     assert size == m["category_max"][category], f"{where}: {category}"
             assert p["peak_bytes"] <= m["peak_bytes"], where  # late frees only add
+            # The allocator (the profiler's events, every thread) holds at least what the dry run
+            # says; more where gloo's threads free late (measured: equal on 4 of 8 rank-steps of
+            # bare fully_shard, +3 % to +19 % on the others: one gather buffer of a small model).
+            assert m["allocator_peak_bytes"] >= p["peak_bytes"], where
             ratios.append(m["peak_bytes"] / p["peak_bytes"])
         assert predicted[-1]["category_max"]["optimizer_state"] > 0  # the steady step holds Adam's state
     assert statistics.median(ratios) < 1.01, ratios
