@@ -64,9 +64,10 @@ def dry_run(args: argparse.Namespace, script: Path) -> int:
         runs.append(run)
         if run.failure:
             break  # every rank runs the same program: the next would fail alike
-    report = DryRunReport(str(script), args.world, tuple(runs))
+    ignore = frozenset(args.ignore)
+    report = DryRunReport(str(script), args.world, tuple(runs), ignore)
     if args.ranks == "worst" and not report.partial:
-        report = DryRunReport(str(script), args.world, (report.worst(),))
+        report = DryRunReport(str(script), args.world, (report.worst(),), ignore)
     print(report.table(max_collectives=args.max_collectives))
     if args.json is not None:
         print(f"\nJSON report: {report.write_json(args.json)}")

@@ -72,11 +72,13 @@ def _step_dict(s: StepRecord) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class DryRunReport:
-    """The dry runs of one script: one `RankRun` per rank inspected."""
+    """The dry runs of one script: one `RankRun` per rank inspected; ``ignore``: warning codes
+    left out (`WarningCode` values)."""
 
     script: str
     world: int
     runs: tuple[RankRun, ...]
+    ignore: frozenset[str] = frozenset()
 
     @property
     def partial(self) -> str:
@@ -119,7 +121,7 @@ class DryRunReport:
                     "dry run has no values and gave a placeholder (0); what the script did with it is not real.",
                 }
             )
-        return out
+        return [w for w in out if w["code"] not in self.ignore]
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict (the torch_xla lane's keys)."""

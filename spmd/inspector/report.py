@@ -232,8 +232,7 @@ class Report:
 
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes as ints); the DTensor lane's dry run writes the same keys
-        (`spmd.inspector._dtensor_report`)."""
+        """A JSON-ready dict (bytes as ints); the DTensor lane's dry run writes the same keys."""
         return {
             "tool": "spmd.inspector",
             "lane": "torch_xla",
@@ -273,8 +272,8 @@ class Report:
                 {
                     "number": p.number,
                     "name": p.name,
-                    "shape": _shape_text(p.shape),
-                    "global_shape": _shape_text(p.global_shape),
+                    "shape": str(p.shape),
+                    "global_shape": None if p.global_shape is None else str(p.global_shape),
                     "sharding": p.sharding,
                     "bytes_per_device": p.nbytes,
                 }
@@ -397,7 +396,3 @@ class Report:
         for w in self.warnings:
             lines.append(f"warning {w}")
         return "\n".join(lines)
-
-
-def _shape_text(a: ArrayShape | None) -> str | None:
-    return None if a is None else str(a)
