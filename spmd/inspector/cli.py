@@ -1,5 +1,7 @@
 """``python -m spmd.inspector SCRIPT [ARGS]``: run a training script on virtual devices and
-report per-device memory and collectives of every graph it compiles."""
+report per-device memory and collectives of every graph it compiles; with ``--world N`` (or
+without torch_xla), a dry run of the script as ranks of an N-rank DTensor job
+(`spmd.inspector._dtensor_cli`)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Dry-run a training script: run it on virtual CPU devices (or the TPU it finds) and report, for "
             "every compiled graph, per-device peak memory from XLA's buffer assignment and every collective "
-            "of the partitioned HLO, with warnings."
+            "of the partitioned HLO, with warnings. With --world N (and where torch_xla is not installed): run it "
+            "as a rank of an N-rank DTensor job on the fake process group and report that rank's memory by "
+            "category and collectives per step."
         ),
     )
     parser.add_argument("script", type=input_file, help="the Python script to run")

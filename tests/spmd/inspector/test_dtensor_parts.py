@@ -34,3 +34,17 @@ def test_ignore_leaves_out_a_warning_code():
     (warning,) = DryRunReport("train.py", 4, (run,)).warnings()
     assert warning["code"] == "data-dependent-call" and warning["message"].startswith("train.py:3 read a tensor's")
     assert DryRunReport("train.py", 4, (run,), frozenset({"data-dependent-call"})).warnings() == []
+
+
+def test_worst_runs_the_first_middle_and_last_ranks():
+    import argparse
+
+    from spmd.inspector._dtensor_cli import chosen_ranks
+
+    def ranks(**flags):
+        return chosen_ranks(argparse.Namespace(**{"world": 1024, "rank": None, "ranks": None, **flags}))
+
+    assert ranks(ranks="worst") == [0, 512, 1023] and ranks() == [0] and ranks(rank=7) == [7]
+    assert ranks(ranks="all", world=3) == [0, 1, 2] and ranks(ranks="worst", world=1) == [0]
+    with pytest.raises(SystemExit):
+        ranks(rank=1024)
