@@ -67,7 +67,10 @@ def dry_run(args: argparse.Namespace, script: Path) -> int:
     ignore = frozenset(args.ignore)
     report = DryRunReport(str(script), args.world, tuple(runs), ignore)
     if args.ranks == "worst" and not report.partial:
-        report = DryRunReport(str(script), args.world, (report.worst(),), ignore)
+        worst = report.worst()
+        tried = ", ".join(str(r.rank) for r in runs)
+        print(f"--ranks worst: ran ranks {tried}; rank {worst.rank} has the highest peak, {worst.peak_bytes:,} bytes")
+        report = DryRunReport(str(script), args.world, (worst,), ignore)
     print(report.table(max_collectives=args.max_collectives))
     if args.json is not None:
         print(f"\nJSON report: {report.write_json(args.json)}")

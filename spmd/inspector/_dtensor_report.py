@@ -106,10 +106,9 @@ class DryRunReport:
                     "code": WarningCode.UNEVEN_SHARD.value,
                     "graph": "",
                     "message": f"{len(summary.padded)} parameter(s) split unevenly, e.g. {first.name} "
-                    f"{list(first.shape)} dim {first.dim} over {first.ranks} ranks: FSDP pads them, so each "
-                    f"gather moves {format_bytes(pad)} of padding in all ({format_bytes(pad // self.world)} "
-                    "per rank) and the gathered buffers exceed the weights by as much. Fewer ranks on the "
-                    "FSDP axis, or dims that divide by it, remove it.",
+                    f"{list(first.shape)} dim {first.dim} over {first.ranks} ranks: FSDP pads them, so their "
+                    f"gathered buffers hold {format_bytes(pad)} of padding, gathered (and sent) every time the "
+                    "weights are. Fewer ranks on the FSDP axis, or dims that divide by it, remove it.",
                 }
             )
         for line, calls in sorted(run.placeholders.items()):
