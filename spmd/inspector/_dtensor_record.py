@@ -90,6 +90,7 @@ class _Tracker(FSDPMemTracker):
     def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().__init__(root, optimizer)
         self.propagating = 0
+        self.units: list[str] = []  # the FSDP unit gathering or reducing now, innermost last
         self.collectives: list[CollectiveCall] = []
         self.start_step()
 
@@ -132,6 +133,7 @@ class _Tracker(FSDPMemTracker):
         result = super().__torch_dispatch__(func, types, args, kwargs)
         if result is not NotImplemented and is_collective(func):
             module, phase = self.where()
+            module = self.units[-1] if self.units else module
             call = collective_call(
                 func, args, kwargs or {}, result, position=len(self.collectives), phase=phase, module=module
             )
@@ -186,6 +188,7 @@ class Recorder:
         self._tracker: _Tracker | None = None
         self._root: torch.nn.Module | None = None
         self._step_done = False
+        self._names: dict[int, str] = {}
         self._undo: list[Any] = []
 
     # Hooks -------------------------------------------------------------------------------
@@ -197,6 +200,7 @@ class Recorder:
             return
         self._root, self.root = root, type(root).__name__.removeprefix("FSDP")
         self.parameters = summarize_parameters(root)
+        self._names = {id(m): name or self.root for name, m in root.named_modules()}
         self._tracker = _Tracker(root, optimizer)
         self._tracker.__enter__()
 
@@ -256,9 +260,29 @@ class Recorder:
 
         return reset
 
+    def _in_unit(self, original: Any) -> Any:
+        """An ``FSDPParamGroup`` method whose collectives are filed under the group's unit: the
+        all-gather of a unit prefetched for backward is issued while autograd runs another unit's
+        backward (where torch's ModTracker would file it), and in a real run it races the hook
+        that enters that unit."""
+
+        def call(group: Any, *args: Any, **kwargs: Any) -> Any:
+            tracker = self._tracker
+            if tracker is None:
+                return original(group, *args, **kwargs)
+            names = [self._names[id(m)] for m in group.modules if id(m) in self._names]
+            tracker.units.append(",".join(names))
+            try:
+                return original(group, *args, **kwargs)
+            finally:
+                tracker.units.pop()
+
+        return call
+
     # Context -----------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
         from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -274,7 +298,12 @@ class Recorder:
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagating(propagate)  # type: ignore[method-assign]
         FSDPParam.reset_sharded_param = self._repadding(repad)  # type: ignore[method-assign]
+        gather, reduce = FSDPParamGroup.unshard, FSDPParamGroup.post_backward
+        FSDPParamGroup.unshard = self._in_unit(gather)  # type: ignore[method-assign]
+        FSDPParamGroup.post_backward = self._in_unit(reduce)  # type: ignore[method-assign]
         self._undo = [
+            lambda: setattr(FSDPParamGroup, "unshard", gather),
+            lambda: setattr(FSDPParamGroup, "post_backward", reduce),
             lambda: setattr(torch.optim.Optimizer, "__init__", built),
             lambda: setattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate),
             lambda: setattr(FSDPParam, "reset_sharded_param", repad),
