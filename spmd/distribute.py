@@ -20,6 +20,7 @@ import torch
 
 from mesh import Mesh, MeshTypeError, as_mesh
 from spmd._backend import backend_for
+from spmd._backend.agreement import agree_on_sharding
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.parameters import shard_parameters
@@ -83,10 +84,19 @@ def distribute_tensor(
         raise SpmdTypeError(f"distribute_tensor takes a torch.Tensor, got {type(tensor).__name__}.")
     runtime = backend_for(tensor)
     spec = PartitionSpec() if placements is None else placements
+    agree_on_sharding(runtime, "distribute_tensor", tensor, device_mesh, spec)
+    if tensor.is_meta:  # torch would fail copying it ("Cannot copy out of meta tensor")
+        raise SpmdTypeError(f"distribute_tensor: the tensor of shape {tuple(tensor.shape)} is {_META}")
     sharding, hlo = resolve_sharding(tensor, device_mesh, spec, "distribute_tensor", runtime, check_tensor=False)
     placed = runtime.place(tensor, hlo)
     return runtime.shard(placed, sharding, hlo, replace=True)
 
+
+_META = (
+    "on the meta device: a shape but no data to lay out. Materialise it first "
+    "(module.to_empty(device=...) then its init), or initialise the model already sharded with "
+    "fsdp_xla.deferred (each parameter made on its shards)."
+)
 
 PartitionFn = Callable[[str, torch.nn.Module, Any], None]
 InputFn = Callable[[torch.nn.Module, Any, Any], Any]
@@ -117,6 +127,11 @@ def distribute_module(
     for what, fn in (("partition_fn", partition_fn), ("input_fn", input_fn), ("output_fn", output_fn)):
         if fn is not None and not callable(fn):  # checked before the module moves
             raise SpmdTypeError(f"distribute_module's {what} is a function or None, got {fn!r:.80}.")
+    meta = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    if meta:  # refused before anything moves: module.to would fail part way, inside torch
+        raise SpmdTypeError(
+            f"distribute_module: {len(meta)} tensors of {type(module).__name__} ({meta[:3]}) are {_META}"
+        )
     first = next(iter(module.parameters()), None)
     runtime = backend_for(first if first is not None else torch.empty(0))
     kept = _Snapshot(module, runtime)

@@ -30,6 +30,7 @@ __all__ = [
     "PlacementDimError",
     "PartialPlacementError",
     "UnmatchedParameterError",
+    "RankDisagreementError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -112,9 +113,27 @@ class IndivisibleBatchError(ProcessDataError):
     that is not a multiple of the devices sharing it)."""
 
 
-class LocalShapeMismatchError(ProcessDataError):
-    """The processes passed local data of different shapes (or different keys) for one global
-    tensor; the message names the processes and their shapes."""
+class RankDisagreementError(ValueError):
+    """The ranks of a multi-process job called one collective entry point with different
+    arguments (a spec, a mesh order, a dtype, a loader's seed or position: one host with a stale
+    config). Every rank raises it, with one message naming each field that differs, the value
+    each group of ranks passed and the fix; nothing was laid out or sent.
+
+    Attributes:
+        call: the entry point (``"mark_sharding"``, ``"make_global_tensor"``, ...).
+        fields: ``{field: {value as text: [ranks]}}`` for each field that differs.
+    """
+
+    def __init__(self, message: str, call: str = "", fields: dict[str, dict[str, list[int]]] | None = None) -> None:
+        super().__init__(message)
+        self.call = call
+        self.fields = fields or {}
+
+
+class LocalShapeMismatchError(ProcessDataError, RankDisagreementError):
+    """The processes passed data of different shapes (or different keys) for one global tensor,
+    and nothing else differs; the message names the ranks and their shapes. A
+    `RankDisagreementError` too."""
 
 
 class MissingSpecError(ProcessDataError):

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
+from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
 from spmd.errors import (
     PartitionSpecTypeError,
@@ -41,7 +42,10 @@ def _unwrap(t: object) -> torch.Tensor:
     if isinstance(t, XLAShardedTensor):
         return t.global_tensor
     if not isinstance(t, torch.Tensor):
-        raise SpmdTypeError(f"Expected a torch.Tensor, got {type(t).__name__}.")
+        raise SpmdTypeError(
+            f"Expected a torch.Tensor (or an XLAShardedTensor), got {type(t).__name__}; pass the tensor itself "
+            "(torch.as_tensor(x) for a list or numpy array)."
+        )
     return t
 
 
@@ -148,6 +152,8 @@ def mark_sharding(
         raise SpmdTypeError(f"mark_sharding's replace takes True or False, got {replace!r:.80}.")
     tensor = _unwrap(t)
     runtime = backend_for(tensor)
+    # Ranks agree first, on the arguments as given: then every later check fails alike on all.
+    agree_on_sharding(runtime, "mark_sharding", tensor, mesh, partition_spec, replace=replace)
     sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", runtime)
     return runtime.shard(tensor, sharding, hlo, replace=replace)
 
@@ -221,7 +227,10 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
     a_leaves, a_tree = tree_flatten(a)
     b_leaves, b_tree = tree_flatten(b)
     if a_tree != b_tree:
-        raise SpmdTypeError(f"shard_as needs two pytrees of one structure, got {a_tree} and {b_tree}.")
+        raise SpmdTypeError(
+            f"shard_as needs two pytrees of one structure, got {str(a_tree):.200} and {str(b_tree):.200}; pair the "
+            "tensors alike in both (the same nesting of lists, tuples and dicts)."
+        )
     out_a, out_b = [], []
     for i, (x, y) in enumerate(zip(a_leaves, b_leaves)):
         if x is None or y is None:

@@ -15,6 +15,7 @@ import torch
 
 from mesh import Mesh
 from spmd._backend import backend_for
+from spmd._backend.agreement import SAME_SHARDING, agree, mesh_text, spec_text
 from spmd.errors import ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.sharding._partition_spec import PartitionSpec
@@ -48,29 +49,15 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
     """
     if not isinstance(module, torch.nn.Module):
         raise SpmdTypeError(f"shard_parameters takes an nn.Module, got {type(module).__name__}.")
-    if isinstance(specs, Mapping):
-        names = {name for name, _ in module.named_parameters()}
-        unknown = sorted(set(specs) - names)
-        if unknown:
-            raise ShardingError(
-                f"shard_parameters: {type(module).__name__} has no parameters {unknown}; its parameters are "
-                f"{sorted(names)}. Use qualified names as named_parameters() gives them."
-            )
-        spec_of: Callable[[str, torch.nn.Parameter], SpecLike | None] = lambda name, _: specs.get(name)  # noqa: E731
-    elif callable(specs):
-        spec_of = specs
-    else:
-        raise SpmdTypeError(
-            f"shard_parameters: specs must be a mapping {{name: spec}} or a function (name, parameter) -> spec, "
-            f"got {type(specs).__name__}."
-        )
+    spec_of = _spec_function(module, specs)
     params = list(module.named_parameters())
     if not params:
         return module
     runtime = backend_for(params[0][1])
+    specs_given = [(name, p, spec_of(name, p)) for name, p in params]  # each parameter once, under its first name
+    _agree(runtime, module, mesh, specs_given)
     resolved = []  # every spec checked (against its parameter, the mesh and the devices) before any is applied
-    for name, p in params:  # each parameter once, under its first name
-        spec = spec_of(name, p)
+    for _, p, spec in specs_given:
         sharding, hlo = resolve_sharding(
             p, mesh, PartitionSpec() if spec is None else spec, "shard_parameters", runtime
         )
@@ -84,3 +71,39 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
             if b is not None:
                 sub._buffers[attr] = runtime.buffer(b, sharding.mesh)
     return module
+
+
+def _spec_function(module: torch.nn.Module, specs: SpecFor) -> Callable[[str, torch.nn.Parameter], SpecLike | None]:
+    """``specs`` as a function of (name, parameter), a mapping's names checked against the module."""
+    if isinstance(specs, Mapping):
+        names = {name for name, _ in module.named_parameters()}
+        unknown = sorted(set(specs) - names)
+        if unknown:
+            raise ShardingError(
+                f"shard_parameters: {type(module).__name__} has no parameters {unknown}; its parameters are "
+                f"{sorted(names)}. Use qualified names as named_parameters() gives them."
+            )
+        return lambda name, _: specs.get(name)
+    elif callable(specs):
+        return specs
+    else:
+        raise SpmdTypeError(
+            f"shard_parameters: specs must be a mapping {{name: spec}} or a function (name, parameter) -> spec, "
+            f"got {type(specs).__name__}."
+        )
+
+
+def _agree(runtime: object, module: torch.nn.Module, mesh: object, specs: list) -> None:
+    """One exchange for the whole module (not one per parameter): every rank lays out the same
+    parameters and buffers, of the same shapes and dtypes, as the same specs, on one mesh."""
+    if getattr(runtime, "name", None) != "dtensor":
+        return
+    fields = {
+        "mesh": mesh_text(mesh),
+        "parameters": ", ".join(f"{n} {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}" for n, p, _ in specs),
+        "specs": ", ".join(f"{n}: {'unsharded' if s is None else spec_text(s)}" for n, _, s in specs),
+        "buffers": ", ".join(
+            f"{n} {tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" for n, b in module.named_buffers()
+        ),
+    }
+    agree(runtime, "shard_parameters", fields, SAME_SHARDING)

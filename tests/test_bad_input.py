@@ -80,3 +80,12 @@ def test_inspector_refuses_a_directory_as_json_before_running_the_script(tmp_pat
     run = inspector("--json", tmp_path, script, cwd=tmp_path)  # the whole script ran, then the report was lost
     assert run.returncode == 2 and "is a directory; give a file path" in run.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_messages_of_the_tensor_verbs_name_the_fix():
+    from spmd.compat import shard_as
+
+    with pytest.raises(SpmdTypeError, match=r"got list; pass the tensor itself \(torch.as_tensor"):
+        mark_sharding([1.0, 2.0], MESH, P("data"))
+    with pytest.raises(SpmdTypeError, match=r"(?s)one structure, got .*; pair the tensors alike in both"):
+        shard_as([torch.zeros(2)], (torch.zeros(2), torch.zeros(2)))

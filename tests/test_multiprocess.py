@@ -48,8 +48,8 @@ def test_each_rank_s_rows_make_the_global_tensor(reference):
 
 def test_per_process_input_errors_name_the_process_and_shapes(reference):
     errors = reference["errors"]
-    assert errors["shapes"].startswith("LocalShapeMismatchError: make_global_tensor: the processes passed local data")
-    assert "process 0 has shape (2, 5) and process 2 has shape (3, 5)" in errors["shapes"]
+    assert errors["shapes"].startswith("LocalShapeMismatchError: make_global_tensor: the ranks passed different argu")
+    assert "local shape: rank 2 (3, 5), ranks 0-1, 3 (2, 5)" in errors["shapes"]
     assert errors["indivisible"].startswith("IndivisibleBatchError: process_rows(spec P('data'), 10 rows along dim 0")
     assert (
         "process 0 of 4: 10 entries along dim 0 (the batch, for dim 0) do not split into 4 equal"

@@ -40,11 +40,16 @@ def _rank() -> int:
 def dtensor_block(t: torch.Tensor) -> tuple[int, tuple[tuple[int, int], ...], torch.Tensor] | None:
     """(rank, block bounds, host data) of this rank's block of DTensor ``t``, or ``None`` when
     another rank writes the same block (a replica)."""
+    import torch.distributed as dist
+
     from spmd._backend import backend_for
 
     rank = _rank()
     hlo = backend_for(t).sharding_of(t)
-    (bounds,) = hlo.shard_bounds(tuple(t.shape), [rank])
+    # Every device asked, not this rank alone: a replicated sharding numbers the copies by their
+    # place in the list asked for, so asked alone every rank was copy 0 and wrote the block
+    # (an index of overlapping blocks, which the load refuses as damaged).
+    bounds = hlo.shard_bounds(tuple(t.shape), list(range(dist.get_world_size())))[rank]
     if bounds.replica_id != 0:
         return None
     index = tuple((s.start, s.stop) for s in bounds.index)

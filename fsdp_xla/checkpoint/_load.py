@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._agreement import agree_on_load
 from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
@@ -36,7 +37,10 @@ def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict
     where = f"{name!r}: the block in {reader.version / block['file']}"
     expected = tuple(b - a for a, b in block["index"])
     if tuple(data.shape) != expected:
-        raise CheckpointError(f"{where} has shape {tuple(data.shape)}, the index says {expected}.")
+        raise CheckpointError(
+            f"{where} has shape {tuple(data.shape)}, the index says {expected}: the checkpoint is damaged or was "
+            "edited. Restore it from a copy, or load an older version."
+        )
     if data.dtype != DTYPES[entry["dtype"]]:
         raise CheckpointError(
             f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry['dtype']}: "
@@ -65,7 +69,10 @@ def _assemble(reader: Reader, name: str, entry: dict[str, Any]) -> torch.Tensor:
         full[tuple(slice(a, b) for a, b in block["index"])] = data
         covered += data.numel()
     if covered != full.numel():
-        raise CheckpointError(f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}.")
+        raise CheckpointError(
+            f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}: the checkpoint is "
+            "damaged or was edited. Restore it from a copy, or load an older version."
+        )
     return full
 
 
@@ -158,6 +165,8 @@ def load_sharded(
         if refusal is not None:
             raise refusal
         meta, reader, todo, plan = prepared
+        if ranks:  # one version into one model on every rank, or none loads
+            agree_on_load(root, reader.version, strict, model, optimizer)
         index = meta["tensors"]
         if plan is not None:  # first: torch's own checks of the state run before the model changes
             load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)

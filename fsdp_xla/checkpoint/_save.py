@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fsdp_xla.checkpoint._agreement import agree_on_save
 from fsdp_xla.checkpoint._arguments import check_arguments, check_extra, check_keep
 from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor
 from fsdp_xla.checkpoint._files import (
@@ -119,8 +120,10 @@ def save_sharded(
         The version directory written.
     """
     root = check_arguments("save_sharded", path, model, optimizer)
-    keep, extra = check_keep(keep), check_extra(extra)
     tensors, aliases, optim_json = _named_tensors(model, optimizer)
+    if distributed(tensors):  # first: then every rank refuses a bad keep or extra alike
+        agree_on_save(root, tensors, aliases, optim_json, extra, keep)
+    keep, extra = check_keep(keep), check_extra(extra)
     _make_root(root)
     if distributed(tensors):
         return _save_distributed(root, tensors, aliases, optim_json, extra, keep)

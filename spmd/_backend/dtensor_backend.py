@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from spmd._backend import dtensor_processes
+from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.dtensor_meshes import device_mesh
 from spmd._util import torch_compat
 from spmd.errors import ShardingConflictError, ShardingError
@@ -192,8 +193,8 @@ class DTensorBackend:
     def shard(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding, *, replace: bool) -> torch.Tensor:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        if not isinstance(t, DTensor):
-            self._check_same_global_shape(t, sharding)
+        # The ranks agreed on the arguments before this (`spmd._backend.agreement`, at the entry
+        # points): DTensor sends rank 0's data and each rank cuts blocks by its own shape and spec.
         placements = placements_for(sharding.mesh, sharding.spec, tuple(t.shape))
         if isinstance(t, DTensor):
             existing = self.sharding_of(t)
@@ -209,32 +210,11 @@ class DTensorBackend:
         mesh = device_mesh(sharding.mesh, device_type_of(t))
         return distribute_tensor(t.detach() if not t.requires_grad else t, mesh, placements)
 
-    def _check_same_global_shape(self, t: torch.Tensor, sharding: NamedSharding) -> None:
-        """Every process passes the global tensor: one shape on all (one small collective).
-        DTensor sends rank 0's data and each rank cuts blocks by its own shape, so a rank with
-        another shape (a last, short batch) got blocks of a tensor that is not the one it holds.
-
-        Raises:
-            LocalShapeMismatchError: naming process 0's shape and the first that differs.
-        """
-        if self.process_count() == 1:
-            return
-        every = self.all_process_values((t.dim(), *t.shape))
-        for process, values in enumerate(every):
-            if values != every[0]:
-                from spmd.errors import LocalShapeMismatchError
-
-                raise LocalShapeMismatchError(
-                    f"mark_sharding(spec {sharding.spec!r}, {sharding.mesh.describe()}): every process passes the same "
-                    f"global tensor, but process 0 has shape {every[0][1:]} and process {process} has {values[1:]} "
-                    f"(this is process {self.process_index()}). Pass one global shape on every process, or per-process "
-                    "parts through spmd.make_global_tensor."
-                )
-
     def constrain(self, t: torch.Tensor, sharding: NamedSharding, hlo: HloSharding) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        if not isinstance(t, DTensor):
+        if not isinstance(t, DTensor):  # distributed from every rank's copy: the ranks agree first
+            agree_on_sharding(self, "with_sharding_constraint", t, sharding.mesh, sharding.spec)
             return self.shard(t, sharding, hlo, replace=True)
         # Always a redistribute, even to the layout ``t`` has: its backward lays the gradient out
         # as ``t`` was, which is what keeps DTensor's propagation on a layout it can follow (a
@@ -326,8 +306,8 @@ class DTensorBackend:
     def device_processes(self) -> tuple[int, ...]:
         return dtensor_processes.device_processes()
 
-    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return dtensor_processes.all_process_values(values)
+    def all_process_values(self, values: tuple[int, ...], *, same_length: bool = False) -> list[tuple[int, ...]]:
+        return dtensor_processes.all_process_values(values, same_length=same_length)
 
     def from_local_blocks(
         self, blocks: dict[int, torch.Tensor], sharding: NamedSharding, hlo: HloSharding, global_shape: tuple[int, ...]

@@ -34,11 +34,31 @@ def device_processes() -> tuple[int, ...]:
     return tuple(range(process_count()))
 
 
-def all_process_values(values: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every rank's ``values``, in rank order (a collective)."""
-    out: list[Any] = [None] * process_count()
-    _dist().all_gather_object(out, tuple(int(v) for v in values))
-    return [tuple(v) for v in out]
+def all_process_values(values: tuple[int, ...], *, same_length: bool = False) -> list[tuple[int, ...]]:
+    """Every rank's ``values``, in rank order (a collective). ``same_length``: one all_gather
+    of an int64 tensor (every rank passes as many values); else pickled objects, of any length
+    (two collectives: the sizes, then the bytes)."""
+    if not same_length:
+        out: list[Any] = [None] * process_count()
+        _dist().all_gather_object(out, tuple(int(v) for v in values))
+        return [tuple(v) for v in out]
+    dist = _dist()
+    mine = torch.tensor(values, dtype=torch.int64, device=_collective_device())
+    every = [torch.empty_like(mine) for _ in range(process_count())]
+    dist.all_gather(every, mine)
+    return [tuple(int(v) for v in t.tolist()) for t in every]
+
+
+def _collective_device() -> torch.device:
+    """Where a small tensor for a collective of the default group lives: the host with gloo
+    (also when it is one of several backends, ``cpu:gloo,cuda:nccl``), else this process's
+    accelerator (NCCL and TorchTPU's backend take only device tensors)."""
+    if "gloo" in str(_dist().get_backend()):
+        return torch.device("cpu")
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None:
+        return torch.device("cpu")
+    return torch.device(accelerator.type, torch.accelerator.current_device_index())
 
 
 def from_local_block(

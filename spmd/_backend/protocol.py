@@ -117,9 +117,11 @@ class ShardingBackend(Protocol):
         """The process that holds each device id (position = device id)."""
         ...
 
-    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+    def all_process_values(self, values: tuple[int, ...], *, same_length: bool = False) -> list[tuple[int, ...]]:
         """Every process's ``values`` (a few ints), in process order. A collective: every
-        process calls it, in the same order."""
+        process calls it, in the same order. ``same_length``: the caller guarantees every
+        process passes as many values, so one fixed-size exchange does (no exchange of lengths
+        first; a length that differed would abort gloo)."""
         ...
 
     def from_local_blocks(

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 import torch
 
 from mesh import Mesh
-from spmd.errors import DataPositionError, ProcessDataError
-from spmd.multiprocess._process_data import make_global_batch, make_global_tensor, process_rows
+from spmd._backend import backend_for
+from spmd._backend.agreement import agree
+from spmd.errors import DataPositionError, ProcessDataError, SpmdTypeError
+from spmd.multiprocess._process_data import global_batch, global_tensor, process_rows
 from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
 
 __all__ = ["DataPosition", "ProcessSampler", "ProcessDataLoader"]
@@ -75,15 +78,28 @@ class DataPosition:
             wanted = bool if kind in ("bool", bool) else int
             if not isinstance(value[name], wanted) or (wanted is int and isinstance(value[name], bool)):
                 raise DataPositionError(
-                    f"Saved data position field {name!r} is {value[name]!r}, not an {wanted.__name__}."
+                    f"Saved data position field {name!r} is {value[name]!r:.60}, not an {wanted.__name__}: the saved "
+                    "state was edited or is not ProcessSampler.state_dict()'s. Save it again from the sampler."
                 )
         return cls(**{n: value[n] for n in names})
 
 
 def _count(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ProcessDataError(f"{what} must be an int >= {minimum}, got {value!r}.")
-    return value
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ProcessDataError(f"{what} must be an int >= {minimum}, got {value!r:.60} ({type(value).__name__}).")
+    return int(value)
+
+
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):  # a string such as 'no' or 'False' is truthy: it would turn it on
+        raise SpmdTypeError(f"{what} takes True or False, got {value!r:.60} ({type(value).__name__}).")
+    return bool(value)
+
+
+SAME_ORDER = (
+    "Build the loader alike on every rank: the same dataset (length), global batch, seed, shuffle and drop_last, "
+    "and load the same saved position into each; else the ranks load batches of different epochs or orders."
+)
 
 
 class ProcessSampler:
@@ -116,13 +132,19 @@ class ProcessSampler:
     ) -> None:
         self.dataset_size = _count(dataset_size, "dataset_size", 1)
         self.global_batch = _count(global_batch, "global_batch", 1)
-        if self.global_batch > self.dataset_size and drop_last:
+        self.seed = _count(seed, "seed", 0)
+        self.shuffle, self.drop_last = _flag(shuffle, "shuffle"), _flag(drop_last, "drop_last")
+        if self.global_batch > self.dataset_size and self.drop_last:
             raise ProcessDataError(
                 f"global_batch {global_batch} is larger than the dataset ({dataset_size} rows): with drop_last=True no "
                 "batch would be loaded. Use a smaller batch or drop_last=False."
             )
-        self.seed = _count(seed, "seed", 0)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        if rows is not None and not callable(rows):
+            raise SpmdTypeError(
+                f"rows is a function of the batch size giving this process's positions (e.g. lambda n: "
+                f"spmd.process_rows(mesh, P('data'), n)), or None for one process; got {rows!r:.60}."
+            )
+        self._per_process = rows is not None
         self._rows = rows or (lambda n: range(n))
         self._positions = {n: list(self._rows(n)) for n in self._batch_sizes()}
         self._epoch, self._batch = 0, 0
@@ -150,7 +172,15 @@ class ProcessSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         """The rest of the current epoch, batch by batch; the position moves as each is handed
-        out, and to the next epoch after the last."""
+        out, and to the next epoch after the last.
+
+        Raises:
+            RankDisagreementError: on every process, when this sampler feeds one process of several
+                (``rows`` given) and the processes' samplers differ in what the order depends on
+                or where they are (one small collective per epoch, at its start).
+        """
+        if self._per_process:
+            agree(backend_for(None), "ProcessSampler epoch", self.position.to_dict(), SAME_ORDER)
         while self._batch < len(self):
             indices = self.indices(self._epoch, self._batch)
             self._batch += 1
@@ -183,7 +213,10 @@ class ProcessSampler:
                     "it would load other batches than the saved run. Build the sampler as the saved run did."
                 )
         if not 0 <= saved.batch <= len(self):
-            raise DataPositionError(f"The saved data position's batch {saved.batch} is outside 0..{len(self)}.")
+            raise DataPositionError(
+                f"The saved data position's batch {saved.batch} is outside 0..{len(self)} (the batches of an epoch "
+                "of this sampler): it was edited or saved by another loader. Load the position the sampler saved."
+            )
         self._epoch, self._batch = saved.epoch, saved.batch
 
 
@@ -232,7 +265,9 @@ class ProcessDataLoader:
         check_shapes: bool = True,
     ) -> None:
         batch_dim = _batch_spec(specs)
-        self.check_shapes = check_shapes
+        self.check_shapes = _flag(check_shapes, "check_shapes")
+        if collate_fn is not None and not callable(collate_fn):
+            raise SpmdTypeError(f"collate_fn is a function of a list of rows, or None; got {collate_fn!r:.60}.")
         self.dataset, self.mesh, self.specs = dataset, mesh, specs
         self.sampler = ProcessSampler(
             len(dataset),
@@ -249,16 +284,19 @@ class ProcessDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         for indices in self.sampler:
+            # The ranks agree on the position of every batch in the exchange that checks its shapes.
+            at = self.sampler.position.to_dict()
+            at["batch"] -= 1  # the batch just handed out
             local = self.collate_fn([self.dataset[i] for i in indices])
             if isinstance(local, Mapping):
-                yield make_global_batch(local, self.mesh, self.specs, check=self.check_shapes)
+                yield global_batch(local, self.mesh, self.specs, self.check_shapes, at)
             elif isinstance(self.specs, Mapping):
                 raise ProcessDataError(
                     f"specs is a dict ({sorted(self.specs)}) but the collated batch is a {type(local).__name__}; "
                     "give one spec for a tensor batch, or rows that collate to a dict."
                 )
             else:
-                yield make_global_tensor(local, self.mesh, self.specs, check=self.check_shapes)
+                yield global_tensor(local, self.mesh, self.specs, None, self.check_shapes, at)
 
     def state_dict(self) -> dict[str, Any]:
         """The position (see `ProcessSampler.state_dict`)."""

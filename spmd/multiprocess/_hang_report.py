@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from spmd._util import torch_compat
-from spmd.errors import CollectiveTimeoutError
+from spmd.errors import CollectiveTimeoutError, SpmdTypeError
 from spmd.multiprocess._process_group import Heartbeat, heartbeat
 
 __all__ = ["watch_collectives", "is_collective_failure", "describe_collective", "silent_ranks"]
@@ -115,6 +115,11 @@ def watch_collectives(label: str) -> Iterator[None]:
     Raises:
         CollectiveTimeoutError: the process group timed out a collective in the block.
     """
+    if not isinstance(label, str):  # watch_collectives(60) reads as a timeout, which it is not
+        raise SpmdTypeError(
+            f"watch_collectives takes a label (a str naming the work, e.g. 'step 12'), got {label!r:.60}; the "
+            "timeout is spmd.init_process_group's timeout=."
+        )
     beat = heartbeat()
     if beat is not None:
         beat.label = label

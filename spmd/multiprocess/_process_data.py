@@ -16,12 +16,14 @@ a spec per key, with one exchange of shapes for the whole dict.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 
 import numpy as np
 import torch
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend_for
+from spmd._backend.agreement import agree, mesh_text, spec_text
 from spmd.errors import LocalShapeMismatchError, MissingSpecError, SpmdTypeError
 from spmd.multiprocess._process_layout import ProcessLayout
 from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
@@ -64,52 +66,70 @@ def _layout(runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.T
     return ProcessLayout(hlo, local.dim(), runtime.device_processes(), runtime.process_index(), where)
 
 
-def _check_same_shapes(runtime: ShardingBackend, shapes: Mapping[str, tuple[int, ...]], what: str) -> None:
-    """Every process passed the same keys and shapes (one small collective).
+SAME_DATA = (
+    "Every rank passes its own rows of one global tensor: the same mesh, spec, dtype and row count on each "
+    "(one rank runs a stale config, or its loader is at another position or on a last short batch?)."
+)
+
+
+def _agree(
+    runtime: ShardingBackend,
+    what: str,
+    mesh: Mesh | None,
+    specs: Mapping[str, SpecLike] | SpecLike,
+    tensors: Mapping[str, torch.Tensor],
+    more: Mapping[str, object],
+) -> None:
+    """Every process makes the same global tensors (one small collective, which also checks the
+    shapes): keys, local shapes and dtypes, spec, mesh, and ``more`` (a loader's position).
 
     Raises:
-        LocalShapeMismatchError: naming the first process that differs from process 0.
+        LocalShapeMismatchError: only the local shapes differ.
+        RankDisagreementError: anything else differs; the message names it and the ranks.
     """
-    if runtime.process_count() == 1:
-        return
-    names = sorted(shapes)
-    mine = [len(names), *(hash_key(n) for n in names)]
-    for n in names:
-        mine += [len(shapes[n]), *shapes[n]]
-    every = runtime.all_process_values(tuple(mine))
-    for process, values in enumerate(every):
-        if values != every[0]:
-            raise LocalShapeMismatchError(
-                f"{what}: the processes passed local data of different shapes: process 0 has "
-                f"{_describe(every[0], names)} and process {process} has {_describe(values, names)} (this is process "
-                f"{runtime.process_index()}). Every process must pass the same shape (its own rows, as many as the "
-                "others)."
-            )
+    label = (lambda k: "") if list(tensors) == [""] else (lambda k: f"{k}: ")
+    keys = {} if list(tensors) == [""] else {"keys": str(sorted(tensors))}
+    fields = {
+        **keys,
+        "mesh": mesh_text(mesh),
+        "spec": _specs_text(specs),
+        "local shape": ", ".join(f"{label(k)}{tuple(t.shape)}" for k, t in tensors.items()),
+        "dtype": ", ".join(f"{label(k)}{str(t.dtype).removeprefix('torch.')}" for k, t in tensors.items()),
+        **{k: str(v) for k, v in more.items()},
+    }
+    agree(runtime, what, fields, SAME_DATA, {"local shape": LocalShapeMismatchError})
 
 
-def hash_key(name: str) -> int:
-    """A stable 31-bit number for a key (``hash`` of a str differs between processes)."""
-    import zlib
+def _whole(value: object, name: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise SpmdTypeError(f"{name} must be a whole number >= 0 ({what}), got {value!r:.60} ({type(value).__name__}).")
+    return int(value)
 
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+def _global_shape(given: object, what: str) -> tuple[int, ...]:
+    """``global_shape`` as whole numbers (``int(2.5)`` would have read 2 silently)."""
+    if isinstance(given, (str, bytes)) or not isinstance(given, (Sequence, np.ndarray)):
+        raise SpmdTypeError(f"{what}'s global_shape is a sequence of dim sizes, e.g. (64, 128), got {given!r:.60}.")
+    return tuple(_whole(n, f"{what}'s global_shape entry", "a dim size") for n in given)
 
 
-def _describe(values: tuple[int, ...], names: list[str]) -> str:
-    """Shapes in an exchanged tuple, by key where the keys match ours."""
-    count, rest = values[0], list(values[1:])
-    keys, rest = rest[:count], rest[count:]
-    shapes = []
-    while rest:
-        rank, rest = rest[0], rest[1:]
-        shapes.append(tuple(rest[:rank]))
-        rest = rest[rank:]
-    if keys == [hash_key(n) for n in names]:
-        labels = names
-    else:
-        labels = [f"key #{i} of another key set" for i in range(count)]
-    if labels == [""]:
-        return f"shape {shapes[0]}"
-    return ", ".join(f"{k!r}: {s}" for k, s in zip(labels, shapes))
+def _checked_flag(check: object, what: str) -> bool:
+    if not isinstance(check, bool):  # a string such as 'no' is truthy: it would turn the check on
+        raise SpmdTypeError(f"{what}'s check takes True or False, got {check!r:.60}.")
+    return check
+
+
+def _shape_text(shape: object) -> str:
+    try:
+        return repr(tuple(int(n) for n in shape))  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # refused by the layout's own check, once the ranks agree on it
+        return repr(shape)
+
+
+def _specs_text(specs: Mapping[str, SpecLike] | SpecLike) -> str:
+    if isinstance(specs, Mapping):
+        return "{" + ", ".join(f"{k!r}: {spec_text(v)}" for k, v in sorted(specs.items(), key=str)) + "}"
+    return spec_text(specs)
 
 
 def make_global_tensor(
@@ -143,16 +163,31 @@ def make_global_tensor(
 
     Raises:
         LocalShapeMismatchError: the processes passed different shapes.
+        RankDisagreementError: the processes passed another mesh, spec, dtype or global shape.
         IndivisibleBatchError: a split dim does not divide evenly over its devices.
         ProcessDataError: ``global_shape`` does not fit, or the processes' devices do not hold
             equal parts of a split dim.
         ShardingError: the spec does not fit the mesh or the tensor.
     """
+    return global_tensor(local, mesh, spec, global_shape, check, {})
+
+
+def global_tensor(
+    local: torch.Tensor | np.ndarray,
+    mesh: Mesh | None,
+    spec: SpecLike,
+    global_shape: Sequence[int] | None,
+    check: bool,
+    more: Mapping[str, object],
+) -> torch.Tensor:
+    """`make_global_tensor`, the ranks also agreeing on ``more`` (a loader's seed and position)
+    in the same exchange."""
     what = "make_global_tensor"
     tensor = _as_tensor(local, what)
+    if _checked_flag(check, what):  # first, on the arguments as given: every later check then fails alike on all
+        shape = {} if global_shape is None else {"global shape": _shape_text(global_shape)}
+        _agree(backend_for(None), what, mesh, spec, {"": tensor}, {**shape, **more})
     runtime, mesh = _runtime(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
-    if check:
-        _check_same_shapes(runtime, {"": tuple(tensor.shape)}, what)
     return _make(runtime, mesh, spec, tensor, global_shape, what)
 
 
@@ -160,7 +195,7 @@ def _make(
     runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, given: Sequence[int] | None, what: str
 ) -> torch.Tensor:
     layout = _layout(runtime, mesh, spec, local, what)
-    shape = layout.global_shape(tuple(local.shape), None if given is None else tuple(int(n) for n in given))
+    shape = layout.global_shape(tuple(local.shape), None if given is None else _global_shape(given, what))
     blocks = {d: local[slices] for d, (slices, _) in layout.blocks(shape, tuple(local.shape)).items()}
     spec = PartitionSpec.from_value(spec)
     hlo = hlo_sharding_for(mesh, spec, local.dim(), shape)
@@ -180,12 +215,27 @@ def make_global_batch(
 
     Raises:
         MissingSpecError: a key of the batch has no spec; the message lists the keys that do.
-        LocalShapeMismatchError: the processes passed different keys or shapes.
+        LocalShapeMismatchError: the processes passed different shapes.
+        RankDisagreementError: the processes passed other keys, mesh, specs or dtypes.
         SpmdTypeError: ``batch`` is not a dict of tensors.
     """
+    return global_batch(batch, mesh, specs, check, {})
+
+
+def global_batch(
+    batch: Mapping[str, torch.Tensor | np.ndarray],
+    mesh: Mesh | None,
+    specs: Mapping[str, SpecLike] | SpecLike,
+    check: bool,
+    more: Mapping[str, object],
+) -> dict[str, torch.Tensor]:
+    """`make_global_batch`, the ranks also agreeing on ``more`` in the same exchange."""
     what = "make_global_batch"
     if not isinstance(batch, Mapping):
         raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
+    tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
+    if _checked_flag(check, what):  # first: ranks with other keys fail together, not one with MissingSpecError
+        _agree(backend_for(None), what, mesh, specs, tensors, more)
     per_key = isinstance(specs, Mapping)
     if per_key:
         missing = sorted(k for k in batch if k not in specs)
@@ -194,11 +244,8 @@ def make_global_batch(
                 f"{what}: the batch's keys {missing} have no spec; specs are given for {sorted(specs)}. Add a spec for "
                 f"each key (e.g. {{{missing[0]!r}: P('data')}}), or pass one spec for all keys."
             )
-    tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
     shapes = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in tensors.items())
     runtime, mesh = _runtime(mesh, f"{what}({{{shapes}}})")
-    if check:
-        _check_same_shapes(runtime, {k: tuple(v.shape) for k, v in tensors.items()}, what)
     return {
         k: _make(runtime, mesh, specs[k] if per_key else specs, v, None, f"{what}: key {k!r}")
         for k, v in tensors.items()
@@ -211,7 +258,11 @@ def process_rows(mesh: Mesh | None, spec: SpecLike, global_size: int, dim: int =
 
     Raises:
         IndivisibleBatchError: ``global_size`` does not split evenly over the devices of ``dim``.
+        SpmdTypeError: ``global_size`` or ``dim`` is not a whole number >= 0 (a negative ``dim``
+            cannot be counted from the end here: the tensor's rank is not known).
     """
+    global_size = _whole(global_size, "process_rows' global_size", "the rows of the global batch, e.g. 64")
+    dim = _whole(dim, "process_rows' dim", "a dim counted from 0 (the tensor's rank is not known here, so not -1)")
     runtime, mesh = _runtime(mesh, f"process_rows(spec {spec!r}, {global_size} rows)")
     spec = PartitionSpec.from_value(spec)
     entries = list(spec) + [None] * (dim + 1 - len(spec))

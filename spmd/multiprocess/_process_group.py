@@ -24,6 +24,7 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from numbers import Real
 from typing import Any
 
 from spmd.errors import SpmdTypeError
@@ -44,14 +45,22 @@ class Timeouts:
     beat: timedelta
 
 
+MAX_TIMEOUT = 30 * 24 * 3600.0  # seconds: longer is no timeout at all; much longer overflows timedelta
+
+
 def timeouts_for(total: float) -> Timeouts:
     """Split ``total`` seconds: a fifth (1 to 5 s) for the diagnosis, the rest for the collective.
 
     Raises:
-        SpmdTypeError: ``total`` is not a number of seconds > 1.
+        SpmdTypeError: ``total`` is not a finite number of seconds from 1 to `MAX_TIMEOUT`
+            (nan, inf or a huge number raised from inside ``timedelta``).
     """
-    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 1:
-        raise SpmdTypeError(f"timeout must be a number of seconds > 1, got {total!r}.")
+    if isinstance(total, bool) or not isinstance(total, Real) or not 1 < total <= MAX_TIMEOUT:
+        raise SpmdTypeError(
+            f"timeout must be a number of seconds above 1 and at most {MAX_TIMEOUT:.0f} (30 days), got {total!r:.60}. "
+            "Give the longest a healthy collective may take, e.g. timeout=600; a hung one ends after it."
+        )
+    total = float(total)
     probe = min(5.0, max(1.0, total / 5))
     return Timeouts(timedelta(seconds=total - probe), timedelta(seconds=probe), timedelta(seconds=probe / 3))
 
@@ -199,12 +208,17 @@ def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **
 
     Args:
         backend: ``"gloo"``, ``"nccl"``...; ``None``: NCCL with CUDA, else gloo.
-        timeout: seconds (> 1) a collective may wait, diagnosis included.
+        timeout: seconds (above 1, at most 30 days) a collective may wait, diagnosis included.
         kwargs: passed on to ``torch.distributed.init_process_group``.
     """
     import torch
     import torch.distributed as dist
 
+    if backend is not None and not isinstance(backend, str):
+        raise SpmdTypeError(
+            f"init_process_group's backend is a name ('gloo' on CPU, 'nccl' on GPUs) or None to pick one, got "
+            f"{backend!r:.60}. The timeout is the keyword timeout= (seconds)."
+        )
     timeouts = timeouts_for(timeout)
     # The flight recorder names the collective that hung; torch reads this when a group is made.
     os.environ.setdefault(_FLIGHT_RECORDER_ENV, _FLIGHT_RECORDER_ENTRIES)

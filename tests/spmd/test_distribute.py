@@ -135,3 +135,13 @@ def test_a_partition_fn_failing_on_a_later_submodule_leaves_the_module_as_it_was
     assert not model._forward_pre_hooks  # no hook either
     spmd.distribute_module(model, MESH, lambda name, m, mesh: None)  # a retry works
     assert model[0].weight.device.type == "xla" and get_sharding(model[0].weight).is_replicated
+
+
+def test_a_meta_tensor_is_refused_naming_the_fix_not_raised_from_inside_torch():
+    with pytest.raises(SpmdTypeError, match=r"distribute_tensor: the tensor of shape \(4, 4\) is on the meta device.*"):
+        spmd.distribute_tensor(torch.empty(4, 4, device="meta"), MESH, P("data"))
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(SpmdTypeError, match=r"4 tensors of Sequential \(\['0.weight', '0.bias', '1.weight'\]\) are on"):
+        spmd.distribute_module(model, MESH)
+    assert model[0].weight.is_meta  # refused before anything moved

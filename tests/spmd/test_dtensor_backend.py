@@ -123,7 +123,7 @@ def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     larger = result["larger_mesh_error"]
     assert f"mark_sharding(tensor of shape (8,), spec P('x'), mesh{{'x': {2 * ranks}}})" in larger
     assert "torchrun --nproc_per_node n" in larger and "configure_default_devices" not in larger
-    assert "process 0 has shape (8, 4) and process 1 has (6, 4)" in result["shape_mismatch_error"]
+    assert f"shape: rank 0 (8, 4), ranks 1-{ranks - 1} (6, 4)" in result["shape_mismatch_error"]
 
 
 def test_replace_takes_a_bool_on_the_dtensor_backend_too():

@@ -139,8 +139,8 @@ class TorchXlaBackend:
     def device_processes(self) -> tuple[int, ...]:
         return processes.device_processes()
 
-    def all_process_values(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return processes.all_process_values(values)
+    def all_process_values(self, values: tuple[int, ...], *, same_length: bool = False) -> list[tuple[int, ...]]:
+        return processes.all_process_values(values, same_length=same_length)
 
     def from_local_blocks(
         self, blocks: dict[int, torch.Tensor], sharding: Any, hlo: HloSharding, global_shape: tuple[int, ...]

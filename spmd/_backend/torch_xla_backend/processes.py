@@ -53,11 +53,12 @@ def device_processes() -> tuple[int, ...]:
     return tuple(int(p) for p in _per_device([process_index()])[:, 0])
 
 
-def all_process_values(values: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every process's ``values``, in process order (a collective)."""
+def all_process_values(values: tuple[int, ...], *, same_length: bool = False) -> list[tuple[int, ...]]:
+    """Every process's ``values``, in process order (a collective). ``same_length``: every
+    process passes as many values (one exchange, not two)."""
     if process_count() == 1:
         return [tuple(values)]
-    lengths = _per_device([len(values)])[:, 0]
+    lengths = np.full(xla.device_count(), len(values)) if same_length else _per_device([len(values)])[:, 0]
     padded = list(values) + [0] * (int(lengths.max()) - len(values))
     table = _per_device([process_index(), *padded])
     first_row = {int(row[0]): i for i, row in reversed(list(enumerate(table)))}

@@ -158,6 +158,31 @@ def test_our_training_arguments_name_the_bad_json_line(tmp_path):
     assert isinstance(good, TrainingArguments) and good.fsdp_config["xla"] is True
 
 
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        ({"xla": "no"}, r"fsdp_config 'xla' must be true or false, got 'no'"),
+        ({"xla": True, "transformer_layer_cls_to_warp": ["GPT2Block"]}, "did you mean 'transformer_layer_cls_to_wrap'"),
+        ({"xla": True, "min_num_params": -5}, r"'min_num_params' must be an integer >= 0, got -5"),
+        ({"xla": True, "xla_fsdp_grad_ckpt": "yes"}, r"'xla_fsdp_grad_ckpt' must be true or false, got 'yes'"),
+    ],
+)
+def test_a_dict_fsdp_config_is_checked_as_a_file_is(tmp_path, config, said):
+    from fsdp_xla.hf import TrainingArguments as CheckedArguments
+
+    with pytest.raises(HFConfigError, match=said):
+        CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=config, report_to=[])
+
+
+def test_a_dict_fsdp_config_reaches_transformers_with_real_bools(tmp_path):
+    from fsdp_xla.hf import TrainingArguments as CheckedArguments
+
+    config = {"xla": "true", "xla_fsdp_grad_ckpt": "False", "transformer_layer_cls_to_wrap": ["GPT2Block"]}
+    args = CheckedArguments(output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=config, report_to=[])
+    assert args.fsdp_config["xla"] is True and args.fsdp_config["xla_fsdp_grad_ckpt"] is False
+    assert config["xla_fsdp_grad_ckpt"] == "False"  # the caller's dict is not changed
+
+
 def test_every_batch_key_is_split_on_its_batch_dim_or_by_its_own_spec(xla):
     """pytorch/xla#5768: one 2-D spec used to leave 4-D masks, pixel_values and 1-D labels
     replicated; each key is now split on its batch dim over the data axes, or by its own spec."""

@@ -84,8 +84,10 @@ def test_a_position_for_other_data_is_refused():
         sampler.load_state_dict(other)
     with pytest.raises(DataPositionError, match=r"is a dict with keys"):
         sampler.load_state_dict({"epoch": 1})
-    with pytest.raises(DataPositionError, match=r"field 'batch' is '3', not an int"):
+    with pytest.raises(DataPositionError, match=r"field 'batch' is '3', not an int: .* Save it again from the sampl"):
         sampler.load_state_dict(dict(other, seed=5, batch="3"))
+    with pytest.raises(DataPositionError, match=r"batch 99 is outside 0..6 .* Load the position the sampler saved"):
+        sampler.load_state_dict(dict(other, seed=5, batch=99))
 
 
 def test_the_last_short_batch_and_batches_that_do_not_split():
@@ -104,3 +106,23 @@ def test_the_last_short_batch_and_batches_that_do_not_split():
         ProcessSampler(10, 16)
     with pytest.raises(ProcessDataError, match=r"global_batch must be an int >= 1, got 0"):
         ProcessSampler(10, 0)
+
+
+@pytest.mark.parametrize("flag", ["shuffle", "drop_last"])
+@pytest.mark.parametrize("value", ["no", "False", 1, None])
+def test_a_flag_takes_a_bool_not_a_truthy_string(flag, value):
+    from spmd import SpmdTypeError
+
+    with pytest.raises(SpmdTypeError, match=f"{flag} takes True or False, got {value!r}"):
+        ProcessSampler(100, 16, **{flag: value})
+
+
+@pytest.mark.parametrize("name, value", [("dataset_size", 10.0), ("global_batch", -4), ("seed", 1.5)])
+def test_counts_are_whole_numbers(name, value):
+    args = {"dataset_size": 100, "global_batch": 16, "seed": 0, name: value}
+    with pytest.raises(ProcessDataError, match=f"{name} must be an int >= "):
+        ProcessSampler(args["dataset_size"], args["global_batch"], seed=args["seed"])
+
+
+def test_numpy_counts_are_ints():
+    assert len(ProcessSampler(np.int64(100), np.int32(16), seed=np.int64(3))) == 6

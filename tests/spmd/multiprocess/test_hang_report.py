@@ -38,3 +38,20 @@ def test_the_process_group_s_own_timeout_is_a_collective_timeout():
         with watch_collectives("step 3"):
             raise RuntimeError(GLOO_TIMEOUT)
     assert str(raised.value.__cause__) == GLOO_TIMEOUT
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 1e12, 1, -5, True, "60"])
+def test_a_timeout_that_would_fail_inside_timedelta_or_never_end_is_refused(timeout):
+    from spmd import SpmdTypeError
+    from spmd.multiprocess._process_group import timeouts_for
+
+    with pytest.raises(SpmdTypeError, match=r"timeout must be a number of seconds above 1 and at most 2592000"):
+        timeouts_for(timeout)
+
+
+def test_watch_collectives_takes_a_label_not_a_timeout():
+    from spmd import SpmdTypeError
+
+    with pytest.raises(SpmdTypeError, match=r"watch_collectives takes a label .* the timeout is spmd.init_process_gro"):
+        with watch_collectives(60):
+            pass

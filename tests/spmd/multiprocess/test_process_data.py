@@ -94,3 +94,22 @@ def test_the_loader_gives_global_batches_and_resumes(xla):
     resumed = ProcessDataLoader(rows, 8, MESH, specs, seed=1)
     resumed.load_state_dict(again.state_dict())
     assert [b["y"].cpu().tolist() for b in resumed] == batches[1:]
+
+
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        (lambda: process_rows(MESH, P("data"), 8, dim=-1), r"process_rows' dim must be a whole number >= 0 \(a dim"),
+        (lambda: process_rows(MESH, P("data"), 8, dim=0.0), r"process_rows' dim must be a whole number"),
+        (lambda: process_rows(MESH, P("data"), 8.5), r"process_rows' global_size must be a whole number"),
+        (lambda: make_global_tensor(torch.ones(8, 2), MESH, P("data"), check="no"), r"check takes True or False"),
+    ],
+)
+def test_dims_counts_and_flags_are_checked(call, said):
+    with pytest.raises(SpmdTypeError, match=said):
+        call()
+
+
+def test_a_float_global_shape_is_refused_not_truncated(xla):
+    with pytest.raises(SpmdTypeError, match=r"global_shape entry must be a whole number >= 0 \(a dim size\), got 8.5"):
+        make_global_tensor(torch.ones(8, 2), MESH, P("data"), global_shape=(8.5, 2))
