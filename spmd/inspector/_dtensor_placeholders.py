@@ -17,13 +17,26 @@ __all__ = ["Placeholders", "user_line"]
 _LIBRARY_PARTS = ("/torch/", "/site-packages/", "/spmd/", "/fsdp_xla/", "/mesh/", "/importlib/", "<frozen")
 
 
+def _is_user_file(path: str) -> bool:
+    path = path.replace("\\", "/")
+    return not any(part in path for part in _LIBRARY_PARTS) and not path.startswith((sys.prefix, sys.base_prefix))
+
+
 def user_line(frames: list[traceback.FrameSummary] | None = None) -> str:
-    """``'train.py:42'``: the innermost frame of the script's own code (not torch's, not ours)."""
-    frames = traceback.extract_stack() if frames is None else frames
-    for frame in reversed(frames):
-        path = frame.filename.replace("\\\\", "/")
-        if not any(part in path for part in _LIBRARY_PARTS) and not path.startswith((sys.prefix, sys.base_prefix)):
-            return f"{frame.filename}:{frame.lineno}"
+    """``'train.py:42'``: the innermost frame of the script's own code (not torch's, not ours).
+    Without ``frames``, the running stack, walked frame by frame: a library's loop can read
+    tens of thousands of placeholders (``tolist()`` of a gathered tensor), and formatting the
+    whole stack for each took most of a dry run."""
+    if frames is not None:
+        for summary in reversed(frames):
+            if _is_user_file(summary.filename):
+                return f"{summary.filename}:{summary.lineno}"
+        return ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _is_user_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
     return ""
 
 
