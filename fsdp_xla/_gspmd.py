@@ -1,6 +1,7 @@
 """FSDP on GSPMD (the torch_xla backend): each unit's parameters stored sharded on the FSDP axis
 (annotations on the device tensors), gathered for its forward and again for its backward by
-`fsdp_xla._runtime`, the module's class swapped for an FSDP subclass (`fsdp_xla._module`)."""
+`fsdp_xla._runtime`; `fully_shard` then swaps each unit's class for an FSDP subclass
+(`fsdp_xla._module`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from fsdp_xla._module import fsdp_class
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import default_fsdp_spec, spec_from_fn, without_axis
@@ -57,8 +57,7 @@ class GspmdEngine:
             shardings = _place_parameters(plan, options.mesh, layouts)
             _place_buffers(plan, options.mixed_precision)
             checkpoint = options.gradient_checkpointing and plan.path != ""
-            unit = plan.module
-            unit.__class__ = fsdp_class(type(unit))
+            unit = plan.module  # fully_shard then makes it an FSDP unit (fsdp_xla._module.fsdp_class)
             unit.__dict__["_fsdp_runtime"] = UnitRuntime(plan, shardings, config, registry, checkpoint)
             unit.__dict__["_fsdp_mesh"] = options.mesh
         module.__dict__["_fsdp_shard_output"] = options.shard_output

@@ -1,6 +1,10 @@
 """`FullyShardedDataParallel`: the class an FSDP-wrapped module (and each unit) becomes on GSPMD,
 and what its forward does around the wrapped module's own: the root's input check and output
 layout. The wrapped class keeps its name and forward signature (see `fsdp_class`).
+
+`fully_shard` (which ``FSDP(...)`` is) lives here too: it picks the runtime's engine, which
+shards the units, and then makes each GSPMD unit an instance of this class. So the engines never
+import this class, and the class needs no import to construct itself.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from fsdp_xla._engines import engine_for
+from fsdp_xla._options import FSDPOptions
 from fsdp_xla._runtime import UnitRuntime
-from fsdp_xla.errors import FSDPTypeError
+from fsdp_xla._sharding import SpecFn
+from fsdp_xla.errors import FSDPError, FSDPTypeError
+from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh
 from spmd import PartitionSpec, with_sharding_constraint
+from spmd._backend import backend_for
 
-__all__ = ["FSDP", "FullyShardedDataParallel", "OutputSharding", "fsdp_class"]
+__all__ = ["FSDP", "FullyShardedDataParallel", "OutputSharding", "fsdp_class", "fully_shard"]
 
 OutputSharding = PartitionSpec | Callable[[Any, Mesh], Any] | None
 """How the root's outputs are laid out: a spec for every tensor output of enough rank, a
@@ -38,6 +47,10 @@ class FullyShardedDataParallel(torch.nn.Module):
     """
 
     _fsdp_runtime: UnitRuntime
+
+    def __new__(cls, module: torch.nn.Module, **options: Any) -> Any:
+        """``FSDP(module, ...)`` is ``fully_shard(module, ...)``: ``module`` itself, wrapped in place."""
+        return fully_shard(module, **options)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to do: ``__new__`` wrapped the module in place."""
@@ -114,3 +127,90 @@ def _apply_output_sharding(out: Any, shard_output: PartitionSpec | Callable[[Any
         for x in leaves
     ]
     return tree_unflatten(leaves, tree)
+
+
+def _is_wrapped(module: torch.nn.Module) -> bool:
+    """Wrapped by our FSDP on either backend (on dtensor, torch's ``fully_shard`` makes the
+    module an ``FSDPModule``)."""
+    if isinstance(module, FullyShardedDataParallel):
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def fully_shard(
+    module: torch.nn.Module,
+    *,
+    mesh: Mesh | None = None,
+    fsdp_axis: str = "fsdp",
+    auto_wrap_policy: WrapPolicy | None = None,
+    mixed_precision: MixedPrecision | torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    gradient_checkpointing: bool = False,
+    optimization_barriers: bool = True,
+    shard_output: OutputSharding = None,
+    param_spec_fn: SpecFn | None = None,
+    param_init_fn: Callable[[torch.nn.Module], None] | None = None,
+    init_seed: int = 0,
+    sync_after_backward: bool | None = None,
+    shardable_layer_norm: bool = True,
+) -> Any:
+    """Shard ``module`` in place for FSDP (`FullyShardedDataParallel` calls this); returns it.
+
+    The keyword arguments are the fields of `FSDPOptions`, documented there; it checks them.
+
+    Raises:
+        MeshAxisError: no mesh, or the mesh has no ``fsdp_axis``.
+        WrapPolicyError: a policy that is not a single `WrapPolicy`, or names absent classes.
+        FSDPError: the module is already wrapped, or a parameter carries another sharding; on
+            the dtensor backend, a ``shard_output`` or ``param_spec_fn`` spec that torch's
+            ``fully_shard`` cannot express (see `fsdp_xla._dtensor_fsdp`).
+    """
+    _check_module(module)
+    options = FSDPOptions(
+        mesh=mesh,
+        fsdp_axis=fsdp_axis,
+        auto_wrap_policy=auto_wrap_policy,
+        mixed_precision=mixed_precision,
+        reshard_after_forward=reshard_after_forward,
+        gradient_checkpointing=gradient_checkpointing,
+        optimization_barriers=optimization_barriers,
+        shard_output=shard_output,
+        param_spec_fn=param_spec_fn,
+        param_init_fn=param_init_fn,
+        init_seed=init_seed,
+        sync_after_backward=sync_after_backward,
+        shardable_layer_norm=shardable_layer_norm,
+    )
+    if options.auto_wrap_policy is not None:
+        options.auto_wrap_policy.check(module)
+    first = next(iter(module.parameters()), None)
+    engine = engine_for(backend_for(first))
+    engine.check(module, options)  # everything refused before anything is sharded
+    wrapped = engine.apply(module, options)
+    _become_fsdp_units(wrapped)
+    return wrapped
+
+
+def _check_module(module: object) -> None:
+    if not isinstance(module, torch.nn.Module):
+        raise FSDPTypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}.")
+    if _is_wrapped(module):
+        raise FSDPError(f"{type(module).__name__} is already wrapped by FSDP; wrap a model once, at its root.")
+    for path, sub in module.named_modules():
+        if _is_wrapped(sub):
+            raise FSDPError(
+                f"Submodule {path!r} is already wrapped by FSDP. Wrap only the root and choose the inner units "
+                "with auto_wrap_policy."
+            )
+
+
+def _become_fsdp_units(module: torch.nn.Module) -> None:
+    """Each unit the GSPMD engine built (it holds a unit runtime) becomes an instance of the FSDP
+    subclass of its class; on DTensor, torch's ``fully_shard`` made its units ``FSDPModule``s."""
+    for unit in module.modules():
+        if "_fsdp_runtime" in vars(unit):
+            unit.__class__ = fsdp_class(type(unit))

@@ -1,5 +1,6 @@
-"""`FSDPOptions`: the options of one `fully_shard` call, checked and resolved, as one value the
-engines (`fsdp_xla._engines`) take."""
+"""`FSDPOptions`: the options of one `fully_shard` call as one value the engines
+(`fsdp_xla._engines`) take. It checks and resolves itself when built (``__post_init__``), so
+every engine gets options that are already right, and `fully_shard` only builds one."""
 
 from __future__ import annotations
 
@@ -10,16 +11,28 @@ from typing import Any
 import torch
 
 from fsdp_xla._sharding import SpecFn
+from fsdp_xla.errors import FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh
+from mesh import Mesh, mesh_or_global
+from mesh._checks import require_bool, require_int, require_optional_bool
+from spmd import PartitionSpec
+from spmd.errors import ShardingError
+from spmd.sharding._named_sharding import resolve_spec
 
 __all__ = ["FSDPOptions"]
 
 
 @dataclass(frozen=True)
 class FSDPOptions:
-    """The options of `fully_shard` (and `FSDP`), resolved: a `Mesh` with the FSDP axis, one
-    `WrapPolicy` or none, a `MixedPrecision` or none.
+    """The options of `fully_shard` (and `FSDP`), checked and resolved when built: a `Mesh`
+    with the FSDP axis, one `WrapPolicy` or none, a `MixedPrecision` or none.
+
+    Raises:
+        MeshAxisError: no mesh, or the mesh has no ``fsdp_axis``.
+        WrapPolicyError: a policy that is not a single `WrapPolicy`.
+        FSDPTypeError: a flag that is not a bool, a hook that is not callable, a seed that is
+            not an int, a ``mixed_precision`` or ``shard_output`` of another type.
+        ShardingError: a ``shard_output`` spec that does not fit the mesh.
 
     Attributes:
         mesh: the device mesh; default the global mesh.
@@ -55,16 +68,104 @@ class FSDPOptions:
             over the whole mesh; see `spmd.layer_norm`).
     """
 
-    mesh: Mesh
-    fsdp_axis: str
-    auto_wrap_policy: WrapPolicy | None
-    mixed_precision: MixedPrecision | None
-    reshard_after_forward: bool
-    gradient_checkpointing: bool
-    optimization_barriers: bool
-    shard_output: Any
-    param_spec_fn: SpecFn | None
-    param_init_fn: Callable[[torch.nn.Module], None] | None
-    init_seed: int
-    sync_after_backward: bool | None
-    shardable_layer_norm: bool
+    mesh: Mesh | None = None
+    fsdp_axis: str = "fsdp"
+    auto_wrap_policy: WrapPolicy | None = None
+    mixed_precision: MixedPrecision | torch.dtype | None = None
+    reshard_after_forward: bool = True
+    gradient_checkpointing: bool = False
+    optimization_barriers: bool = True
+    shard_output: Any = None
+    param_spec_fn: SpecFn | None = None
+    param_init_fn: Callable[[torch.nn.Module], None] | None = None
+    init_seed: int = 0
+    sync_after_backward: bool | None = None
+    shardable_layer_norm: bool = True
+
+    def __post_init__(self) -> None:
+        for flag in (
+            "reshard_after_forward",
+            "gradient_checkpointing",
+            "optimization_barriers",
+            "shardable_layer_norm",
+        ):
+            require_bool(getattr(self, flag), f"FSDP: {flag}", FSDPTypeError)
+        require_optional_bool(self.sync_after_backward, "FSDP: sync_after_backward", FSDPTypeError)
+        for hook in ("param_spec_fn", "param_init_fn"):
+            _check_hook(hook, getattr(self, hook))
+        mesh = _resolve_mesh(self.mesh, self.fsdp_axis)
+        _check_shard_output(self.shard_output, mesh)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "auto_wrap_policy", _resolve_policy(self.auto_wrap_policy))
+        object.__setattr__(self, "mixed_precision", _resolve_precision(self.mixed_precision))
+        seed = require_int(
+            self.init_seed, "FSDP: init_seed", FSDPTypeError, allowed="an int (the seed of deferred init)"
+        )
+        object.__setattr__(self, "init_seed", seed)  # a Python int: a numpy int's arithmetic would overflow
+
+
+def _resolve_mesh(mesh: Mesh | None, fsdp_axis: str) -> Mesh:
+    mesh = mesh_or_global(mesh, "FSDP")
+    names = mesh.axis_names or ()
+    if fsdp_axis not in names:
+        raise MeshAxisError(
+            f"FSDP shards parameters on mesh axis {fsdp_axis!r}, but {mesh.describe()} has axes {tuple(names)}. "
+            f"Name one axis {fsdp_axis!r} (e.g. Mesh(ids, (n, 1), ('fsdp', 'model'))) or pass fsdp_axis=..."
+        )
+    return mesh
+
+
+def _resolve_precision(mixed_precision: MixedPrecision | torch.dtype | None) -> MixedPrecision | None:
+    if mixed_precision is None or isinstance(mixed_precision, MixedPrecision):
+        return mixed_precision
+    if isinstance(mixed_precision, torch.dtype):
+        return MixedPrecision(compute_dtype=mixed_precision)
+    origin = type(mixed_precision).__module__
+    hint = (
+        f" ({origin}.{type(mixed_precision).__name__} is another library's class: use fsdp_xla.MixedPrecision)"
+        if type(mixed_precision).__name__.endswith(("MixedPrecision", "MixedPrecisionPolicy"))
+        else ""
+    )
+    raise FSDPTypeError(
+        f"mixed_precision must be a fsdp_xla.MixedPrecision, a torch.dtype or None, got "
+        f"{type(mixed_precision).__name__}{hint}."
+    )
+
+
+def _resolve_policy(policy: object) -> WrapPolicy | None:
+    if policy is None or isinstance(policy, WrapPolicy):
+        return policy
+    if isinstance(policy, (list, tuple, set, frozenset)) and policy and all(isinstance(c, type) for c in policy):
+        names = ", ".join(sorted(c.__name__ for c in policy))
+        raise WrapPolicyError(
+            f"auto_wrap_policy got layer classes ({names}), not a policy. Wrap them: "
+            f"auto_wrap_policy=transformer_auto_wrap_policy({{{names}}})."
+        )
+    if isinstance(policy, (list, tuple, set, frozenset)):
+        raise WrapPolicyError(
+            f"auto_wrap_policy takes one policy, got {len(policy)}: transformer_auto_wrap_policy and "
+            "size_based_auto_wrap_policy are mutually exclusive. Keep one (transformer layers for "
+            "transformer models: a block's weights are then gathered together)."
+        )
+    raise WrapPolicyError(
+        f"auto_wrap_policy must be a WrapPolicy (transformer_auto_wrap_policy({{Block}}) or "
+        f"size_based_auto_wrap_policy(n)), got {policy!r}."
+    )
+
+
+def _check_shard_output(shard_output: object, mesh: Mesh) -> None:
+    if shard_output is not None and not isinstance(shard_output, PartitionSpec) and not callable(shard_output):
+        raise FSDPTypeError(
+            f"shard_output must be a PartitionSpec, a function (output, mesh) -> output, or None; got "
+            f"{shard_output!r:.100}. Write P('fsdp') for a tuple spec."
+        )
+    if isinstance(shard_output, PartitionSpec):  # its axes now, not at the first forward
+        try:
+            resolve_spec(mesh, shard_output, len(shard_output))
+        except ShardingError as e:
+            raise type(e)(f"FSDP shard_output={shard_output!r}: {e}") from None
+
+
+def _check_hook(option: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise FSDPTypeError(f"FSDP: {option} must be a function or None, got {value!r:.60} ({type(value).__name__}).")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from numbers import Integral
 
 import torch
 
 from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
+from mesh._checks import require_bool, require_int
 
 __all__ = [
     "WrapPolicy",
@@ -77,11 +77,10 @@ class SizeWrapPolicy(WrapPolicy):
     exclude: tuple[type[torch.nn.Module], ...] = field(default=(torch.nn.ModuleList, torch.nn.ModuleDict))
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_num_params, bool) or not isinstance(self.min_num_params, Integral):
-            raise WrapPolicyError(f"min_num_params must be an int, got {self.min_num_params!r:.60}.")
-        if self.min_num_params < 1:
-            raise WrapPolicyError(f"min_num_params must be >= 1, got {self.min_num_params}.")
-        object.__setattr__(self, "min_num_params", int(self.min_num_params))  # a numpy int is one too
+        min_num_params = require_int(self.min_num_params, "min_num_params", WrapPolicyError)
+        if min_num_params < 1:
+            raise WrapPolicyError(f"min_num_params must be >= 1, got {min_num_params}.")
+        object.__setattr__(self, "min_num_params", min_num_params)  # a numpy int is one too
         object.__setattr__(self, "exclude", _module_classes(self.exclude))
 
     def should_wrap(self, module: torch.nn.Module, unwrapped_params: int) -> bool:
@@ -141,8 +140,7 @@ class MixedPrecision:
     cast_inputs: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cast_inputs, bool):  # a string such as 'no' is truthy
-            raise FSDPTypeError(f"MixedPrecision.cast_inputs must be True or False, got {self.cast_inputs!r:.60}.")
+        require_bool(self.cast_inputs, "MixedPrecision.cast_inputs", FSDPTypeError)
         for name in ("compute_dtype", "buffer_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value is None and name != "compute_dtype":

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from numbers import Integral
 from typing import Protocol
 
 import numpy as np
 
+from mesh._checks import require_int
 from mesh._mesh import Mesh
 from mesh.errors import MeshTypeError, NoMeshError
 
@@ -120,9 +120,7 @@ def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) ->
             "mesh.get_1d_mesh needs num_devices (a Mesh is a value; it does not ask a runtime). "
             "spmd.get_1d_mesh(axis_name) takes the runtime's device count."
         )
-    if isinstance(num_devices, bool) or not isinstance(num_devices, Integral):
-        raise MeshTypeError(f"num_devices must be an int, got {num_devices!r} ({type(num_devices).__name__}).")
-    num_devices = int(num_devices)  # a numpy int is one too
+    num_devices = require_int(num_devices, "num_devices", MeshTypeError)  # a numpy int is one too
     return Mesh(np.arange(num_devices), (num_devices,), None if axis_name is None else (axis_name,))
 
 

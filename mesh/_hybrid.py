@@ -21,10 +21,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
 
+from mesh._checks import require_int
 from mesh._mesh import Mesh, shape_arg
 from mesh.errors import MeshError, MeshTypeError
 
@@ -91,11 +91,10 @@ class DeviceInfo:
 
 
 def _count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise MeshTypeError(f"{what} must be an int, got {value!r:.60} ({type(value).__name__}).")
+    value = require_int(value, what, MeshTypeError)
     if value < 0:
         raise MeshError(f"{what} must be >= 0, got {value}.")
-    return int(value)
+    return value
 
 
 def _bounded(value: object, limit: int = 200) -> str:

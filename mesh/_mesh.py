@@ -6,10 +6,10 @@ import math
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from numbers import Integral
 
 import numpy as np
 
+from mesh._checks import is_int, require_int
 from mesh.errors import DeviceCountError, MeshError, MeshTypeError
 
 __all__ = ["Mesh", "AxisRef"]
@@ -26,7 +26,7 @@ AxisRef = str | int
 def _as_int_tuple(values: Iterable[object], what: str) -> tuple[int, ...]:
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, Integral):
+        if not is_int(v):
             raise MeshTypeError(f"{what} must hold integers, got {v!r} ({type(v).__name__}).")
         out.append(int(v))
     return tuple(out)
@@ -48,7 +48,7 @@ def shape_arg(value: object, what: str) -> tuple[int, ...]:
         MeshTypeError: not an int or a sequence of ints.
         MeshError: empty, or a size below 1.
     """
-    if isinstance(value, Integral) and not isinstance(value, bool):
+    if is_int(value):
         value = (int(value),)
     if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
         raise MeshTypeError(f"{what} must be a tuple of ints such as (4, 2), got {value!r} ({type(value).__name__}).")
@@ -212,7 +212,7 @@ class Mesh:
         Raises:
             MeshError: the name is not an axis of this mesh or the index is out of range.
         """
-        if isinstance(axis, bool) or not isinstance(axis, (str, Integral)):
+        if not (isinstance(axis, str) or is_int(axis)):
             raise MeshTypeError(f"A mesh axis is a name or an int, got {axis!r}.")
         if isinstance(axis, str):
             if self._axis_names is None or axis not in self._axis_names:
@@ -245,8 +245,9 @@ class Mesh:
         """Raise `DeviceCountError` unless the mesh uses exactly the runtime's ``available``
         devices (each id below it, each once); ``more_devices`` says how to get more (the
         backend's ``more_devices``)."""
-        if isinstance(available, bool) or not isinstance(available, Integral) or available < 0:
-            raise MeshTypeError(f"available must be the runtime's device count (an int >= 0), got {available!r:.60}.")
+        require_int(
+            available, "available", MeshTypeError, minimum=0, allowed="the runtime's device count (an int >= 0)"
+        )
         missing = sorted(i for i in self._device_ids if i >= available)
         if missing:
             raise DeviceCountError(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from numbers import Integral
+
+from mesh._checks import is_int
 
 __all__ = ["MAX_DEVICES", "configure_default_devices", "enable_spmd", "has_tpu"]
 
@@ -76,7 +77,7 @@ _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def _device_count_arg(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= MAX_DEVICES:
+    if not is_int(value) or not 1 <= value <= MAX_DEVICES:
         from mesh.errors import DeviceCountError
 
         raise DeviceCountError(

@@ -12,10 +12,10 @@ partitions like any elementwise op: each device normalizes its own rows, with no
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 
+from mesh._checks import is_int
 from spmd.errors import SpmdTypeError
 
 __all__ = ["layer_norm", "LayerNormShapeError", "ShardableLayerNorm", "use_shardable_layer_norm"]
@@ -30,11 +30,9 @@ def _normalized_dims(x: object, normalized_shape: object, weight: object, bias: 
     """The dims to normalize over (negative), after checking every argument against ``x``."""
     if not isinstance(x, torch.Tensor):
         raise SpmdTypeError(f"layer_norm needs a tensor, got {x!r:.80} ({type(x).__name__}).")
-    if isinstance(normalized_shape, Integral) and not isinstance(normalized_shape, bool):
+    if is_int(normalized_shape):
         normalized_shape = (int(normalized_shape),)  # as nn.LayerNorm(8) takes it
-    if not isinstance(normalized_shape, Sequence) or not all(
-        isinstance(n, Integral) and not isinstance(n, bool) for n in normalized_shape
-    ):
+    if not isinstance(normalized_shape, Sequence) or not all(is_int(n) for n in normalized_shape):
         raise SpmdTypeError(f"normalized_shape is an int or a tuple of ints, got {normalized_shape!r:.80}.")
     shape = tuple(int(n) for n in normalized_shape)
     trailing = tuple(x.shape[-len(shape) :]) if shape else ()

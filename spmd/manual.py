@@ -10,11 +10,11 @@ torch_xla's functions of the same names.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 
 from mesh import Mesh, mesh_or_global
+from mesh._checks import is_int
 from spmd._backend import backend
 from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, _unwrap, mark_sharding
@@ -57,7 +57,7 @@ def disable_manual_sharding(
     if (
         isinstance(full_shape, (str, bytes))
         or not isinstance(full_shape, Sequence)
-        or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in full_shape)
+        or not all(is_int(n) and n >= 0 for n in full_shape)
     ):
         raise SpmdTypeError(
             f"disable_manual_sharding's full_shape is the global shape, a tuple of sizes >= 0 such as (8, 4); got "

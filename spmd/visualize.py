@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mesh._checks import is_int
 from spmd.errors import SpmdTypeError
 from spmd.sharded_tensor import ShardedTensor
 from spmd.sharding._hlo_sharding import ShardBounds
@@ -130,9 +130,7 @@ def _check_arguments(tensor: object, sharding: object, console: object) -> None:
             f"visualize_sharding's sharding is a NamedSharding(mesh, spec), got {type(sharding).__name__}{fix}."
         )
     shape = getattr(tensor, "shape", None)
-    if not isinstance(tensor, ShardedTensor) and not (
-        isinstance(shape, Sequence) and all(isinstance(n, Integral) and not isinstance(n, bool) for n in shape)
-    ):
+    if not isinstance(tensor, ShardedTensor) and not (isinstance(shape, Sequence) and all(is_int(n) for n in shape)):
         raise SpmdTypeError(
             f"visualize_sharding draws a tensor (anything with a .shape of ints), got {tensor!r:.80} "
             f"({type(tensor).__name__})."

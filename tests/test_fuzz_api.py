@@ -2,13 +2,22 @@
 typed errors (a ValueError/TypeError subclass from mesh, spmd or fsdp_xla) with a message,
 never an AssertionError, a C++ RuntimeError, an IndexError/KeyError/ZeroDivisionError or a hang.
 
+The contract (issue 27): untrusted input (files, text, flags, environment) gets one of our
+errors and never a wrong result; a wrong-typed Python argument may instead get Python's own
+``TypeError`` when its message names the parameter and it is raised in our code, not inside a
+dependency. A correct result is one that passes the target's check: a round trip, a tiling, an
+agreement with JAX; "no crash" alone is not a pass.
+
 Derandomized and bounded (a few hundred cases per target). Run with ``-s`` to see the counts:
 cases tried, typed errors and correct results per target.
 """
 
+import importlib.util
 import json
 import math
+import re
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,25 +32,45 @@ from spmd import HloSharding, NamedSharding, PartitionSpec, get_sharding, hlo_sh
 COUNTS: dict[str, Counter] = defaultdict(Counter)
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 OUR_PACKAGES = ("mesh", "spmd", "fsdp_xla")
+HAS_JAX = importlib.util.find_spec("jax") is not None
+OUTCOMES = ("typed error", "python TypeError", "correct")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
     yield
-    print("\nfuzz counts (cases tried / typed errors / correct results):")
+    print("\nfuzz counts (cases tried / typed errors / Python TypeErrors / correct results):")
     for target, c in sorted(COUNTS.items()):
-        print(f"  {target:<22} {c['tried']:>5} / {c['typed error']:>5} / {c['correct']:>5}")
+        print(
+            f"  {target:<22} {c['tried']:>5} / {c['typed error']:>5} / {c['python TypeError']:>5} / {c['correct']:>5}"
+        )
     print(json.dumps({k: dict(v) for k, v in COUNTS.items()}))
 
 
-def outcome(target, call, check=None):
-    """Run ``call``; a result passes ``check``, an exception must be one of ours, with a message."""
+def _raised_in_a_dependency(error: BaseException) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is an installed package's code."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "site-packages" in Path(tb.tb_frame.f_code.co_filename).parts
+
+
+def outcome(target, call, check=None, *, params=()):
+    """Run ``call``. A result must pass ``check`` (give one: "no crash" is not a pass). An
+    exception must be one of ours with a message or, when ``params`` names the Python arguments
+    the call takes (untrusted input passes none), Python's own ``TypeError`` raised in our code
+    whose message names one of them."""
     COUNTS[target]["tried"] += 1
     try:
         result = call()
     except (ValueError, TypeError) as e:
         module = type(e).__module__.split(".")[0]
-        assert module in OUR_PACKAGES, f"{target}: untyped {type(e).__name__}: {e}"
+        if module not in OUR_PACKAGES:
+            named = any(re.search(rf"\b{re.escape(p)}\b", str(e)) for p in params)
+            assert type(e) is TypeError and named, f"{target}: untyped {type(e).__name__}: {e}"
+            assert not _raised_in_a_dependency(e), f"{target}: a TypeError from inside a dependency: {e}"
+            COUNTS[target]["python TypeError"] += 1
+            return None
         assert len(str(e)) > 15, f"{target}: {type(e).__name__} without a useful message: {e!r}"
         COUNTS[target]["typed error"] += 1
         return None
@@ -176,8 +205,19 @@ def test_named_sharding(mesh, entries, shape):
         total = sum(math.prod(b.shape) for b in bounds if b.replica_id == 0)
         assert total == math.prod(shape)  # the distinct blocks tile the tensor exactly
         assert HloSharding.parse(str(hlo)) == hlo
+        if HAS_JAX and _jax_can_say(mesh, sharding.spec):
+            from tests.spmd.sharding.test_named_sharding import jax_hlo
+
+            assert jax_hlo(mesh, tuple(sharding.spec), len(shape)) == hlo_sharding_for(mesh, sharding.spec, len(shape))
 
     outcome("NamedSharding", build, check)
+
+
+def _jax_can_say(mesh, spec) -> bool:
+    """JAX's PartitionSpec names axes only (no indices) on a mesh with names, and maps a
+    one-device mesh to a replicated sharding where torch_xla (and we) give a maximal one."""
+    names = [a for e in spec for a in (e if isinstance(e, tuple) else (e,)) if a is not None]
+    return mesh.axis_names is not None and mesh.size() > 1 and all(isinstance(a, str) for a in names)
 
 
 VALID_TEXTS = [
@@ -209,7 +249,11 @@ def sharding_text(draw):
 @FUZZ
 @given(text=st.one_of(sharding_text(), st.text(max_size=30)))
 def test_hlo_sharding_parse(text):
-    outcome("HloSharding.parse", lambda: HloSharding.parse(text), lambda h: HloSharding.parse(str(h)) == h)
+    def check(h):
+        assert HloSharding.parse(str(h)) == h  # what we print, we read back as the same sharding
+        assert str(HloSharding.parse(str(h))) == str(h)
+
+    outcome("HloSharding.parse", lambda: HloSharding.parse(text), check)
 
 
 json_value = st.recursive(
@@ -258,10 +302,29 @@ settings_value = st.dictionaries(
     )
 )
 def test_read_fsdp_config(config, tmp_path_factory):
-    outcome("read_fsdp_config", lambda: read_fsdp_config(config, warn=False))
+    """A config read from a dict or from its JSON file gives the same result (or the same error),
+    and what is read is consistent: one wrap policy, its threshold a count."""
+
+    def check(cfg):
+        assert cfg.wrap in ("transformer", "size", "none") and cfg.min_num_params >= 0
+        assert not (cfg.min_num_params > 0 and cfg.layer_classes)  # the two policies exclude each other
+        assert all(isinstance(c, str) and c for c in cfg.layer_classes or ())
+
+    from_dict = outcome("read_fsdp_config", lambda: read_fsdp_config(config, warn=False), check)
     path = tmp_path_factory.mktemp("cfg") / "fsdp_config.json"
     path.write_text(json.dumps(config, allow_nan=True))  # NaN / Infinity as Python's json writes them
-    outcome("read_fsdp_config file", lambda: read_fsdp_config(path, warn=False))
+    from_file = outcome("read_fsdp_config file", lambda: read_fsdp_config(path, warn=False), check)
+    if isinstance(config, dict) and all(isinstance(k, str) for k in _keys(config)):
+        assert from_file == from_dict  # str keys: JSON holds the same config
+    else:
+        assert from_dict is None  # not a dict (or a non-str key): refused
+
+
+def _keys(value) -> list:
+    """Every dict key in ``value``, nested ones included."""
+    if isinstance(value, dict):
+        return list(value) + [k for v in value.values() for k in _keys(v)]
+    return [k for v in value for k in _keys(v)] if isinstance(value, list) else []
 
 
 def test_malformed_json_files(tmp_path):
@@ -290,7 +353,7 @@ def test_mark_sharding(xla, mesh, shape, dtype, entries):
         expected = hlo_sharding_for(mesh, PartitionSpec(*entries), len(shape), shape)
         assert get_sharding(t) == expected and view.global_tensor is t
 
-    outcome("mark_sharding", lambda: mark_sharding(t, mesh, entries), check)
+    outcome("mark_sharding", lambda: mark_sharding(t, mesh, entries), check, params=("mesh", "partition_spec"))
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

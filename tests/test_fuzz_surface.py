@@ -9,8 +9,10 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import shutil
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,10 +22,17 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 import fsdp_xla.checkpoint as ck
-from fsdp_xla import CheckpointError, MixedPrecision, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+from fsdp_xla import (
+    CheckpointError,
+    MixedPrecision,
+    SizeWrapPolicy,
+    TransformerWrapPolicy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 from mesh import Mesh
-from spmd import P, ShardingSpec, placements_from_spec, spec_from_placements
-from tests.test_fuzz_api import COUNTS, junk, outcome, report_counts  # noqa: F401 (the module fixture prints counts)
+from spmd import P, PartitionSpec, ShardingSpec, hlo_sharding_for, placements_from_spec, spec_from_placements
+from tests.test_fuzz_api import COUNTS, OUTCOMES, junk, outcome, report_counts  # noqa: F401 (the module fixture prints counts)
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 MESHES = [Mesh(np.arange(8), (8,), ("data",)), Mesh(np.arange(8), (2, 4), ("data", "model"))]
@@ -53,11 +62,27 @@ placement = st.one_of(
 )
 
 
+@st.composite
+def mesh_and_placements(draw):
+    """Half of them one Shard/Replicate per mesh axis (so the round trip is exercised), the rest anything."""
+    mesh = draw(st.sampled_from(MESHES))
+    well_formed = st.lists(
+        st.one_of(st.builds(Shard, st.integers(-3, 2)), st.just(Replicate())), min_size=mesh.ndim, max_size=mesh.ndim
+    )
+    return mesh, draw(st.one_of(well_formed, st.lists(placement, max_size=3)))
+
+
 @FUZZ
-@given(mesh=st.sampled_from(MESHES), placements=st.lists(placement, max_size=3), rank=st.integers(0, 3))
-def test_spec_from_placements(mesh, placements, rank):
+@given(mesh_placements=mesh_and_placements(), rank=st.integers(0, 3))
+def test_spec_from_placements(mesh_placements, rank):
+    mesh, placements = mesh_placements
+
+    def check(spec):  # round trip: the spec's placements are the ones given (a negative dim counted from the end)
+        given = tuple(Shard(p.dim % rank) if isinstance(p, Shard) else p for p in placements)
+        assert placements_from_spec(spec, mesh, rank) == given
+
     with time_bound(10):
-        outcome("spec_from_placements", lambda: spec_from_placements(placements, mesh, rank))
+        outcome("spec_from_placements", lambda: spec_from_placements(placements, mesh, rank), check, params=("rank",))
 
 
 @FUZZ
@@ -67,8 +92,13 @@ def test_spec_from_placements(mesh, placements, rank):
     rank=st.integers(-1, 4),
 )
 def test_placements_from_spec(mesh, entries, rank):
+    def check(placements):  # round trip: the placements lay the tensor out as the spec does
+        assert len(placements) == mesh.ndim
+        back = spec_from_placements(placements, mesh, rank)
+        assert hlo_sharding_for(mesh, back, rank) == hlo_sharding_for(mesh, P(*entries), rank)
+
     with time_bound(10):
-        outcome("placements_from_spec", lambda: placements_from_spec(P(*entries), mesh, rank))
+        outcome("placements_from_spec", lambda: placements_from_spec(P(*entries), mesh, rank), check)
 
 
 @FUZZ
@@ -88,26 +118,47 @@ def test_mixed_precision(compute, buffer, cast):
 @FUZZ
 @given(classes=st.one_of(junk, st.sets(st.sampled_from([torch.nn.Linear, torch.nn.LayerNorm])), st.just({"Block"})))
 def test_transformer_wrap_policy(classes):
+    def check(policy):  # exactly the classes given are units
+        assert isinstance(policy, TransformerWrapPolicy) and policy.layer_classes == frozenset(classes)
+        for module in (torch.nn.Linear(2, 2), torch.nn.LayerNorm(2), torch.nn.ReLU()):
+            assert policy.should_wrap(module, 0) == (type(module) in classes)
+
     with time_bound(10):
-        outcome("transformer policy", lambda: transformer_auto_wrap_policy(classes))
+        outcome("transformer policy", lambda: transformer_auto_wrap_policy(classes), check, params=("layer_classes",))
 
 
 @FUZZ
 @given(min_params=junk)
 def test_size_wrap_policy(min_params):
+    def check(policy):  # the threshold is the number given, and it is the threshold
+        assert isinstance(policy, SizeWrapPolicy) and type(policy.min_num_params) is int
+        assert policy.min_num_params == min_params >= 1
+        assert policy.should_wrap(torch.nn.Linear(2, 2), min_params) and not policy.should_wrap(
+            torch.nn.Linear(2, 2), min_params - 1
+        )
+
     with time_bound(10):
-        outcome("size policy", lambda: size_based_auto_wrap_policy(min_params))
+        outcome("size policy", lambda: size_based_auto_wrap_policy(min_params), check)
 
 
 @FUZZ
 @given(
-    mesh=st.one_of(st.sampled_from(MESHES), junk),
-    entries=st.one_of(st.lists(st.one_of(st.none(), st.sampled_from(["data", "model", "x"]), junk), max_size=3), junk),
-    minibatch=st.one_of(st.booleans(), junk),
+    mesh=st.one_of(st.sampled_from(MESHES), st.sampled_from(MESHES), junk),
+    entries=st.one_of(
+        st.lists(st.one_of(st.none(), st.sampled_from(["data", "model"])), max_size=2),
+        st.lists(st.one_of(st.none(), st.sampled_from(["data", "model", "x"]), junk), max_size=3),
+        junk,
+    ),
+    minibatch=st.one_of(st.booleans(), st.booleans(), junk),
 )
 def test_sharding_spec(mesh, entries, minibatch):
+    def check(spec):  # what was given, read as mark_sharding reads a spec
+        assert spec.mesh is mesh and spec.minibatch is minibatch
+        assert spec.partition_spec == PartitionSpec.from_value(entries)
+        hlo_sharding_for(mesh, spec.partition_spec, len(spec.partition_spec))  # it fits the mesh
+
     with time_bound(10):
-        outcome("ShardingSpec", lambda: ShardingSpec(mesh, entries, minibatch))
+        outcome("ShardingSpec", lambda: ShardingSpec(mesh, entries, minibatch), check)
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -118,11 +169,33 @@ def _model(seed: int) -> torch.nn.Module:
 @FUZZ
 @given(path=junk, keep=junk, extra=st.one_of(junk, st.just({"step": torch.ones(1)})))
 def test_save_sharded_arguments(tmp_path_factory, path, keep, extra):
+    """A save that succeeds loads back: the same weights and the same ``extra``."""
     target = tmp_path_factory.mktemp("save")
+
+    def loads_back(root, extra=None):
+        def check(version):
+            model = _model(1)
+            assert version.parent == Path(root).absolute() or version.parent.resolve() == Path(root).resolve()
+            assert ck.load_sharded(root, model) == (extra or {})
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), _model(0).state_dict().values()))
+
+        return check
+
     with time_bound(20), contextlib.chdir(target):  # a relative path lands in the temp dir
-        outcome("save_sharded args", lambda: ck.save_sharded(target / "ck", _model(0), keep=keep, extra=extra))
-        outcome("save_sharded path", lambda: ck.save_sharded(path, _model(0)))
-        outcome("load_sharded args", lambda: ck.load_sharded(path, _model(0)))
+        outcome(
+            "save_sharded args",
+            lambda: ck.save_sharded(target / "ck", _model(0), keep=keep, extra=extra),
+            loads_back(target / "ck", extra),
+            params=("keep", "extra"),
+        )
+        outcome("save_sharded path", lambda: ck.save_sharded(path, _model(0)), loads_back(path), params=("path",))
+
+        def loaded(extra):  # every save here saved _model(0): a load that succeeds gives its weights
+            model = _model(1)
+            assert isinstance(extra, dict) and ck.load_sharded(path, model) == extra
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), _model(0).state_dict().values()))
+
+        outcome("load_sharded args", lambda: ck.load_sharded(path, _model(0)), loaded, params=("path",))
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +224,14 @@ def test_a_damaged_checkpoint_is_refused_and_changes_nothing(saved, tmp_path_fac
     model = _model(1)
     opt = torch.optim.AdamW(model.parameters())
     before = copy.deepcopy(model.state_dict())
+    reference = _model(2)
+    ck.load_sharded(saved.parent, reference)  # the undamaged checkpoint's weights
     with time_bound(20):
         try:
             ck.load_sharded(copy_root, model, opt)
-            COUNTS["damaged checkpoint"]["correct"] += 1  # a flipped byte that changes no value (JSON whitespace)
+            # a flipped byte that changes no value (JSON whitespace): the weights as saved
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+            COUNTS["damaged checkpoint"]["correct"] += 1
         except CheckpointError as e:
             assert len(str(e)) > 15
             assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -202,13 +279,40 @@ def test_every_cli_flag(cli, data, tmp_path_factory):
     COUNTS[f"{cli} flags"]["tried"] += 1
     with time_bound(10), contextlib.redirect_stderr(open("/dev/null", "w")):
         try:
-            parser.parse_args(args)
+            parsed = parser.parse_args(args)
+            _check_parsed(next(a for a in parser._actions if flag in a.option_strings), value, parsed)
             COUNTS[f"{cli} flags"]["correct"] += 1
         except SystemExit as e:
             assert e.code == 2, (cli, flag, value)
             COUNTS[f"{cli} flags"]["typed error"] += 1
 
 
+def _check_parsed(action: argparse.Action, value: str, parsed: argparse.Namespace) -> None:
+    """A flag that parses holds what its text says: the number written (finite), one of its
+    choices, a path; never a value argparse made up or a text it did not read."""
+    got = getattr(parsed, action.dest)
+    got = got[-1] if isinstance(action, argparse._AppendAction) else got
+    kind = getattr(action.type, "__name__", None)
+    if action.nargs == 0:
+        assert got is True  # a switch; its "value" went to a positional
+    elif action.choices is not None:
+        assert got == value and value in action.choices
+    elif kind == "parse":  # spmd.cli_args' bounded numbers
+        assert type(got) in (int, float) and math.isfinite(got)
+        assert got == (int(value) if type(got) is int else float(value))
+    elif kind in ("output_file", "output_dir"):
+        assert isinstance(got, Path) and got == Path(value)
+    elif action.type is None:
+        assert got == value
+    else:
+        assert got is not None and got != value  # its own parser (a mesh, a list): converted
+
+
 def test_the_counts_are_written(tmp_path):
-    """A record of the campaign for the note (run with -s to print it)."""
-    (tmp_path / "counts.json").write_text(json.dumps({k: dict(v) for k, v in COUNTS.items()}))
+    """A record of the campaign for the note (run with -s to print it); each case counted once,
+    with one outcome."""
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps({k: dict(v) for k, v in COUNTS.items()}))
+    for target, counts in json.loads(path.read_text()).items():
+        assert counts["tried"] >= 1 and set(counts) <= {"tried", *OUTCOMES}, (target, counts)
+        assert counts["tried"] == sum(counts.get(o, 0) for o in OUTCOMES), (target, counts)

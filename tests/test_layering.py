@@ -86,20 +86,48 @@ def test_only_the_torch_xla_backend_imports_torch_xla():
 
 
 MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 400
+MAX_MODULE_CODE_LINES = 600  # one concept may take this much code before it splits (JAX's named_sharding.py: 610)
 
 
 def _library_files() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
-def test_no_module_over_400_lines():
+def code_lines(source: str) -> int:
+    """Lines of code: not blank, not a comment, not inside a docstring (docs never force a split)."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = source.splitlines()
+    return sum(
+        1
+        for i, line in enumerate(lines, 1)
+        if i not in docstrings and line.strip() and not line.strip().startswith("#")
+    )
+
+
+def test_code_lines_counts_code_only():
+    source = (
+        '"""Module doc.\n\nMore."""\n\n# why\nX = 1\n\n\ndef f():\n    """Doc."""\n    return """not a docstring"""\n'
+    )
+    assert code_lines(source) == 3  # X = 1, def f():, return ...
+
+
+def test_no_module_over_600_lines_of_code():
     long = {
         str(p.relative_to(ROOT)): n
         for p in _library_files()
-        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+        if (n := code_lines(p.read_text())) > MAX_MODULE_CODE_LINES
     }
-    assert long == {}, f"split these by job (at most {MAX_MODULE_LINES} lines): {long}"
+    assert long == {}, f"split these by concept (at most {MAX_MODULE_CODE_LINES} lines of code): {long}"
 
 
 def test_no_function_over_60_lines():

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import math
 import os
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from mesh._checks import require_int
 
-__all__ = ["check_arguments", "check_extra", "check_flag", "check_keep", "check_path", "json_problem"]
+__all__ = ["check_arguments", "check_extra", "check_keep", "check_path", "json_problem"]
 
 
 def check_path(what: str, path: object, second: object = None) -> Path:
@@ -52,18 +52,9 @@ def check_arguments(what: str, path: object, model: object, optimizer: object) -
     return root
 
 
-def check_flag(what: str, name: str, value: object) -> bool:
-    """``value`` if it is a bool: a string such as 'no' is truthy, so it is refused, not guessed."""
-    if not isinstance(value, bool):
-        raise CheckpointTypeError(f"{what}: {name} takes True or False, got {type(value).__name__} {value!r:.100}.")
-    return value
-
-
 def check_keep(keep: object) -> int:
     """``keep`` (versions to keep) as an int >= 1; numpy ints are ints."""
-    if not isinstance(keep, Integral) or isinstance(keep, bool) or keep < 1:
-        raise CheckpointError(f"save_sharded: keep must be an int >= 1 (versions to keep), got {keep!r:.100}.")
-    return int(keep)
+    return require_int(keep, "save_sharded: keep", CheckpointError, minimum=1, allowed="an int >= 1 (versions to keep)")
 
 
 def json_problem(value: Any, where: str, depth: int = 0) -> str | None:

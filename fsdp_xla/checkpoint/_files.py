@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from fsdp_xla.checkpoint._arguments import check_path
-from fsdp_xla.checkpoint._format import check_index, check_version_name, is_version_name, version_name
+from fsdp_xla.checkpoint._format import CheckpointIndex, check_version_name, is_version_name, parse_index, version_name
 from fsdp_xla.checkpoint._lineage import is_lineage
 from fsdp_xla.errors import CheckpointError
 from spmd._util.atomic_file import atomic_write
@@ -238,9 +238,9 @@ def checkpoint_version(path: str | os.PathLike[str]) -> Path:
     return version
 
 
-def read_index(version: Path) -> dict[str, Any]:
-    """The version's index, checked entry by entry (and every device file it names: a regular
-    file of the version, no link) before any tensor is read."""
+def read_index(version: Path) -> CheckpointIndex:
+    """The version's index, parsed and checked entry by entry (and every device file it names: a
+    regular file of the version, no link) before any tensor is read."""
     raw = _read_regular_file(version / INDEX, _MAX_INDEX_BYTES, "an index")
     try:
         meta = json.loads(raw)
@@ -250,15 +250,15 @@ def read_index(version: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{version / INDEX} nests too deeply to be an index: the checkpoint is damaged."
         ) from None
-    check_index(meta, version / INDEX)
-    for file in sorted({b["file"] for entry in meta["tensors"].values() for b in entry["blocks"]}):
+    index = parse_index(meta, version / INDEX)
+    for file in index.files():
         path = version / file
         _refuse_link(path, "device files")
         if not path.exists():
             raise CheckpointError(f"{version / INDEX} names {file!r}, which is missing: the checkpoint is damaged.")
         if not path.is_file():
             raise CheckpointError(f"{path} is not a regular file; a device file must be one. It is not read.")
-    return meta
+    return index
 
 
 class Reader:

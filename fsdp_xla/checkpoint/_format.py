@@ -3,10 +3,11 @@
 A checkpoint may come from someone else or from damaged storage, so nothing read from it names
 a path: ``LATEST`` must hold a version name the writer makes (``v-<UTC time>-<8 hex>``) and
 every block's file a device file name (``device-00003.safetensors``), both plain names inside
-the checkpoint. `check_index` checks every entry of ``index.json`` before any tensor is read:
-dtypes from an allow-list, non-negative shapes, blocks inside their tensor that tile it exactly
-(no overlap, nothing missing). Pure Python; a failure is a `CheckpointError` naming the file and
-the entry.
+the checkpoint. `parse_index` checks every entry of ``index.json`` before any tensor is read
+(dtypes from an allow-list, non-negative shapes, blocks inside their tensor that tile it
+exactly: no overlap, nothing missing) and returns it as a frozen `CheckpointIndex`, so the code
+after the parse reads typed fields, never the JSON's dicts. Pure Python; a failure is a
+`CheckpointError` naming the file and the entry.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import itertools
 import math
 import re
 import zlib
-from numbers import Integral
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
 
 from fsdp_xla.errors import CheckpointError
+from mesh._checks import is_int
 
 __all__ = [
     "FORMAT",
@@ -30,7 +34,11 @@ __all__ = [
     "version_name",
     "device_file_name",
     "check_version_name",
-    "check_index",
+    "Block",
+    "CheckpointIndex",
+    "SavedOptimizer",
+    "TensorEntry",
+    "parse_index",
     "is_version_name",
     "checksum",
 ]
@@ -51,6 +59,64 @@ _DEVICE_FILE = re.compile(r"device-\d{5}\.safetensors")
 # A GSPMD layout is a grid of blocks; an index whose cut points make far more grid cells than
 # blocks is not one, and checking it cell by cell could take unbounded time and memory.
 _MAX_CELLS_PER_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class Block:
+    """One stored block of a tensor: its device file, its ``[start, stop)`` per dim, its CRC-32
+    (``None`` in checkpoints written before checksums)."""
+
+    file: str
+    index: tuple[tuple[int, int], ...]
+    crc32: int | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(stop - start for start, stop in self.index)
+
+    @property
+    def region(self) -> tuple[slice, ...]:
+        """Where the block goes in the whole tensor."""
+        return tuple(slice(start, stop) for start, stop in self.index)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """A tensor of the checkpoint: shape, dtype name (one of `DTYPE_NAMES`) and blocks."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    blocks: tuple[Block, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class SavedOptimizer:
+    """The optimizer's non-tensor state as saved: its parameter groups (each with ``params``, a
+    list of parameter names, and the group's hyperparameters) and each parameter's scalars."""
+
+    param_groups: tuple[dict[str, Any], ...]
+    scalars: MappingProxyType[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CheckpointIndex:
+    """A version's ``index.json``, checked (`parse_index`): tensors by key (``model/<name>``,
+    ``optim/<parameter>/<field>``), aliases (a tied weight's other names), the optimizer's state
+    (``None`` when none was saved), the caller's ``extra`` and the lineage of the save."""
+
+    tensors: MappingProxyType[str, TensorEntry]
+    aliases: MappingProxyType[str, str]
+    optimizer: SavedOptimizer | None
+    extra: MappingProxyType[str, Any]
+    lineage: object
+
+    def files(self) -> list[str]:
+        """Every device file the index names, sorted."""
+        return sorted({b.file for entry in self.tensors.values() for b in entry.blocks})
 
 
 def version_name(stamp: str, token: str) -> str:
@@ -100,12 +166,9 @@ def _fail(where: str, key: str, what: str) -> CheckpointError:
     )
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool)
-
-
-def check_index(meta: object, where: Path) -> None:
-    """Check a parsed ``index.json`` (``where``: its path, for messages) before reading tensors.
+def parse_index(meta: object, where: Path) -> CheckpointIndex:
+    """A parsed ``index.json`` (``where``: its path, for messages), checked before any tensor
+    is read, as a `CheckpointIndex`.
 
     Raises:
         CheckpointError: the first entry that is malformed, names a file other than a device
@@ -118,13 +181,24 @@ def check_index(meta: object, where: Path) -> None:
     tensors = meta.get("tensors")
     if not isinstance(tensors, dict) or not all(isinstance(k, str) for k in tensors):
         raise CheckpointError(f"{where}: 'tensors' must be an object; the checkpoint is damaged.")
+    entries = {}
     for key, entry in tensors.items():
         if not (key.startswith("model/") or (key.startswith("optim/") and key.count("/") >= 2)):
             raise _fail(str(where), str(key), "is neither model/<name> nor optim/<parameter>/<field>")
-        _check_entry(str(key), entry, where)
-    if isinstance(meta.get("optimizer", {}), dict):
-        _check_optimizer(meta.get("optimizer", {}), where)
-    aliases = meta.get("aliases", {})
+        entries[key] = _parse_entry(str(key), entry, where)
+    for section in ("optimizer", "extra"):
+        if not isinstance(meta.get(section, {}), dict):
+            raise CheckpointError(f"{where}: {section!r} must be an object; the checkpoint is damaged.")
+    return CheckpointIndex(
+        tensors=MappingProxyType(entries),
+        aliases=MappingProxyType(_parse_aliases(meta.get("aliases", {}), tensors, where)),
+        optimizer=_parse_optimizer(meta.get("optimizer", {}), where),
+        extra=MappingProxyType(meta.get("extra", {})),
+        lineage=meta.get("lineage"),
+    )
+
+
+def _parse_aliases(aliases: object, tensors: dict, where: Path) -> dict[str, str]:
     if not isinstance(aliases, dict):
         raise CheckpointError(f"{where}: 'aliases' must be an object; the checkpoint is damaged.")
     for alias, target in aliases.items():
@@ -135,14 +209,12 @@ def check_index(meta: object, where: Path) -> None:
             raise _fail(
                 str(where), alias, f"is an alias of {target[:200]!r}; an alias names a model/ tensor of the model"
             )
-    for section in ("optimizer", "extra"):
-        if not isinstance(meta.get(section, {}), dict):
-            raise CheckpointError(f"{where}: {section!r} must be an object; the checkpoint is damaged.")
+    return dict(aliases)
 
 
-def _check_optimizer(optim: object, where: Path) -> None:
-    if not isinstance(optim, dict) or not optim:
-        return  # no optimizer state saved; 'optimizer' must be an object (checked by the caller)
+def _parse_optimizer(optim: dict, where: Path) -> SavedOptimizer | None:
+    if not optim:
+        return None  # no optimizer state saved
     groups, scalars = optim.get("param_groups"), optim.get("scalars", {})
     if not isinstance(groups, list) or not all(
         isinstance(g, dict) and isinstance(g.get("params"), list) and all(isinstance(p, str) for p in g["params"])
@@ -151,20 +223,21 @@ def _check_optimizer(optim: object, where: Path) -> None:
         raise CheckpointError(f"{where}: optimizer 'param_groups' must be a list of groups with parameter names.")
     if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
         raise CheckpointError(f"{where}: optimizer 'scalars' must map parameter names to objects.")
+    return SavedOptimizer(param_groups=tuple(groups), scalars=MappingProxyType(scalars))
 
 
-def _check_entry(key: str, entry: object, where: Path) -> None:
+def _parse_entry(key: str, entry: object, where: Path) -> TensorEntry:
     w = str(where)
     if not isinstance(entry, dict):
         raise _fail(w, key, "is not an object")
     shape, dtype, blocks = entry.get("shape"), entry.get("dtype"), entry.get("blocks")
-    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
+    if not isinstance(shape, list) or not all(is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
         raise _fail(w, key, f"has shape {str(shape)[:100]}, not a list of at most 64 integers >= 0")
     if dtype not in DTYPE_NAMES:
         raise _fail(w, key, f"has dtype {str(dtype)[:50]!r}; allowed: {sorted(DTYPE_NAMES)}")
     if not isinstance(blocks, list) or not blocks:
         raise _fail(w, key, "has no list of blocks")
-    boxes = []
+    boxes, parsed = [], []
     for i, block in enumerate(blocks):
         if not isinstance(block, dict):
             raise _fail(w, key, f"block {i} is not an object")
@@ -180,18 +253,20 @@ def _check_entry(key: str, entry: object, where: Path) -> None:
         if (
             not isinstance(index, list)
             or len(index) != len(shape)
-            or not all(isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and _is_int(b[1]) for b in index)
+            or not all(isinstance(b, list) and len(b) == 2 and is_int(b[0]) and is_int(b[1]) for b in index)
         ):
             raise _fail(w, key, f"block {i} has index {str(index)[:100]}, not one [start, stop] per dim of {shape}")
         crc = block.get("crc32", 0)
-        if not _is_int(crc) or not 0 <= crc < 2**32:
+        if not is_int(crc) or not 0 <= crc < 2**32:
             raise _fail(w, key, f"block {i} has checksum {str(crc)[:50]}, not a CRC-32")
         for d, ((lo, hi), n) in enumerate(zip(index, shape)):
             if not 0 <= lo <= hi <= n:
                 raise _fail(w, key, f"block {i} spans [{lo}, {hi}) on dim {d}, outside 0..{n}")
         boxes.append([(int(lo), int(hi)) for lo, hi in index])
+        parsed.append(Block(file, tuple(boxes[-1]), None if "crc32" not in block else int(crc)))
     if math.prod(shape) > 0:
         _check_tiling(key, shape, boxes, w)
+    return TensorEntry(tuple(int(n) for n in shape), dtype, tuple(parsed))
 
 
 def _check_tiling(key: str, shape: list[int], boxes: list[list[tuple[int, int]]], where: str) -> None:

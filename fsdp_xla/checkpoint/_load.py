@@ -18,35 +18,35 @@ from typing import Any
 import torch
 
 from fsdp_xla.checkpoint._agreement import agree_on_load
-from fsdp_xla.checkpoint._arguments import check_arguments, check_flag, check_path
+from fsdp_xla.checkpoint._arguments import check_arguments, check_path
 from fsdp_xla.checkpoint._dtensor import agree, distributed, is_dtensor, place_dtensor
 from fsdp_xla.checkpoint._files import LATEST, Reader, checkpoint_version, locked, read_index
-from fsdp_xla.checkpoint._format import DTYPES, checksum
+from fsdp_xla.checkpoint._format import Block, CheckpointIndex, TensorEntry, checksum
 from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
-from fsdp_xla.errors import CheckpointError
+from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from mesh._checks import require_bool
 from spmd._backend import backend
 from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["consolidate", "load_sharded"]
 
 
-def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict[str, Any]) -> torch.Tensor:
+def _checked_block(reader: Reader, name: str, entry: TensorEntry, block: Block) -> torch.Tensor:
     """One block of tensor ``name`` as stored, refused unless it is what the index says."""
-    data = reader.block(block["file"], name)
-    where = f"{name!r}: the block in {reader.version / block['file']}"
-    expected = tuple(b - a for a, b in block["index"])
-    if tuple(data.shape) != expected:
+    data = reader.block(block.file, name)
+    where = f"{name!r}: the block in {reader.version / block.file}"
+    if tuple(data.shape) != block.shape:
         raise CheckpointError(
-            f"{where} has shape {tuple(data.shape)}, the index says {expected}: the checkpoint is damaged or was "
+            f"{where} has shape {tuple(data.shape)}, the index says {block.shape}: the checkpoint is damaged or was "
             "edited. Restore it from a copy, or load an older version."
         )
-    if data.dtype != DTYPES[entry["dtype"]]:
+    if data.dtype != entry.torch_dtype:
         raise CheckpointError(
-            f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry['dtype']}: "
+            f"{where} is stored as {str(data.dtype).removeprefix('torch.')} where the index says {entry.dtype}: "
             "refused, not cast. The checkpoint is damaged or was edited."
         )
-    if "crc32" in block and checksum(data) != block["crc32"]:  # checkpoints before checksums have none
+    if block.crc32 is not None and checksum(data) != block.crc32:  # checkpoints before checksums have none
         raise CheckpointError(
             f"{where} does not have the checksum the index recorded when it was saved: the file's data is damaged. "
             "Restore the checkpoint from a copy, or load an older version."
@@ -54,23 +54,23 @@ def _checked_block(reader: Reader, name: str, entry: dict[str, Any], block: dict
     return data
 
 
-def _verify(reader: Reader, name: str, entry: dict[str, Any]) -> None:
+def _verify(reader: Reader, name: str, entry: TensorEntry) -> None:
     """Read and check every block of ``name``, keeping none (bounded memory)."""
-    for block in entry["blocks"]:
+    for block in entry.blocks:
         _checked_block(reader, name, entry, block)
 
 
-def _assemble(reader: Reader, name: str, entry: dict[str, Any]) -> torch.Tensor:
+def _assemble(reader: Reader, name: str, entry: TensorEntry) -> torch.Tensor:
     """Tensor ``name`` whole, on the host, from its checked blocks."""
-    full = torch.empty(tuple(entry["shape"]), dtype=DTYPES[entry["dtype"]])
+    full = torch.empty(entry.shape, dtype=entry.torch_dtype)
     covered = 0
-    for block in entry["blocks"]:
+    for block in entry.blocks:
         data = _checked_block(reader, name, entry, block)
-        full[tuple(slice(a, b) for a, b in block["index"])] = data
+        full[block.region] = data
         covered += data.numel()
     if covered != full.numel():
         raise CheckpointError(
-            f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry['shape']}: the checkpoint is "
+            f"{name!r}: the blocks cover {covered} of {full.numel()} elements of {entry.shape}: the checkpoint is "
             "damaged or was edited. Restore it from a copy, or load an older version."
         )
     return full
@@ -95,9 +95,11 @@ def _set(target: torch.Tensor, value: torch.Tensor) -> None:
             target.data = value
 
 
-def _model_targets(model: torch.nn.Module, meta: dict, version: Path, strict: bool) -> list[tuple[str, torch.Tensor]]:
+def _model_targets(
+    model: torch.nn.Module, saved: CheckpointIndex, version: Path, strict: bool
+) -> list[tuple[str, torch.Tensor]]:
     """(index key, model tensor) of every tensor to load, checked by name and shape."""
-    index, aliases = meta["tensors"], meta.get("aliases", {})
+    index, aliases = saved.tensors, saved.aliases
     state = model.state_dict(keep_vars=True)
     wanted = {f"model/{k}" for k in state}
     stored = {k for k in list(index) + list(aliases) if k.startswith("model/")}
@@ -114,9 +116,9 @@ def _model_targets(model: torch.nn.Module, meta: dict, version: Path, strict: bo
         key = aliases.get(f"model/{name}", f"model/{name}")
         if key not in index or id(target) in done:
             continue
-        if tuple(index[key]["shape"]) != tuple(target.shape):
+        if index[key].shape != tuple(target.shape):
             raise CheckpointError(
-                f"{name!r} has shape {tuple(index[key]['shape'])} in the checkpoint but {tuple(target.shape)} in the "
+                f"{name!r} has shape {index[key].shape} in the checkpoint but {tuple(target.shape)} in the "
                 "model. Nothing was loaded."
             )
         todo.append((key, target))
@@ -149,7 +151,7 @@ def load_sharded(
             shape that does not match; the message names the key.
     """
     root = check_arguments("load_sharded", path, model, optimizer)
-    check_flag("load_sharded", "strict", strict)
+    require_bool(strict, "load_sharded: strict", CheckpointTypeError)
     ranks = distributed(model.state_dict(keep_vars=True))
     with contextlib.ExitStack() as stack:
         try:
@@ -164,17 +166,17 @@ def load_sharded(
             _agree_on_refusal(refusal)
         if refusal is not None:
             raise refusal
-        meta, reader, todo, plan = prepared
+        saved, reader, todo, plan = prepared
         if ranks:  # one version into one model on every rank, or none loads
             agree_on_load(root, reader.version, strict, model, optimizer)
-        index = meta["tensors"]
+        index = saved.tensors
         if plan is not None:  # first: torch's own checks of the state run before the model changes
             load_optimizer(optimizer, plan, lambda key: _assemble(reader, key, index[key]), _place)
         for key, target in todo:
             _set(target, _place(target, _assemble(reader, key, index[key])))
             _set_extra_state(model, key.removeprefix("model/"), target)
-        remember_lineage(root, meta.get("lineage"))  # this process's saves here continue it
-        return dict(meta.get("extra", {}))
+        remember_lineage(root, saved.lineage)  # this process's saves here continue it
+        return dict(saved.extra)
 
 
 def _set_extra_state(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
@@ -189,15 +191,15 @@ def _prepare(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimize
     """(index, reader, model targets, optimizer plan): everything checked, every block the load
     needs read and verified, nothing written."""
     version = checkpoint_version(root)
-    meta = read_index(version)
+    saved = read_index(version)
     reader = Reader(version)
-    index = meta["tensors"]
-    todo = _model_targets(model, meta, version, strict)
-    plan = optimizer_plan(optimizer, model, meta, index) if optimizer is not None else None
+    index = saved.tensors
+    todo = _model_targets(model, saved, version, strict)
+    plan = optimizer_plan(optimizer, model, saved) if optimizer is not None else None
     keys = [key for key, _ in todo] + ([key for key, _, _ in plan.tensors] if plan is not None else [])
     for key in keys:
         _verify(reader, key, index[key])
-    return meta, reader, todo, plan
+    return saved, reader, todo, plan
 
 
 def _agree_on_refusal(refusal: Exception | None) -> None:
@@ -220,20 +222,20 @@ def consolidate(path: str | os.PathLike[str], *, optimizer: bool = False) -> dic
     verified (shape, dtype, checksum) before any tensor is assembled.
     """
     root = check_path("consolidate", path)
-    check_flag("consolidate", "optimizer", optimizer)
+    require_bool(optimizer, "consolidate: optimizer", CheckpointTypeError)
     if not (root / LATEST).exists() and not (root / LATEST).is_symlink():
         checkpoint_version(root)  # raises, naming the path; no lock file is left in a non-checkpoint
     with locked(root, shared=True):
         version = checkpoint_version(root)
-        meta = read_index(version)
+        saved = read_index(version)
         reader = Reader(version)
-        keys = [k for k in meta["tensors"] if k.startswith("model/") or optimizer]
+        keys = [k for k in saved.tensors if k.startswith("model/") or optimizer]
         for key in keys:  # a block unlike its index entry is refused before its tensor is allocated
-            _verify(reader, key, meta["tensors"][key])
+            _verify(reader, key, saved.tensors[key])
         out: dict[str, torch.Tensor] = {}
         for key in keys:
-            out[key.removeprefix("model/")] = _assemble(reader, key, meta["tensors"][key])
-        for alias, target in meta.get("aliases", {}).items():
+            out[key.removeprefix("model/")] = _assemble(reader, key, saved.tensors[key])
+        for alias, target in saved.aliases.items():
             if alias.startswith("model/") and target.removeprefix("model/") in out:
                 out[alias.removeprefix("model/")] = out[target.removeprefix("model/")]
         return out

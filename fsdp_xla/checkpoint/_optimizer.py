@@ -14,7 +14,7 @@ against the loading optimizer's own: a string or NaN ``lr`` is refused, not load
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from fsdp_xla.checkpoint._arguments import json_problem
+from fsdp_xla.checkpoint._format import CheckpointIndex, TensorEntry
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
+from mesh._checks import is_real
 
 __all__ = ["OptimizerPlan", "load_optimizer", "optimizer_json", "optimizer_plan", "state_shape_fits"]
 
@@ -112,27 +114,26 @@ class OptimizerPlan:
     scalars: dict[str, dict[str, Any]]  # parameter name -> its non-tensor state
 
 
-def optimizer_plan(optimizer: torch.optim.Optimizer, model: torch.nn.Module, meta: dict, index: dict) -> OptimizerPlan:
+def optimizer_plan(optimizer: torch.optim.Optimizer, model: torch.nn.Module, saved: CheckpointIndex) -> OptimizerPlan:
     """How the checkpoint's optimizer state goes into ``optimizer``, checked against the
     checkpoint before anything is loaded.
 
     Raises:
         CheckpointError: no optimizer state saved, or groups / parameters that do not match.
     """
-    optim_json = meta.get("optimizer") or {}
-    if not optim_json:
+    if saved.optimizer is None:
         raise CheckpointError(
             "The checkpoint has no optimizer state; save it with save_sharded(path, model, optimizer), or load "
             "without the optimizer."
         )
     current = _current_groups(optimizer, model)
     position = {n: i for i, n in enumerate(n for group in current for n in group)}
-    groups = _matching_groups(current, optim_json["param_groups"], position)
+    groups = _matching_groups(current, list(saved.optimizer.param_groups), position)
     for j, (group, mine) in enumerate(zip(groups, optimizer.param_groups)):
         groups[j] = _checked_hyperparameters(j, group, mine)
     params = dict(model.named_parameters())
-    tensors = _state_tensors(index, params, position)
-    scalars = optim_json.get("scalars", {})
+    tensors = _state_tensors(saved.tensors, params, position)
+    scalars = {name: dict(fields) for name, fields in saved.optimizer.scalars.items()}
     for pname, fields in scalars.items():
         if pname not in position:
             raise CheckpointError(f"Optimizer state for {pname!r}, which this optimizer does not hold.")
@@ -143,7 +144,7 @@ def optimizer_plan(optimizer: torch.optim.Optimizer, model: torch.nn.Module, met
 
 def _check_scalar(pname: str, field: str, value: Any) -> None:
     """Non-tensor state must be what `_scalar_json` writes; ``step`` a count."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = is_real(value)
     if field == "step":
         ok, wanted = number and math.isfinite(value) and value >= 0, "a number >= 0"
     else:
@@ -159,7 +160,7 @@ def _kind_problem(saved: Any, current: Any) -> str | None:
     """Why a saved hyperparameter cannot stand in for the loading optimizer's ``current`` one."""
     if isinstance(current, torch.Tensor) and current.numel() == 1:
         current = current.item()
-    number = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    number = is_real(saved)
     if number and not math.isfinite(saved) and saved != current:
         return "not a finite number"
     if current is None or saved is None:
@@ -244,7 +245,7 @@ def _matching_groups(current: list[list[str]], saved_groups: list[dict], positio
 
 
 def _state_tensors(
-    index: dict, params: dict[str, torch.Tensor], position: dict[str, int]
+    index: Mapping[str, TensorEntry], params: dict[str, torch.Tensor], position: dict[str, int]
 ) -> list[tuple[str, str, str]]:
     """(index key, parameter name, field) of every saved optimizer tensor, each checked."""
     tensors = []
@@ -260,9 +261,9 @@ def _state_tensors(
                 f"Optimizer state {field!r} for {pname!r}, a parameter this optimizer does not hold; build the "
                 "optimizer over the same parameters as the one that was saved."
             )
-        if not state_shape_fits(tuple(entry["shape"]), tuple(params[pname].shape)):
+        if not state_shape_fits(entry.shape, tuple(params[pname].shape)):
             raise CheckpointError(
-                f"Optimizer state {field!r} of {pname!r} has shape {tuple(entry['shape'])} in the checkpoint; the "
+                f"Optimizer state {field!r} of {pname!r} has shape {entry.shape} in the checkpoint; the "
                 f"parameter has shape {tuple(params[pname].shape)} (state is a scalar or broadcasts to it)."
             )
     return tensors

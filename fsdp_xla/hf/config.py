@@ -15,7 +15,6 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 from fsdp_xla.errors import FSDPError, FSDPTypeError, WrapPolicyError
 from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
+from mesh._checks import require_bool, require_int
 from spmd._util.regular_file import read_regular_file
 
 __all__ = ["HFConfigError", "HFFSDPConfig", "read_fsdp_config", "IGNORED_KEYS", "IGNORED_XLA_SETTINGS"]
@@ -195,8 +195,7 @@ def read_fsdp_config(config: str | os.PathLike[str] | Mapping[str, Any], *, warn
             ``transformer_layer_cls_to_wrap``, ``xla_fsdp_grad_ckpt`` without a wrap policy,
             a callable setting in JSON, or a path that is not a regular JSON file.
     """
-    if not isinstance(warn, bool):  # a string such as 'no' is truthy
-        raise FSDPTypeError(f"read_fsdp_config: warn must be True or False, got {warn!r:.60} ({type(warn).__name__}).")
+    require_bool(warn, "read_fsdp_config: warn", FSDPTypeError)
     cfg = _normalized_keys(_load(config))
     ignored = _ignored_keys(cfg)
     layer_classes = _layer_classes(cfg)
@@ -289,10 +288,14 @@ def _layer_classes(cfg: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 def _min_num_params(cfg: dict[str, Any], layer_classes: tuple[str, ...] | None) -> int:
-    min_num_params = cfg.get("min_num_params", 0)
-    if isinstance(min_num_params, bool) or not isinstance(min_num_params, Integral) or min_num_params < 0:
-        raise HFConfigError(f"fsdp_config 'min_num_params' must be an integer >= 0, got {min_num_params!r:.100}.")
-    min_num_params = int(min_num_params)  # a numpy int (in a dict config) is one too
+    # a numpy int (in a dict config) is one too
+    min_num_params = require_int(
+        cfg.get("min_num_params", 0),
+        "fsdp_config 'min_num_params'",
+        HFConfigError,
+        minimum=0,
+        allowed="an integer >= 0",
+    )
     if min_num_params > 0 and layer_classes:
         raise HFConfigError(
             "fsdp_config sets both 'min_num_params' and 'transformer_layer_cls_to_wrap'; they are mutually exclusive "

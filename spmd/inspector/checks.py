@@ -8,6 +8,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from mesh._checks import is_int, is_real
 from spmd.inspector.collectives import CollectiveKind
 from spmd.inspector.report import Finding, GraphReport, WarningCode, format_bytes
 
@@ -45,7 +46,7 @@ class CheckOptions:
 def _check_number(value: object, name: str, kind: type) -> None:
     """``value`` is a ``kind`` number (not a bool) >= 0 (nan refused: it would silence a check)."""
     what = "a whole number" if kind is numbers.Integral else "a number"
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if not (is_int(value) if kind is numbers.Integral else is_real(value)):
         raise TypeError(f"{name} must be {what} >= 0, got {type(value).__name__} {value!r:.60}.")
     if not value >= 0:  # type: ignore[operator]
         raise ValueError(f"{name} must be {what} >= 0, got {value!r}.")

@@ -39,6 +39,8 @@ class Instruction:
         computation: the name of the computation it belongs to.
         is_root: whether it is its computation's ROOT.
         argument: for ``parameter(k)``, ``k``; for ``get-tuple-element``, the index.
+        operand_outputs: for each operand, which element of its tuple it reads when the dump
+            names one (``%call-start.1#2``, libtpu's shorthand for a tuple element), else None.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Instruction:
     computation: str
     is_root: bool = False
     argument: int | None = None
+    operand_outputs: tuple[int | None, ...] = ()
 
     @property
     def arrays(self) -> tuple[ArrayShape, ...]:
@@ -173,7 +176,9 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
     close = _balanced(rest, m.end() - 1, "(", ")")
     inner = rest[m.end() : close - 1]
     attributes = rest[close:].lstrip(", ").strip()
-    operands = tuple(re.findall(r"%([\w.\-]+)", inner))
+    refs = re.findall(r"%([\w.\-]+)(?:#(\d+))?", inner)
+    operands = tuple(name for name, _ in refs)
+    outputs = tuple(int(k) if k else None for _, k in refs)
     argument = None
     if opcode == "parameter" and inner.strip().isdigit():
         argument = int(inner.strip())
@@ -189,6 +194,7 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
         computation=computation,
         is_root=bool(head.group("root")),
         argument=argument,
+        operand_outputs=outputs if any(k is not None for k in outputs) else (),
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import numbers
 import os
 import shutil
 from collections import Counter
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh._checks import is_int, is_real, require_int
 from spmd._util.atomic_file import atomic_write, file_to_write
 from spmd.inspector.collectives import Collective, CollectiveKind
 from spmd.inspector.hlo_text import ArrayShape
@@ -31,7 +31,7 @@ def format_bytes(n: int | float) -> str:
     Raises:
         TypeError: ``n`` is not a number.
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+    if not is_real(n):
         raise TypeError(f"format_bytes takes a number of bytes, got {type(n).__name__} {n!r:.60}.")
     value = float(n)
     if not math.isfinite(value):
@@ -219,7 +219,7 @@ class Report:
             UnknownGraphError: no graph has that name or position.
         """
         names = [g.name for g in self.graphs][:20]
-        if isinstance(name_or_index, int) and not isinstance(name_or_index, bool):
+        if is_int(name_or_index):
             if -len(self.graphs) <= name_or_index < len(self.graphs):
                 return self.graphs[name_or_index]
             raise UnknownGraphError(
@@ -349,8 +349,7 @@ class Report:
     def table(self, max_collectives: int = 20) -> str:
         """The report as a plain-text table (what the CLI prints), with at most ``max_collectives``
         collectives per graph (the largest)."""
-        if isinstance(max_collectives, bool) or not isinstance(max_collectives, int) or max_collectives < 0:
-            raise ValueError(f"max_collectives must be a whole number >= 0, got {max_collectives!r:.60}.")
+        require_int(max_collectives, "max_collectives", ValueError, minimum=0, allowed="a whole number >= 0")
         lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
         if self.partial:
             lines.append(f"PARTIAL REPORT: {self.partial}; the graphs compiled before that are below.")

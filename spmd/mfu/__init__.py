@@ -3,7 +3,7 @@ per chip, and the MFU arithmetic the PyTorch/XLA blogs and MaxText use."""
 
 import math
 
-from spmd.mfu._checks import real
+from mesh._checks import require_real
 from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, palm_flops_per_token, six_n_flops_per_token
 from spmd.mfu.peak import CHIPS, Chip, chip_for_device_kind, measure_cpu_peak_flops
 
@@ -16,10 +16,12 @@ def mfu(flops_per_step: float, step_seconds: float, chips: float, peak_flops_per
         ValueError: a negative or non-finite FLOP count, a non-positive or non-finite time,
             chip count or peak.
     """
-    flops = real("mfu: flops_per_step", flops_per_step)
-    seconds = real("mfu: step_seconds", step_seconds, positive=True)
-    n_chips = real("mfu: chips", chips, positive=True)
-    peak = real("mfu: peak_flops_per_chip", peak_flops_per_chip, positive=True)
+    flops = require_real(flops_per_step, "mfu: flops_per_step", TypeError, minimum=0, range_error=ValueError)
+    seconds = require_real(step_seconds, "mfu: step_seconds", TypeError, positive=True, range_error=ValueError)
+    n_chips = require_real(chips, "mfu: chips", TypeError, positive=True, range_error=ValueError)
+    peak = require_real(
+        peak_flops_per_chip, "mfu: peak_flops_per_chip", TypeError, positive=True, range_error=ValueError
+    )
     utilization = flops / seconds / n_chips / peak
     if not math.isfinite(utilization):
         raise ValueError(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spmd.mfu._checks import count, real
+from mesh._checks import require_int, require_real
 
 __all__ = ["TransformerShape", "six_n_flops_per_token", "palm_flops_per_token", "matmul_flops_per_token"]
 
@@ -57,11 +57,12 @@ class TransformerShape:
     def __post_init__(self) -> None:
         for name in ("n_layer", "d_model", "n_head", "head_dim", "d_ff", "vocab", "n_kv_head", "n_params"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TransformerShape.{name} must be a positive int, got {value!r}.")
+            require_int(value, f"TransformerShape.{name}", ValueError, minimum=1, allowed="a positive int")
         if not isinstance(self.gated_mlp, bool):
             raise TypeError(f"TransformerShape.gated_mlp takes a bool, got {self.gated_mlp!r}.")
-        embedding = count("TransformerShape.n_embedding_params", self.n_embedding_params, 0)
+        embedding = require_int(
+            self.n_embedding_params, "TransformerShape.n_embedding_params", TypeError, minimum=0, range_error=ValueError
+        )
         if embedding > self.n_params:
             raise ValueError(
                 f"TransformerShape.n_embedding_params ({embedding}) exceeds n_params ({self.n_params}): "
@@ -78,7 +79,9 @@ class TransformerShape:
         """
         model_type = getattr(config, "model_type", "")
         if n_params is not None:
-            count("TransformerShape.from_hf_config: n_params", n_params, 1)
+            require_int(
+                n_params, "TransformerShape.from_hf_config: n_params", TypeError, minimum=1, range_error=ValueError
+            )
         if model_type == "gpt2":
             d, L, H, V, T = _fields(config, "n_embd", "n_layer", "n_head", "vocab_size", "n_positions")
             F = _fields(config, "n_inner")[0] if getattr(config, "n_inner", None) is not None else 4 * d
@@ -110,8 +113,7 @@ def _fields(config: Any, *names: str) -> tuple[int, ...]:
     """The config's ``names``, each a positive int, or a ValueError naming the field."""
     values = tuple(getattr(config, name, None) for name in names)
     for name, value in zip(names, values):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r:.60}.")
+        require_int(value, f"{type(config).__name__}.{name}", ValueError, minimum=1, allowed="a positive int")
     return values
 
 
@@ -127,12 +129,12 @@ def _divides(config: Any, name: str, width: int, heads: int) -> int:
 def _check_step(shape: object, seq_len: object) -> None:
     if not isinstance(shape, TransformerShape):
         raise TypeError(f"shape must be a TransformerShape, got {type(shape).__name__}.")
-    count("seq_len", seq_len, 1)
+    require_int(seq_len, "seq_len", TypeError, minimum=1, range_error=ValueError)
 
 
 def six_n_flops_per_token(n_params: float) -> float:
     """The blogs' training FLOPs per token: ``6 N`` (N all parameters, a finite number >= 0)."""
-    return 6.0 * real("six_n_flops_per_token: n_params", n_params)
+    return 6.0 * require_real(n_params, "six_n_flops_per_token: n_params", TypeError, minimum=0, range_error=ValueError)
 
 
 def palm_flops_per_token(shape: TransformerShape, seq_len: int) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spmd.mfu._checks import count
+from mesh._checks import require_int
 
 __all__ = ["Chip", "CHIPS", "chip_for_device_kind", "measure_cpu_peak_flops"]
 
@@ -92,8 +92,8 @@ def measure_cpu_peak_flops(n: int = 2048, repeats: int = 5, dtype: torch.dtype =
         TypeError: ``n`` or ``repeats`` not an int, ``dtype`` not a floating torch dtype.
         ValueError: ``n`` or ``repeats`` below 1.
     """
-    count("measure_cpu_peak_flops: n", n, 1, _MAX_N)
-    count("measure_cpu_peak_flops: repeats", repeats, 1)
+    require_int(n, "measure_cpu_peak_flops: n", TypeError, minimum=1, maximum=_MAX_N, range_error=ValueError)
+    require_int(repeats, "measure_cpu_peak_flops: repeats", TypeError, minimum=1, range_error=ValueError)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"measure_cpu_peak_flops: dtype must be a floating torch.dtype, got {dtype!r:.60}.")
     a = torch.randn(n, n, dtype=dtype)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from numbers import Integral
 from typing import Any
 
 import numpy as np
 import torch
 
 from mesh import Mesh
+from mesh._checks import is_int, require_int
 from spmd._backend import backend_for
 from spmd._backend.agreement import agree
 from spmd.errors import DataPositionError, ProcessDataError, SpmdTypeError
@@ -76,18 +76,16 @@ class DataPosition:
             )
         for name, kind in names.items():
             wanted = bool if kind in ("bool", bool) else int
-            if not isinstance(value[name], wanted) or (wanted is int and isinstance(value[name], bool)):
+            if not (isinstance(value[name], bool) if wanted is bool else is_int(value[name])):
                 raise DataPositionError(
                     f"Saved data position field {name!r} is {value[name]!r:.60}, not an {wanted.__name__}: the saved "
                     "state was edited or is not ProcessSampler.state_dict()'s. Save it again from the sampler."
                 )
-        return cls(**{n: value[n] for n in names})
+        return cls(**{n: value[n] if isinstance(value[n], bool) else int(value[n]) for n in names})  # numpy ints too
 
 
 def _count(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ProcessDataError(f"{what} must be an int >= {minimum}, got {value!r:.60} ({type(value).__name__}).")
-    return int(value)
+    return require_int(value, what, ProcessDataError, minimum=minimum)
 
 
 def _flag(value: object, what: str) -> bool:

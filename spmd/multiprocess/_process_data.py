@@ -16,12 +16,12 @@ a spec per key, with one exchange of shapes for the whole dict.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from numbers import Integral
 
 import numpy as np
 import torch
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
+from mesh._checks import require_int
 from spmd._backend import ShardingBackend, backend_for
 from spmd._backend.agreement import agree, mesh_text, spec_text
 from spmd.errors import LocalShapeMismatchError, MissingSpecError, SpmdTypeError
@@ -101,9 +101,7 @@ def _agree(
 
 
 def _whole(value: object, name: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise SpmdTypeError(f"{name} must be a whole number >= 0 ({what}), got {value!r:.60} ({type(value).__name__}).")
-    return int(value)
+    return require_int(value, name, SpmdTypeError, minimum=0, allowed=f"a whole number >= 0 ({what})")
 
 
 def _global_shape(given: object, what: str) -> tuple[int, ...]:

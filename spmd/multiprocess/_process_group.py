@@ -24,9 +24,9 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from numbers import Real
 from typing import Any
 
+from mesh._checks import is_real
 from spmd.errors import SpmdTypeError
 
 __all__ = ["init_process_group", "Beat", "Heartbeat", "heartbeat", "timeouts_for"]
@@ -55,7 +55,7 @@ def timeouts_for(total: float) -> Timeouts:
         SpmdTypeError: ``total`` is not a finite number of seconds from 1 to `MAX_TIMEOUT`
             (nan, inf or a huge number raised from inside ``timedelta``).
     """
-    if isinstance(total, bool) or not isinstance(total, Real) or not 1 < total <= MAX_TIMEOUT:
+    if not is_real(total) or not 1 < total <= MAX_TIMEOUT:  # nan, inf and a huge number would make timedelta raise
         raise SpmdTypeError(
             f"timeout must be a number of seconds above 1 and at most {MAX_TIMEOUT:.0f} (30 days), got {total!r:.60}. "
             "Give the longest a healthy collective may take, e.g. timeout=600; a hung one ends after it."

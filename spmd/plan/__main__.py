@@ -21,6 +21,7 @@ from spmd.plan.meshes import STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
+from spmd.plan.settings import MOMENT_DTYPES
 from spmd.plan.topology import MAX_SLICES
 
 REMATS = tuple(r.value for r in Remat)
@@ -52,12 +53,21 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,2,4 ({e})") from None
 
 
+def _remat(text: str) -> str:
+    try:
+        return Remat(text.strip()).value
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown remat policy {text[:40]!r}; choose from {','.join(REMATS)} (or minimal, MaxText's name for dots)"
+        ) from None
+
+
 def _remats(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",")]
-    unknown = [n for n in names if n not in REMATS]
+    unknown = [n for n in names if n not in REMATS and n != "minimal"]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown remat policies {unknown[:8]}; choose from {','.join(REMATS)}")
-    return names
+    return [Remat(n).value for n in names]
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -86,6 +96,12 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
     p.add_argument("--attention", choices=("dot", "flash"), default="dot", help="dot, or flash (splash attention)")
     p.add_argument(
+        "--moment-dtype",
+        choices=MOMENT_DTYPES,
+        default="float32",
+        help="AdamW's first moment (MaxText's mu_dtype; its Ironwood recipes use bfloat16)",
+    )
+    p.add_argument(
         "--hbm-gib",
         type=finite_float(0, 2**20, open_low=True),
         default=None,
@@ -106,7 +122,19 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch", type=int_in(1, 2**31), default=None, help="global batch in sequences (default: one per batch shard)"
     )
-    p.add_argument("--remat", choices=REMATS, default=None, help="what each layer keeps for backward (default: dots)")
+    p.add_argument(
+        "--remat",
+        type=_remat,
+        default=None,
+        help=f"what each layer keeps for backward: {', '.join(REMATS)} (default: dots)",
+    )
+
+
+# The advisor's flags: None when not given, so that a plan without --advise can refuse them.
+_ADVISE_DEFAULTS = {
+    "strategies": ",".join(STRATEGIES), "per_device_batches": [1, 2, 4], "tensors": [2, 4, 8], "datas": [1],
+    "remats": list(REMATS),
+}  # fmt: skip
 
 
 def _advise_flags(p: argparse.ArgumentParser) -> None:
@@ -114,12 +142,23 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--advise", action="store_true", help="search plans, remat policies and batches; rank those that fit"
     )
-    a.add_argument("--strategies", default=",".join(STRATEGIES), help="strategies to try")
-    a.add_argument("--per-device-batches", type=_ints, default=[1, 2, 4], help="sequences per batch shard to try")
-    a.add_argument("--tensors", type=_ints, default=[2, 4, 8], help="tensor axis sizes to try for 2d")
-    a.add_argument("--datas", type=_ints, default=[1], help="data axis sizes within a slice to try for fsdp (HSDP)")
-    a.add_argument("--remats", type=_remats, default=list(REMATS), help="remat policies to try, in this order")
-    a.add_argument("--jobs", type=int_in(1, 64), default=1, help="meshes compiled at once (2-4 GiB RAM each)")
+    a.add_argument("--strategies", default=None, help="strategies to try (default: fsdp,2d,dp)")
+    a.add_argument(
+        "--per-device-batches", type=_ints, default=None, help="sequences per batch shard to try (default: 1,2,4)"
+    )
+    a.add_argument("--tensors", type=_ints, default=None, help="tensor axis sizes to try for 2d (default: 2,4,8)")
+    a.add_argument(
+        "--datas", type=_ints, default=None, help="data axis sizes within a slice to try for fsdp (HSDP; default: 1)"
+    )
+    a.add_argument(
+        "--remats", type=_remats, default=None, help="remat policies to try (default: all, least recomputation first)"
+    )
+    a.add_argument(
+        "--jobs",
+        type=int_in(1, 64),
+        default=None,
+        help="compiles at once (default: as many as the cores and free memory allow, ~2.5 GiB each)",
+    )
     a.add_argument(
         "--cache", type=output_dir, default=None, help="compile cache directory (default: ~/.cache/xla-spmd/plan)"
     )
@@ -129,12 +168,51 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+_ADVISE_ONLY = (
+    "strategies",
+    "per_device_batches",
+    "tensors",
+    "datas",
+    "remats",
+    "jobs",
+    "cache",
+    "no_cache",
+    "fsdp_config",
+)
+_ONE_PLAN = ("strategy", "mesh", "batch", "tensor", "remat")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse flags the chosen mode does not read: one plan's with --advise, the advisor's without."""
+    if args.advise:
+        given = [_flag(d) for d in _ONE_PLAN if getattr(args, d) is not None]
+        if given:
+            p.error(
+                f"{', '.join(given)} choose one plan, and --advise tries many: use --strategies, --tensors, "
+                "--per-device-batches and --remats to narrow the search, or leave out --advise."
+            )
+        for dest, value in _ADVISE_DEFAULTS.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, value)
+        return
+    given = [_flag(d) for d in _ADVISE_ONLY if getattr(args, d) not in (None, False)]
+    if given:
+        p.error(
+            f"{', '.join(given)} only steer the advisor's search, which runs with --advise: add --advise, or leave "
+            f"{'them' if len(given) > 1 else 'it'} out to plan one step (--strategy, --mesh, --batch, --remat)."
+        )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spmd.plan",
         formatter_class=_Help,
         description="Compile a training step for a TPU topology with the TPU compiler, on this machine (no TPU), "
-        "and report per-device HBM, collectives and an estimated step time and MFU.",
+        "and report per-device HBM, collectives and a predicted step time and MFU (with the roofline bound beside it).",
     )
     _step_flags(p)
     _one_plan_flags(p)
@@ -155,6 +233,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         args.model, args.topology, strategy=args.strategy or "fsdp", mesh=args.mesh, global_batch=args.batch,
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
+        moment_dtype=args.moment_dtype,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -172,7 +251,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
         per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, remats=args.remats,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
-        cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        moment_dtype=args.moment_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()
@@ -189,21 +268,15 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         from spmd.plan.plot import plot_advice
 
         plot_advice(advice, args.plot)
+    if advice.interrupted:
+        return 130  # the shell's code for Ctrl-C: the table above is partial
     return 0 if advice.winner is not None else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.advise:
-        one_plan = {"--strategy": args.strategy, "--mesh": args.mesh, "--batch": args.batch, "--tensor": args.tensor}
-        given = [flag for flag, value in one_plan.items() if value is not None]
-        given += ["--remat"] if args.remat else []
-        if given:
-            p.error(
-                f"{', '.join(given)} choose one plan, and --advise tries many: use --strategies, --tensors, "
-                "--per-device-batches and --remats to narrow the search, or leave out --advise."
-            )
+    _check_flags(p, args)
     hbm = None if args.hbm_gib is None else int(args.hbm_gib * GIB)
     try:
         return _advise(args, hbm) if args.advise else _plan(args, hbm)

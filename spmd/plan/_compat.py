@@ -29,6 +29,9 @@ and libtpu >= 0.0.50 (the current lane). What differs, measured here:
   (`override_function`).
 - **jax 0.7.1 with libtpu 0.0.20** (the torch_xla lane): jax writes Mosaic IR (Pallas kernels:
   splash attention) version 8, libtpu reads <= 7; `mosaic_ir_for_libtpu` asks for 7.
+- **A scan's carries in a jaxpr**: jax <= 0.10 gives the ``scan`` primitive a ``num_carry``
+  parameter; jax 0.12 gives it ``ft_out``, a flat tree of ``(carries, stacked outputs)``.
+  `scan_stacked_outputs` reads either.
 - **jaxlib 0.10.2 with libtpu 0.0.52**: ``compiled.as_text()`` can fail inside jaxlib
   ("async-update instruction should have 1 operands but sees 4"): jaxlib parses HLO older than
   what libtpu emits. XLA's own dump of the optimized module has the whole text, so
@@ -180,6 +183,14 @@ def override_function(env: Any, function: Any, impl: Any) -> None:
     flags = {"is_jax_function": False, "is_user_defined": True, "needs_env": False, "is_view_op": False}
     fields = {f.name for f in dataclasses.fields(ops_registry.Operator)}
     env._ops[function] = ops_registry.Operator(function, impl, **{k: v for k, v in flags.items() if k in fields})
+
+
+def scan_stacked_outputs(eqn: Any) -> list[Any]:
+    """The stacked outputs (``ys``) of a jaxpr ``scan`` equation, after its carries."""
+    if "num_carry" in eqn.params:  # jax <= 0.10
+        return list(eqn.outvars[eqn.params["num_carry"] :])
+    carries, _ = eqn.params["ft_out"].unpack()  # jax 0.12: (carries, ys)
+    return list(eqn.outvars[len(carries) :])
 
 
 # libtpu releases that read an older Mosaic IR (Pallas kernels) than the jax they come with

@@ -9,9 +9,10 @@ from typing import Any
 
 from spmd.plan.published import published_for
 from spmd.plan.remat import Remat
-from spmd.plan.report import PlanReport
+from spmd.plan.report import GIB, PlanReport
+from spmd.sharding._partition_spec import P
 
-__all__ = ["Advice", "Candidate", "Outcome"]
+__all__ = ["Advice", "Candidate", "Outcome", "advice_table", "winner_code"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Advice:
-    """The advisor's result: every candidate's outcome, fitting ones first, best first."""
+    """The advisor's result: every candidate's outcome, fitting ones first, best first (``interrupted``:
+    the search was stopped by Ctrl-C, and these are the plans done by then)."""
 
     model: str
     topology: str
@@ -69,6 +71,7 @@ class Advice:
     block_class: str | None = None
     model_type: str | None = None
     notes: tuple[str, ...] = field(default=())
+    interrupted: bool = False  # Ctrl-C stopped the search: the outcomes are a part of it
 
     @property
     def winner(self) -> Outcome | None:
@@ -82,7 +85,7 @@ class Advice:
             key = (c.strategy, c.mesh, c.remat)
             if o.fits and (key not in best or c.per_device_batch > best[key].candidate.per_device_batch):
                 best[key] = o
-        return sorted(best.values(), key=lambda o: -o.report.tokens_per_second)  # type: ignore[union-attr]
+        return sorted(best.values(), key=lambda o: -o.report.mfu)  # type: ignore[union-attr]
 
     def published(self) -> str | None:
         """The published run of this model on this many chips, if any (`spmd.plan.published`)."""
@@ -90,14 +93,10 @@ class Advice:
         return None if found is None else found.line()
 
     def table(self) -> str:
-        from spmd.plan.advice_text import advice_table
-
         return advice_table(self)
 
     def code(self) -> str:
         """The winner as a training-script fragment for `fsdp_xla` / `spmd`."""
-        from spmd.plan.advice_text import winner_code
-
         return winner_code(self)
 
     def fsdp_config(self) -> dict[str, Any] | None:
@@ -140,3 +139,142 @@ def _outcome_dict(o: Outcome) -> dict[str, Any]:
         "cached": o.cached,
         "report": None if o.report is None else o.report.to_dict(),
     }
+
+
+# -- the advice as text ------------------------------------------------------------------
+
+_WIDTH = 50
+
+
+def _row(rank: int, o: Outcome) -> str:
+    label = f"{o.candidate.strategy:4s} {o.candidate.label()}"
+    r = o.report
+    if r is None:
+        return f"  {rank:2d}  {label:{_WIDTH}s} {'':>9s} {'':>9s} {'':>11s} {'':>9s} {'':>15s}  {o.skipped}"
+    if r.memory.compiler_oom_bytes is None:  # the compiler's OOM leaves no program to estimate
+        e = r.estimate
+        bound = f"{e.mfu_serial:.1%}..{e.mfu_overlapped:.1%}"
+        estimate = f"{r.step_seconds * 1e3:9.1f} {r.tokens_per_second / r.devices:11.0f} {r.mfu:9.1%} {bound:>15s}"
+    else:
+        estimate = f"{'-':>9s} {'-':>11s} {'-':>9s} {'-':>15s}"
+    cached = " (cached)" if o.cached else ""
+    return f"  {rank:2d}  {label:{_WIDTH}s} {r.memory.total_bytes / GIB:9.2f} {estimate}  {r.memory.short_verdict()}{cached}"
+
+
+def _largest(advice: Advice) -> list[str]:
+    best = advice.largest_batches()
+    if not best:
+        return []
+    lines = ["", "largest batch that fits, per plan and remat policy:"]
+    for o in best:
+        r = o.report
+        lines.append(
+            f"  {o.candidate.strategy:4s} {o.candidate.label():{_WIDTH}s} peak {r.memory.total_bytes / GIB:6.2f} GiB"  # type: ignore[union-attr]
+            f"/device, predicted MFU {r.mfu:.1%} (bound {r.estimate.mfu_serial:.1%} .. {r.estimate.mfu_overlapped:.1%})"  # type: ignore[union-attr]
+        )
+    return lines
+
+
+def _winner(advice: Advice) -> list[str]:
+    """The winner, and the published run of this model on as many chips beside it."""
+    w = advice.winner
+    if w is None:
+        return ["no candidate fits: see docs/plan.md"]
+    r = w.report
+    lines = [
+        f"winner: {w.candidate.strategy} {w.candidate.label()}: predicted {r.step_seconds:.2f} s a step, "  # type: ignore[union-attr]
+        f"MFU {r.mfu:.1%}"  # type: ignore[union-attr]
+    ]
+    published = advice.published()
+    if published:
+        lines.append(f"  published beside it: {published}")
+    return lines
+
+
+def advice_table(advice: Advice) -> str:
+    """The ranking, the largest batches, the winner and the published figure beside it."""
+    lines = [
+        f"advisor: {advice.model} on {advice.topology} x {advice.slices} slice(s), seq {advice.seq_len}, "
+        f"{advice.compute_dtype}, attention {advice.attention}; budget {advice.hbm_bytes / GIB:.2f} GiB per device",
+        "",
+        f"  {'#':>2s}  {'plan':{_WIDTH}s} {'GiB/dev':>9s} {'step ms':>9s} {'tok/s/dev':>11s} {'MFU':>9s} "
+        f"{'MFU bound':>15s}  verdict",
+    ]
+    lines += [_row(rank, o) for rank, o in enumerate(advice.outcomes, 1)]
+    lines += _largest(advice)
+    lines += [
+        "",
+        "ranked by predicted MFU, plans that fit first (the model of the compiled program; the roofline "
+        "bound beside it: docs/plan.md)",
+        *advice.notes,
+    ]
+    return "\n".join(lines + _winner(advice))
+
+
+def _mesh_lines(advice: Advice, shape: dict[str, int]) -> tuple[str, str]:
+    names, sizes = tuple(shape), tuple(shape.values())
+    if advice.slices > 1:
+        ici = tuple(s // advice.slices if a == "data" else s for a, s in shape.items())
+        dcn = tuple(advice.slices if a == "data" else 1 for a in names)
+        return (
+            "from mesh import HybridMesh",
+            f"mesh = HybridMesh(ici_mesh_shape={ici}, dcn_mesh_shape={dcn}, axis_names={names})",
+        )
+    return "from mesh import Mesh", f"mesh = Mesh(np.arange({math.prod(sizes)}), {sizes}, {names})"
+
+
+def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[str]) -> list[str]:
+    c = o.candidate
+    ours.append("from fsdp_xla import FSDP, MixedPrecision, transformer_auto_wrap_policy")
+    if advice.block_class:
+        module, _, cls = advice.block_class.rpartition(".")
+        third_party.append(f"from {module} import {cls}")
+        policy = f"transformer_auto_wrap_policy({{{cls}}})"
+    else:
+        policy = "None  # no repeated block found: one unit"
+    args = ["    mesh=mesh,", f"    auto_wrap_policy={policy},"]
+    if advice.compute_dtype == "bfloat16":
+        args.append("    mixed_precision=MixedPrecision(torch.bfloat16),")
+    remat = Remat(c.remat)
+    if remat.checkpoints_block:
+        args.append("    gradient_checkpointing=True,")
+    body = []
+    if remat is Remat.OFFLOAD:
+        body.append("# the plan offloads each layer's input to host memory; fsdp_xla checkpoints layers on device")
+    if c.strategy == "2d":
+        plan_fn = "gpt2_plan" if advice.model_type == "gpt2" else "llama_plan"
+        ours.append(f"from fsdp_xla.hf import {plan_fn}")
+        args.append(f"    param_spec_fn={plan_fn}().param_spec_fn(mesh),")
+    body += ["model = FSDP(", "    model,", *args, ")"]
+    if c.strategy == "2d":
+        body.append(
+            f"# or the Trainer: FSDPTrainer(model=model, args=args, mesh=mesh, sharding_plan={plan_fn}()) "
+            "with the fsdp_config.json below"
+        )
+    return body
+
+
+def winner_code(advice: Advice) -> str:
+    """The winner as a training-script fragment for `fsdp_xla` / `spmd`."""
+    w = advice.winner
+    if w is None:
+        return "# no candidate fits the budget"
+    c = w.candidate
+    shape = c.mesh_shape
+    axes = tuple(a for a in shape if a != "tensor")
+    third_party, ours = ["import numpy as np", "import torch"], ["from spmd import P, mark_sharding"]
+    mesh_import, mesh_line = _mesh_lines(advice, shape)
+    ours.append(mesh_import)
+    body = [mesh_line]
+    if c.strategy == "dp":
+        body.append("# data parallel: the model replicated on every device (no FSDP wrapping)")
+    else:
+        body += _fsdp_lines(advice, w, third_party, ours)
+    if advice.attention == "flash":
+        body.append("# attention: the plan runs a flash (splash) kernel for scaled_dot_product_attention")
+    body += [
+        f"# each step: {c.global_batch} sequences of {advice.seq_len} tokens ({c.per_device_batch} per batch shard)",
+        f"mark_sharding(input_ids, mesh, {P(axes[0] if len(axes) == 1 else axes, None)!r})",
+    ]
+    isort = lambda line: (line.startswith("from"), line)  # noqa: E731
+    return "\n".join([*sorted(third_party, key=isort), "", *sorted(ours), "", *body])

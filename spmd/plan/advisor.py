@@ -10,22 +10,22 @@ Candidates are (strategy, mesh) x remat policy x per-device batch:
 - remat policies in order of recomputation, ``none``, ``dots``, ``full``, ``offload``
   (`spmd.plan.remat`).
 
-Not every candidate is compiled (MaxText's ``estimator.py`` searches the same way, by
-ahead-of-time out-of-memory checks). A mesh whose parameters and AdamW state alone exceed the
-budget is dropped unseen. On each mesh, a policy's batches run smallest first until one does not
-fit; the next policy (more recomputation, less memory) starts at that batch, since at a batch
-the previous policy fits it would only be slower. So each policy's largest fitting batch is
-found with at most one compile per batch and policy. Compiles are cached on disk by everything
-that determines them (`spmd.plan.plan_cache`), so a second ``--advise`` is instant.
+Not every candidate is compiled. A mesh whose parameters and AdamW state alone exceed the budget
+is dropped unseen; on the others each policy's largest fitting batch is searched as MaxText's
+``estimator.py`` does, with our memory math (`spmd.plan.memory`) ruling out what cannot fit and
+choosing the first batch to compile (`spmd.plan.search`). The searches of different meshes
+compile in parallel, in as many worker processes as this machine's cores and free memory allow
+(`spmd.plan.compile_pool`), with progress on stderr; Ctrl-C leaves a partial ranking. Compiles
+are cached on disk by everything that determines them (`spmd.plan.plan_cache`), so a second
+``--advise`` compiles nothing.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,19 @@ import torch
 
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
+from spmd.plan.compile_pool import default_jobs, run_searches
 from spmd.plan.errors import PlanError
 from spmd.plan.lowering import find_layer_stack
+from spmd.plan.memory import MemoryMath, model_shape, plan_memory
 from spmd.plan.meshes import STRATEGIES, build_mesh, tpu_devices
 from spmd.plan.models import build_meta_model, resolve_seq_len
-from spmd.plan.plan_cache import Settings, default_cache_dir, model_key, run_candidate
+from spmd.plan.plan_cache import Settings, default_cache_dir, model_key
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
-from spmd.plan.specs import param_spec_for, state_bytes, uneven_splits
-from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.plan.search import MeshSearch
+from spmd.plan.settings import PlanSettings
+from spmd.plan.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
+from spmd.plan.topology import TpuSlice
 
 __all__ = ["Advice", "Candidate", "Outcome", "advise", "candidates_for", "default_cache_dir"]
 
@@ -78,71 +82,37 @@ def candidates_for(
     return out
 
 
-@dataclass(frozen=True)
-class _Search:
-    """One mesh's search: its candidates' strategy and mesh, the batches and policies to walk."""
+def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], arguments: int, params: int) -> Any:
+    """``(remat, per-device batch) -> MemoryMath`` of one mesh (``None`` for a model of no known shape)."""
+    tensor = mesh.get("tensor", 1)
+    tokens = 4 * settings.seq_len  # type: ignore[operator]  # the int32 batch, per sequence per device
 
-    strategy: str
-    mesh: tuple[tuple[str, int], ...]
-    batches: tuple[int, ...]
-    remats: tuple[str, ...]
+    def predict(remat: str, batch: int) -> MemoryMath | None:
+        if shape is None:
+            return None
+        return plan_memory(
+            shape, Remat(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
+            arguments + tokens * batch, params,
+        )  # fmt: skip
 
-
-def _walk(model: Any, search: _Search, settings: Settings, log: Log) -> list[Outcome]:
-    """Compile one mesh's candidates in the order of the module docstring."""
-    outcomes: list[Outcome] = []
-    start = 0
-    for remat in search.remats:
-        index = start
-        while index < len(search.batches):
-            c = Candidate(search.strategy, search.mesh, search.batches[index], remat)
-            outcome = run_candidate(model, c, settings, log)
-            outcomes.append(outcome)
-            if not outcome.fits:
-                break
-            index += 1
-        if index == len(search.batches):
-            break  # this policy fits every batch: more recomputation would only be slower
-        start = index
-    return outcomes
-
-
-def _walk_in_worker(args: tuple[Any, ...]) -> list[Outcome]:
-    return _walk(*args, log=lambda line: print(line, file=sys.stderr, flush=True))
-
-
-def _run(model: Any, searches: list[_Search], settings: Settings, jobs: int, log: Log) -> list[Outcome]:
-    """Every mesh's walk, ``jobs`` at a time in spawned processes (a forked child of a process
-    with libtpu loaded aborts), or here."""
-    outcomes: list[Outcome] = []
-    if jobs > 1 and len(searches) > 1 and not isinstance(model, torch.nn.Module):
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(searches)), mp_context=spawn) as pool:
-            futures = [pool.submit(_walk_in_worker, (model, s, settings)) for s in searches]
-            for k, fut in enumerate(futures, 1):
-                outcomes += fut.result()
-                log(f"[{k}/{len(searches)} meshes done]")
-        return outcomes
-    for k, search in enumerate(searches, 1):
-        outcomes += _walk(model, search, settings, log)
-        log(f"[{k}/{len(searches)} meshes done]")
-    return outcomes
+    return predict
 
 
 def _searches(
-    target: TpuSlice, module: torch.nn.Module, hf_config: Any, meshes: list[tuple[str, dict[str, int]]],
-    batches: tuple[int, ...], remats: tuple[str, ...], budget: int, log: Log,
-) -> tuple[list[_Search], list[Outcome]]:  # fmt: skip
-    """The meshes worth compiling, and an `Outcome` for each one dropped unseen (module docstring)."""
+    module: torch.nn.Module, hf_config: Any, meshes: list[tuple[str, dict[str, int]]], settings: PlanSettings,
+    batches: tuple[int, ...], remats: tuple[str, ...], log: Log,
+) -> tuple[list[MeshSearch], list[Outcome]]:  # fmt: skip
+    """A search for each mesh worth compiling, and an `Outcome` for each one dropped unseen (module docstring)."""
+    target, budget = settings.target, settings.budget
     devices = tpu_devices(target)
     params = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    shape = model_shape(hf_config, sum(math.prod(s) for s in params.values()))
     searches, dropped = [], []
-    for strategy, shape in meshes:
-        items = tuple(shape.items())
-        our_mesh = build_mesh(shape, target, devices)
+    for strategy, mesh in meshes:
+        our_mesh = build_mesh(mesh, target, devices)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
         uneven = uneven_splits(params, spec_fn, our_mesh)
-        state = state_bytes(params, spec_fn, our_mesh)
+        state = state_bytes(params, spec_fn, our_mesh, settings.moment_bytes)
         why = ""
         if uneven:
             listed = "; ".join(uneven[:2]) + (f"; {len(uneven) - 2} more" if len(uneven) > 2 else "")
@@ -153,11 +123,11 @@ def _searches(
                 f"math) > {budget / GIB:.2f} GiB"
             )
         if why:
-            dropped.append(Outcome(Candidate(strategy, items, batches[0], remats[0]), skipped=why))
-            log(f"  {strategy} {dict(shape)}: {why}")
-        else:
-            searches.append(_Search(strategy, items, batches, remats))
-    log(f"advisor: {len(searches)} meshes to compile; per-device batches {list(batches)}, remat {list(remats)}")
+            dropped.append(Outcome(Candidate(strategy, tuple(mesh.items()), batches[0], remats[0]), skipped=why))
+            log(f"  {strategy} {dict(mesh)}: {why}")
+            continue
+        predict = _predictor(shape, settings, mesh, state, param_bytes(params, spec_fn, our_mesh))
+        searches.append(MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict))
     return searches, dropped
 
 
@@ -190,12 +160,11 @@ def _check_choices(
     remats: Iterable[str | Remat] | str,
     tensors: Iterable[int],
     datas: Iterable[int],
-    compute_dtype: str,
-    hbm_bytes: int | None,
-    jobs: int,
+    jobs: int | None,
 ) -> _Choices:
-    """The choices to try, checked with the settings before any compile."""
-    _check_settings(compute_dtype, hbm_bytes, jobs)
+    """The choices to try, checked before any compile (the shared settings check themselves)."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64):
+        raise PlanError(f"jobs must be a whole number from 1 to 64 (compiles at once) or None, got {jobs!r:.60}.")
     policies = sorted({Remat.parse(r) for r in _names(remats)}, key=list(Remat).index)
     if not policies:
         raise PlanError(f"remats must name at least one policy of {[r.value for r in Remat]}.")
@@ -208,16 +177,6 @@ def _check_choices(
     )
 
 
-def _check_settings(compute_dtype: str, hbm_bytes: int | None, jobs: int) -> None:
-    """What ``plan`` would refuse for every candidate, refused once, before any compile."""
-    if compute_dtype not in ("bfloat16", "float32"):
-        raise PlanError(f"compute_dtype must be 'bfloat16' or 'float32', got {compute_dtype!r:.60}.")
-    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
-        raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {hbm_bytes!r:.60}.")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
-        raise PlanError(f"jobs must be a whole number from 1 to 64 (meshes compiled at once), got {jobs!r:.60}.")
-
-
 def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterable[int], heads: int | None) -> PlanError:
     per_slice = target.devices_per_slice
     return PlanError(
@@ -227,6 +186,14 @@ def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterabl
         + (f" and the model's {heads} attention heads)" if heads else ")")
         + ". Add 'fsdp' or 'dp' to the strategies, or give other tensor sizes."
     )
+
+
+def _meshes(target: TpuSlice, choose: _Choices, hf_config: Any) -> list[tuple[str, dict[str, int]]]:
+    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
+    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
+    if not meshes:
+        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
+    return meshes
 
 
 def _model(model: Any, seq_len: int | None, kernel: Attention) -> tuple[torch.nn.Module, Any, int]:
@@ -245,15 +212,21 @@ def _block_class(module: torch.nn.Module) -> str | None:
 
 
 def _rank(outcomes: list[Outcome]) -> tuple[Outcome, ...]:
+    """Plans that fit first, by predicted MFU (`PlanReport.mfu`); then those that do not; then
+    those not compiled."""
+
     def key(o: Outcome) -> tuple[int, float]:
         if o.report is None:
             return (2, 0.0)
-        return (0 if o.fits else 1, -o.report.tokens_per_second)
+        return (0 if o.fits else 1, -o.report.mfu)
 
     return tuple(sorted(outcomes, key=key))
 
 
-def _notes(outcomes: list[Outcome], remats: tuple[str, ...], strategies: Sequence[str]) -> tuple[str, ...]:
+def _notes(outcomes: list[Outcome], remats: tuple[str, ...], strategies: Sequence[str],
+           interrupted: bool) -> tuple[str, ...]:  # fmt: skip
+    if interrupted:
+        return (f"interrupted (Ctrl-C) after {sum(o.report is not None for o in outcomes)} plans: a partial ranking",)
     if any(o.fits for o in outcomes):
         return ()
     tries = [f"--remat {r.value}" for r in Remat if r.value not in remats][:2]
@@ -272,53 +245,54 @@ def advise(
     per_device_batches: Iterable[int] = (1, 2, 4),
     tensors: Iterable[int] = (2, 4, 8),
     datas: Iterable[int] = (1,),
-    remats: Iterable[str | Remat] = ("none", "dots", "full", "offload"),
+    remats: Iterable[str | Remat] = tuple(r.value for r in Remat),
     attention: str | Attention = "dot",
     seq_len: int | None = None,
     compute_dtype: str = "bfloat16",
     hbm_bytes: int | None = None,
-    jobs: int = 1,
+    moment_dtype: str = "float32",
+    jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
 ) -> Advice:
     """Search the candidate plans (module docstring) and rank them.
 
     Args:
-        model: as in `spmd.plan.plan`.
-        topology: as in `spmd.plan.plan`.
-        slices: as in `spmd.plan.plan`.
-        seq_len: as in `spmd.plan.plan`.
-        compute_dtype: as in `spmd.plan.plan`.
-        attention: as in `spmd.plan.plan`; every candidate runs it.
+        model, topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype: as
+            in `spmd.plan.plan` (one `PlanSettings`, shared by every candidate).
         strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
-        remats: remat policies to try (`spmd.plan.remat`).
-        hbm_bytes: the per-device memory budget; default the device's HBM.
-        jobs: meshes compiled at once in spawned processes (docs/plan.md); 1 compiles here.
+        remats: remat policies to try (`spmd.plan.remat`); default all, least recomputation first.
+        jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as
+            this machine's cores and free memory allow (`spmd.plan.compile_pool.default_jobs`); 1
+            compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
-        log: receives one progress line per compile (default: stderr).
+        log: receives the progress lines (default: stderr).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, compute_dtype, hbm_bytes, jobs)
-    target = parse_slice(topology, slices)
-    budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
-    kernel = Attention.parse(attention)
-    module, hf_config, seq_len = _model(model, seq_len, kernel)
-    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
-    if not meshes:
-        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
-    searches, dropped = _searches(target, module, hf_config, meshes, choose.batches, choose.policies, budget, log)
-    settings = Settings(topology, slices, seq_len, compute_dtype, kernel.value, budget, cache_dir, model_key(model))
-    outcomes = dropped + _run(module if isinstance(model, torch.nn.Module) else model, searches, settings, jobs, log)
+    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    module, hf_config, seq_len = _model(model, seq_len, settings.attention)  # type: ignore[arg-type]
+    settings = replace(settings, seq_len=seq_len)
+    target = settings.target
+    meshes = _meshes(target, choose, hf_config)
+    searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
+    # A module cannot be sent to a worker process: it compiles here.
+    workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))
+    log(f"advisor: {len(searches)} meshes; batches {list(choose.batches)}; {workers} compile(s) at once")
+    run = Settings(settings, cache_dir, model_key(model))
+    source = module if isinstance(model, torch.nn.Module) else model
+    interrupted = run_searches(source, searches, run, workers, log)
+    outcomes = dropped + [o for s in searches for o in s.outcomes]
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
-    notes = _notes(outcomes, choose.policies, choose.strategies)
+    notes = _notes(outcomes, choose.policies, choose.strategies, interrupted)
     return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...
-        name, target.name, target.chip.name, target.chips, target.slices, seq_len, compute_dtype, kernel.value,
-        budget, _rank(outcomes), _block_class(module), getattr(hf_config, "model_type", None), notes,
+        name, target.name, target.chip.name, target.chips, target.slices, seq_len, compute_dtype,
+        settings.attention.value, settings.budget, _rank(outcomes), _block_class(module),  # type: ignore[union-attr]
+        getattr(hf_config, "model_type", None), notes, interrupted,
     )  # fmt: skip

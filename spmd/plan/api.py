@@ -4,7 +4,8 @@ It reads as its steps, in order: check the request (`_request`); build the model
 (`spmd.plan.models`); get the topology's devices from libtpu and lay out the mesh
 (`spmd.plan.meshes`); the strategy's parameter specs, checked for even splits
 (`spmd.plan.specs`); lower the step (`spmd.plan.lowering`); compile it (`spmd.plan.compile`);
-read its collectives (`spmd.plan.program`), estimate its time (`spmd.plan.estimate`) and report
+read its collectives (`spmd.plan.program`), predict its time from the compiled program
+(`spmd.plan._step_time`) with the roofline bound beside it (`spmd.plan.estimate`) and report
 (`spmd.plan.report`).
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from mesh import Mesh
 from spmd.plan._compat import toolchain
+from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
 from spmd.plan.errors import PlanError
@@ -31,8 +33,9 @@ from spmd.plan.models import DEFAULT_SEQ_LEN, build_meta_model, default_seq_len,
 from spmd.plan.program import splash_kernels, step_collectives
 from spmd.plan.remat import Remat
 from spmd.plan.report import MemoryReport, PlanReport, summarize
+from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
-from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.plan.topology import TpuSlice
 from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = [
@@ -44,43 +47,41 @@ __all__ = [
     "default_seq_len",
     "param_spec_for",
     "plan",
+    "plan_with",
     "resolve_seq_len",
     "tpu_devices",
     "uneven_splits",
 ]
 
-DTYPES = ("bfloat16", "float32")
-
 
 @dataclass(frozen=True)
 class _Request:
-    """A checked plan request: the slice, the mesh, the step (``seq_len`` resolved later, with the model)."""
+    """A checked plan request: the shared settings (`PlanSettings`) and the one plan's choices."""
 
-    target: TpuSlice
+    settings: PlanSettings
     strategy: str
     mesh: dict[str, int]
     global_batch: int
-    compute_dtype: str
     remat: Remat
-    attention: Attention
-    hbm_bytes: int
+
+    @property
+    def target(self) -> TpuSlice:
+        return self.settings.target
 
 
 def _request(
-    topology: str, strategy: str, mesh: Mapping[str, int] | None, global_batch: int | None, compute_dtype: str,
-    remat: str | Remat, attention: str | Attention, slices: int, tensor: int, hbm_bytes: int | None,
+    settings: PlanSettings, strategy: str, mesh: Mapping[str, int] | None, global_batch: int | None,
+    remat: str | Remat, tensor: int,
 ) -> _Request:  # fmt: skip
-    """Check everything that needs no model and no compiler; raise with what to change."""
+    """Check the one plan's choices (the settings checked themselves); raise with what to change."""
     if strategy not in STRATEGIES:
         raise PlanError(f"Unknown strategy {strategy!r}; known: {STRATEGIES}.")
-    if compute_dtype not in DTYPES:
-        raise PlanError(f"compute_dtype must be one of {DTYPES}, got {compute_dtype!r}.")
-    policy, kernel = Remat.parse(remat), Attention.parse(attention)
-    target = parse_slice(topology, slices)
+    policy = Remat.parse(remat)
     if mesh is not None and not isinstance(mesh, Mapping):
         raise PlanError(f"mesh must map axis names to sizes, e.g. {{'fsdp': 32, 'tensor': 4}}, got {mesh!r:.80}.")
     if isinstance(tensor, bool) or not isinstance(tensor, int) or not 1 <= tensor <= 4096:
         raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
+    target = settings.target
     shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
     check_mesh(shape, strategy, target)
     axes = batch_axes(shape)
@@ -93,10 +94,7 @@ def _request(
             f"global_batch={batch!r} does not split over the batch axes {axes} ({parts} parts) of mesh {shape}; "
             f"give a multiple of {parts}."
         )
-    if hbm_bytes is not None and (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes < 1):
-        raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {hbm_bytes!r:.60}.")
-    budget = target.chip.device_hbm_bytes if hbm_bytes is None else hbm_bytes
-    return _Request(target, strategy, shape, batch, compute_dtype, policy, kernel, budget)
+    return _Request(settings, strategy, shape, batch, policy)
 
 
 def plan(
@@ -114,6 +112,7 @@ def plan(
     tensor: int = 4,
     param_spec: Callable[[str, tuple[int, ...]], PartitionSpec] | None = None,
     hbm_bytes: int | None = None,
+    moment_dtype: str = "float32",
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -128,26 +127,42 @@ def plan(
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
             position table: 1024 for GPT-2).
         compute_dtype: ``bfloat16`` (fp32 master weights and AdamW state) or ``float32``.
-        remat: what each block keeps for backward: ``none``, ``dots``, ``full``, ``offload`` (`spmd.plan.remat`).
+        remat: what each block keeps for backward, by MaxText's names: ``none``, ``dots``
+            (``minimal``), ``save_dot_except_mlp``, ``save_qkv_proj``, ``full``, ``offload`` (`spmd.plan.remat`).
         attention: ``dot`` or ``flash`` (splash attention, `spmd.plan.attention`).
         slices: slices joined over DCN (a ``data`` axis spans them).
         tensor: the tensor axis size of the default 2-D mesh.
         param_spec: overrides the strategy's ``(name, shape) -> spec``.
         hbm_bytes: the per-device memory budget the verdict uses; default the device's HBM.
+        moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
             with what to change.
     """
-    req = _request(topology, strategy, mesh, global_batch, compute_dtype, remat, attention, slices, tensor, hbm_bytes)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    return plan_with(
+        model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
+        param_spec=param_spec,
+    )  # fmt: skip
+
+
+def plan_with(
+    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = "fsdp",
+    mesh: Mapping[str, int] | None = None, global_batch: int | None = None, remat: str | Remat = "dots",
+    tensor: int = 4, param_spec: SpecFn | None = None,
+) -> PlanReport:  # fmt: skip
+    """`plan` with its shared settings as one checked value (what the advisor runs per candidate)."""
+    req = _request(settings, strategy, mesh, global_batch, remat, tensor)
     module, hf_config = build_meta_model(model)
-    seq = resolve_seq_len(seq_len, hf_config)
-    if req.attention is Attention.FLASH:
+    seq = resolve_seq_len(settings.seq_len, hf_config)
+    if settings.attention is Attention.FLASH:
         splash_block(seq)
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
-    predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes)
+    moments = settings.moment_bytes
+    predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments)
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
     return _report(name, req, seq, hf_config, lowered, compiled, predicted, tools)
 
@@ -162,9 +177,11 @@ def _lower(
     spec_fn = param_spec or param_spec_for(req.strategy, our_mesh, hf_config)
     check_even_splits(req.strategy, {n: tuple(p.shape) for n, p in module.named_parameters()}, spec_fn, our_mesh)
     gather = ("fsdp",) if "fsdp" in req.mesh else ()
+    st = req.settings
     config = TrainStepConfig(
-        req.global_batch, seq, req.compute_dtype, req.remat, req.attention, batch_axes(req.mesh), gather
-    )
+        req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
+        st.moment_dtype,
+    )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
 
@@ -172,7 +189,7 @@ def _lower(
 def _memory(req: _Request, compiled: CompiledStep, predicted: int) -> MemoryReport:
     chip = req.target.chip
     base = MemoryReport(
-        0, 0, 0, 0, 0, predicted, req.hbm_bytes, largest_allocations=compiled.largest,
+        0, 0, 0, 0, 0, predicted, req.settings.budget, largest_allocations=compiled.largest,
         devices_per_chip=chip.devices_per_chip,
     )  # fmt: skip
     if not compiled.fits_compiler:  # libtpu 0.0.52 names the temporaries only: add the arguments
@@ -187,7 +204,7 @@ def _memory(req: _Request, compiled: CompiledStep, predicted: int) -> MemoryRepo
         temp_bytes=m["temp_size_in_bytes"],
         generated_code_bytes=m["generated_code_size_in_bytes"],
         host_temp_bytes=m.get("host_temp_size_in_bytes", 0),
-        compiler_accepted=req.hbm_bytes >= chip.device_hbm_bytes,  # libtpu compiled it for this device's HBM
+        compiler_accepted=req.settings.budget >= chip.device_hbm_bytes,  # libtpu compiled it for this device's HBM
     )
 
 
@@ -196,13 +213,16 @@ def _report(
     predicted: int, tools: dict[str, str],
 ) -> PlanReport:  # fmt: skip
     collectives = step_collectives(compiled.hlo_text) if compiled.fits_compiler else []
+    step_time = predict_step(compiled.hlo_text, req.target) if compiled.fits_compiler else None
     n_params = sum(math.prod(s) for s in lowered.param_shapes.values())
     target = req.target
-    estimate = estimate_step(target, hf_config, n_params, req.global_batch * seq, seq, req.remat, collectives)
+    tokens = req.global_batch * seq
+    estimate = estimate_step(target, hf_config, n_params, tokens, seq, req.remat, collectives, step_time)
     return PlanReport(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
         slices=target.slices, mesh=req.mesh, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
-        compute_dtype=req.compute_dtype, remat=req.remat.value, attention=req.attention.value, n_params=n_params,
+        compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
+        n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),
         xla_bytes_accessed=compiled.cost.get("bytes accessed", 0.0), estimate=estimate,

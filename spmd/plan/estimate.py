@@ -1,18 +1,23 @@
-"""The planner's step-time estimate: a roofline from model FLOPs, recomputation and the
-collectives the compiler emitted.
+"""The planner's step-time estimate: a prediction from the compiled program
+(`spmd.plan._step_time`: each operation's roofline, the collectives on their links, what the
+schedule overlaps, loops times their trip counts), and beside it, as its bound, a roofline from
+model FLOPs, recomputation and the collectives the compiler emitted.
 
+The bound:
 Compute: the step's model FLOPs (`spmd.mfu.flops`: every matmul, causal attention halved, x3 for
 backward) per device over the device's peak bf16 FLOP/s, times the remat policy's recomputation
 (`spmd.plan.remat.recompute_factor`). Communication: each collective's ring bytes sent per device
 over the device's share of its chip's all-reduce bandwidth (DCN's for collectives between slices).
 The step takes at least the larger of the two (all communication hidden behind compute) and at
-most their sum (none hidden); MFU, against the device's bf16 peak, is given for both.
+most their sum (none hidden); MFU, against the device's bf16 peak, is given for both. The
+prediction's MFU counts the same model FLOPs (MaxText's convention: causal attention halved), so it
+compares with published runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spmd.plan.remat import Remat, recompute_factor
@@ -34,20 +39,41 @@ class StepEstimate:
     mfu_overlapped: float
     mfu_serial: float
     recompute_factor: float = 1.0
+    predicted_seconds: float = 0.0
+    predicted_mfu: float = 0.0
+    predicted_op_seconds: float = 0.0
+    predicted_exposed_seconds: float = 0.0
+    hardware_flops_per_device: float = 0.0
+
+    @property
+    def predicted(self) -> bool:
+        """A prediction was made (a compiled program; an out-of-memory plan has none)."""
+        return self.predicted_seconds > 0
 
 
-def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, float]:
-    """``(training FLOPs per token, attention's share of them)``; a model with no known shape
-    counts ``6 N`` and no attention."""
+def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, dict[str, float]]:
+    """``(training FLOPs per token, the shares of them that remat policies may run again)``:
+    attention's, the MLP input projections' and the output projection's (the shares
+    `spmd.plan.remat.recompute_factor` takes). A model with no known shape counts ``6 N`` and no
+    shares."""
     from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
 
     try:
         shape = TransformerShape.from_hf_config(hf_config, n_params)
     except (ValueError, AttributeError):
-        return six_n_flops_per_token(n_params), 0.0
+        return six_n_flops_per_token(n_params), {}
     per_token = matmul_flops_per_token(shape, seq_len)
-    attention = 3.0 * shape.n_layer * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
-    return per_token, attention / per_token
+    layers = 3.0 * shape.n_layer  # training FLOPs: forward and backward, 3 x the forward
+    attention = layers * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
+    # backward of the MLP's output matrix needs its input, so a policy that keeps no MLP output
+    # runs the input projections again (two with a gate, one without), not the output one
+    mlp_inputs = layers * 2 * shape.d_model * shape.d_ff * (2 if shape.gated_mlp else 1)
+    out_projection = layers * 2 * shape.n_head * shape.head_dim * shape.d_model
+    return per_token, {
+        "attention_share": attention / per_token,
+        "mlp_share": mlp_inputs / per_token,
+        "out_share": out_projection / per_token,
+    }
 
 
 def estimate_step(
@@ -58,13 +84,15 @@ def estimate_step(
     seq_len: int,
     remat: Remat,
     collectives: Sequence[Any],
+    step_time: Any = None,
 ) -> StepEstimate:
     """The estimate for a step of ``tokens`` tokens (module docstring); ``collectives`` are
-    `spmd.plan.program.StepCollective` values."""
-    per_token, attention_share = model_flops(hf_config, n_params, seq_len)
+    `spmd.plan.program.StepCollective` values, ``step_time`` the program's
+    `spmd.plan._step_time.StepTime` (``None``: no program, no prediction)."""
+    per_token, shares = model_flops(hf_config, n_params, seq_len)
     flops = per_token * tokens
     chip, devices = target.chip, target.devices
-    factor = recompute_factor(remat, attention_share)
+    factor = recompute_factor(remat, **{"attention_share": 0.0, **shares})
     compute = flops / devices / chip.device_peak_flops * factor
     ici = sum(c.bytes_sent_per_device for c in collectives if not c.over_dcn) / chip.device_allreduce_bytes_per_second
     dcn = sum(c.bytes_sent_per_device for c in collectives if c.over_dcn) / chip.device_dcn_bytes_per_second
@@ -73,4 +101,14 @@ def estimate_step(
     def mfu(seconds: float) -> float:
         return flops / (seconds * devices * chip.device_peak_flops) if seconds > 0 else 0.0
 
-    return StepEstimate(flops, compute, ici, dcn, overlapped, serial, mfu(overlapped), mfu(serial), factor)
+    bound = StepEstimate(flops, compute, ici, dcn, overlapped, serial, mfu(overlapped), mfu(serial), factor)
+    if step_time is None or step_time.seconds <= 0:
+        return bound
+    return replace(
+        bound,
+        predicted_seconds=step_time.seconds,
+        predicted_mfu=mfu(step_time.seconds),
+        predicted_op_seconds=step_time.op_seconds,
+        predicted_exposed_seconds=step_time.exposed_seconds,
+        hardware_flops_per_device=step_time.hardware_flops,
+    )

@@ -21,6 +21,7 @@ stacked array is sharded on the same dims as each of its layers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy
+from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
 from spmd.sharding._partition_spec import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
@@ -51,6 +53,7 @@ class TrainStepConfig:
         attention: what ``scaled_dot_product_attention`` runs (`Attention`).
         batch_axes: mesh axes the batch dim is split over.
         gather_axes: mesh axes a block's parameters are gathered over at use (FSDP's).
+        moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         learning_rate, weight_decay, betas, eps: AdamW's.
     """
 
@@ -61,6 +64,7 @@ class TrainStepConfig:
     attention: Attention = Attention.DOT
     batch_axes: tuple[str, ...] = ("fsdp",)
     gather_axes: tuple[str, ...] = ("fsdp",)
+    moment_dtype: str = "float32"
     learning_rate: float = 1e-4
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
@@ -76,12 +80,15 @@ class LoweredStep:
         param_specs: stored spec of every parameter, by its torch name (layer params one by one).
         param_shapes: global shape of every parameter.
         scanned_layers: how many blocks run as one scan (0: unrolled).
+        saved_per_layer: what the block scan keeps for backward, one block's worth (global
+            shapes, the layer dim dropped): JAX's own residuals of the remat policy (`saved_residuals`).
     """
 
     lowered: Any
     param_specs: Mapping[str, PartitionSpec]
     param_shapes: Mapping[str, tuple[int, ...]]
     scanned_layers: int
+    saved_per_layer: tuple[SavedActivation, ...] = ()
 
 
 def to_jax_spec(spec: PartitionSpec) -> Any:
@@ -162,7 +169,8 @@ def lower_train_step(
             "value, no .item() / .tolist(), only ops torchax lowers. Simplify that part of forward, or plan "
             "a model that avoids it."
         ) from e
-    return LoweredStep(lowered, builder.specs, builder.shapes, len(builder.stack[1]) if builder.stack else 0)
+    layers = len(builder.stack[1]) if builder.stack else 0
+    return LoweredStep(lowered, builder.specs, builder.shapes, layers, builder.saved_per_layer)
 
 
 class _StepBuilder:
@@ -188,6 +196,7 @@ class _StepBuilder:
         self.stack = find_layer_stack(model) if scan_layers else None
         prefix = f"{self.stack[0]}." if self.stack else None
         self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
+        self.saved_per_layer: tuple[SavedActivation, ...] = ()
 
     def sharding(self, spec: PartitionSpec) -> Any:
         from jax.sharding import NamedSharding
@@ -281,9 +290,10 @@ class _StepBuilder:
 
         def adamw(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
             g = g.astype(jnp.float32)
-            m = b1 * m + (1 - b1) * g
+            m_new = b1 * m.astype(jnp.float32) + (1 - b1) * g  # updated in fp32, stored as kept (bf16: MaxText's mu)
             v = b2 * v + (1 - b2) * jnp.square(g)
-            return p - c.learning_rate * (m / (jnp.sqrt(v) + c.eps) + c.weight_decay * p), m, v
+            update = m_new / (jnp.sqrt(v) + c.eps) + c.weight_decay * p
+            return p - c.learning_rate * update, m_new.astype(m.dtype), v
 
         params, stacked, m, v = state
         loss, grads = jax.value_and_grad(self.loss, argnums=(0, 1))(params, stacked, tokens)
@@ -316,14 +326,20 @@ class _StepBuilder:
         tokens = jax.ShapeDtypeStruct(
             (c.global_batch, c.seq_len), jnp.int32, sharding=self.sharding(P(c.batch_axes or None, None))
         )
-        return (flat, stacked, (flat, stacked), (flat, stacked)), tokens
+        mu = jnp.bfloat16 if c.moment_dtype == "bfloat16" else jnp.float32
+        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, mu, sharding=a.sharding), (flat, stacked))
+        return (flat, stacked, first, (flat, stacked)), tokens
 
     def lower(self) -> Any:
         import jax
 
         state, tokens = self.abstract_state()
-        with causal_without_mask(self.model), mosaic_ir_for_libtpu():
-            lowered = jax.jit(self.step, donate_argnums=(0,)).lower(state, tokens)
+        named = named_projections(self.stack[1][0], self.env) if self.stack else contextlib.nullcontext()
+        with causal_without_mask(self.model), mosaic_ir_for_libtpu(), named:
+            traced = jax.jit(self.step, donate_argnums=(0,)).trace(state, tokens)
+            lowered = traced.lower()
+        if self.stack is not None:
+            self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr, len(self.stack[1]))
         if self.attention_calls is not None and not self.attention_calls:
             raise TracingError(
                 f"--attention flash: {type(self.model).__name__} never called scaled_dot_product_attention (it "

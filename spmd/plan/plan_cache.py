@@ -20,11 +20,16 @@ from spmd.plan.advice import Candidate, Outcome
 from spmd.plan.errors import PlanError
 from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.report import GIB, PlanReport
+from spmd.plan.settings import PlanSettings
 
-__all__ = ["CACHE_FORMAT", "Settings", "default_cache_dir", "model_key", "run_candidate"]
+__all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "default_cache_dir", "model_key",
+           "run_candidate"]  # fmt: skip
 
 _MAX_ENTRY_BYTES = 64 * 2**20  # an entry is a few KiB of JSON
-CACHE_FORMAT = 3  # bump when PlanReport's JSON changes (2: remat, attention, devices, toolchain; 3: device order)
+# Bump when PlanReport's JSON or the compiled program changes (2: remat, attention, devices,
+# toolchain; 3: device order; 4: remat by MaxText's names, the first moment's dtype; 5: the
+# predicted step).
+CACHE_FORMAT = 5
 
 
 def default_cache_dir() -> Path:
@@ -34,14 +39,11 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    """What every candidate of one advice shares (picklable, for the advisor's worker processes)."""
+    """What every candidate of one advice shares (picklable, for the advisor's worker processes):
+    the plan settings (`PlanSettings`, the sequence length resolved), where to cache, and what
+    identifies the model there (``None``: not cached)."""
 
-    topology: str
-    slices: int
-    seq_len: int
-    compute_dtype: str
-    attention: str
-    hbm_bytes: int
+    plan: PlanSettings
     cache_dir: Path | str | None
     model_key: str | None
 
@@ -65,17 +67,15 @@ def _versions() -> str:
     return ",".join(found)
 
 
-def _plan_kwargs(c: Candidate, s: Settings) -> dict[str, Any]:
-    return dict(
-        strategy=c.strategy, mesh=c.mesh_shape, global_batch=c.global_batch, seq_len=s.seq_len,
-        compute_dtype=s.compute_dtype, remat=c.remat, attention=s.attention, slices=s.slices,
-    )  # fmt: skip
+def _plan_kwargs(c: Candidate) -> dict[str, Any]:
+    return dict(strategy=c.strategy, mesh=c.mesh_shape, global_batch=c.global_batch, remat=c.remat)
 
 
 def _cache_path(c: Candidate, s: Settings) -> Path | None:
     if s.cache_dir is None or s.model_key is None:
         return None
-    key = json.dumps([CACHE_FORMAT, s.model_key, s.topology, _plan_kwargs(c, s), _versions()], sort_keys=True)
+    what = {**s.plan.cache_key(), **_plan_kwargs(c)}
+    key = json.dumps([CACHE_FORMAT, s.model_key, what, _versions()], sort_keys=True)
     return Path(s.cache_dir) / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
@@ -86,7 +86,7 @@ def _read_cached(path: Path, s: Settings, log: Callable[[str], None]) -> PlanRep
         return None
     try:
         text = read_regular_file(path, limit=_MAX_ENTRY_BYTES, what="the plan cache entry", error=PlanError)
-        return PlanReport.from_dict(json.loads(text)).with_hbm(s.hbm_bytes)
+        return PlanReport.from_dict(json.loads(text)).with_hbm(s.plan.budget)
     except (PlanError, ValueError, KeyError, TypeError, AttributeError) as e:
         log(f"  the cache entry {path} is damaged ({type(e).__name__}: {str(e)[:120]}); compiling afresh")
         return None
@@ -100,27 +100,39 @@ def _write_cached(path: Path, report: PlanReport, log: Callable[[str], None]) ->
         log(f"  cannot write the cache entry {path} ({e.strerror}); not cached")
 
 
-def run_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome:
-    """``c``'s report, from the cache or compiled (and cached); a `PlanError` is an outcome that
-    says why it was not compiled."""
-    from spmd.plan.api import plan
-
+def cached_outcome(c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome | None:
+    """``c``'s outcome from the cache, or ``None`` (not cached, caching off, or a damaged entry)."""
     path = _cache_path(c, s)
     cached = _read_cached(path, s, log) if path is not None else None
-    if cached is not None:
-        outcome = Outcome(c, cached, cached=True)
-    else:
-        try:
-            report = plan(model, s.topology, hbm_bytes=s.hbm_bytes, **_plan_kwargs(c, s))
-        except PlanError as e:
-            log(f"  {c.strategy} {c.label()}: not compiled: {e}")
-            return Outcome(c, skipped=f"not compiled: {e}")
-        if path is not None:
-            _write_cached(path, report, log)
-        outcome = Outcome(c, report)
-    r = outcome.report
-    how = "cached" if outcome.cached else f"compiled in {r.compile_seconds:.0f} s"  # type: ignore[union-attr]
+    if cached is None:
+        return None
+    log(f"  {c.strategy} {c.label()}: {cached.memory.total_bytes / GIB:.2f} GiB/device, {_verdict(cached)}, cached")
+    return Outcome(c, cached, cached=True)
+
+
+def compile_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome:
+    """``c`` compiled (and cached); a `PlanError` is an outcome that says why it was not compiled."""
+    from spmd.plan.api import plan_with
+
+    try:
+        report = plan_with(model, s.plan, **_plan_kwargs(c))
+    except PlanError as e:
+        log(f"  {c.strategy} {c.label()}: not compiled: {e}")
+        return Outcome(c, skipped=f"not compiled: {e}")
+    path = _cache_path(c, s)
+    if path is not None:
+        _write_cached(path, report, log)
     log(
-        f"  {c.strategy} {c.label()}: {r.memory.total_bytes / GIB:.2f} GiB/device, {'fits' if r.fits else 'OOM'}, {how}"
-    )  # type: ignore[union-attr]
-    return outcome
+        f"  {c.strategy} {c.label()}: {report.memory.total_bytes / GIB:.2f} GiB/device, {_verdict(report)}, "
+        f"compiled in {report.compile_seconds:.0f} s"
+    )
+    return Outcome(c, report)
+
+
+def run_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome:
+    """``c``'s outcome, from the cache or compiled (and cached)."""
+    return cached_outcome(c, s, log) or compile_candidate(model, c, s, log)
+
+
+def _verdict(report: PlanReport) -> str:
+    return "fits" if report.fits else "OOM"

@@ -54,7 +54,7 @@ def plot_report(report: PlanReport, path: str | Path) -> None:
 
 def plot_advice(advice: Advice, path: str | Path) -> None:
     """Per compiled plan, one row labelled ``fsdp=16 × tensor=2 · batch 4 · remat dots``: GiB per
-    device against the budget (green fits, red OOM), and estimated tokens/s per device for the
+    device against the budget (green fits, red OOM), and predicted tokens/s per device for the
     plans that fit only; the winner's row is marked."""
     plt = _pyplot()
     compiled = [o for o in advice.outcomes if o.report is not None]
@@ -79,6 +79,6 @@ def plot_advice(advice: Advice, path: str | Path) -> None:
         elif o is winner:
             rate.text(speeds[row], row, "  winner", va="center", fontsize=8, fontweight="bold")
     rate.set_xlim(0, 1.2 * max(speeds + [1.0]))  # room for the winner's mark
-    rate.set_xlabel("estimated tokens/s per device (none hidden)")
+    rate.set_xlabel("predicted tokens/s per device")
     fig.suptitle(f"{advice.model} on {advice.topology}, seq {advice.seq_len}, attention {advice.attention}")
     _save(plt, fig, path)

@@ -10,13 +10,14 @@ calling ``all-reduce-scatter``: it is counted as a reduce-scatter of the fusion'
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
-from spmd.inspector.hlo_text import HloModuleText, Instruction, parse_shape
+from spmd.inspector.hlo_text import DTYPE_BYTES, HloModuleText, Instruction, parse_shape
 
-__all__ = ["StepCollective", "splash_kernels", "step_collectives", "trip_count"]
+__all__ = ["StepCollective", "hbm_bytes", "shape_leaves", "splash_kernels", "step_collectives", "trip_count"]
 
 _KINDS = {k.value: k for k in CollectiveKind}
 _KINDS.update({f"{k.value}-start": k for k in CollectiveKind})
@@ -215,3 +216,26 @@ def splash_kernels(hlo_text: str) -> int:
     ``splash_*``: forward, the backward's dq and dkv) the optimized module runs, loop bodies once.
     The TPU compiler's own kernels (``online-softmax`` for dot attention) are not counted."""
     return len(re.findall(r"%splash_\S* = .*custom_call_target=\"tpu_custom_call\"", hlo_text))
+
+
+_LEAF = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[\d,]*)\](?P<layout>\{[^}]*\})?")
+
+
+def shape_leaves(shape_text: str, every_space: bool = False) -> list[tuple[tuple[int, ...], int]]:
+    """(dims, bytes) of each array of an HLO shape. Bytes count in HBM only: an array whose
+    layout names another memory space (``S(1)``: the core's vector memory, ``S(5)``: the
+    host's) counts 0 unless ``every_space``."""
+    out = []
+    for m in _LEAF.finditer(re.sub(r"/\*.*?\*/", "", shape_text)):
+        if m.group("dtype") not in DTYPE_BYTES:
+            continue
+        dims = tuple(int(d) for d in m.group("dims").split(",") if d)
+        elsewhere = re.search(r"S\((\d+)\)", m.group("layout") or "")
+        on_hbm = every_space or elsewhere is None or elsewhere.group(1) == "0"
+        out.append((dims, math.prod(dims) * DTYPE_BYTES[m.group("dtype")] if on_hbm else 0))
+    return out
+
+
+def hbm_bytes(shape_text: str) -> int:
+    """Bytes of an HLO shape held in HBM (`shape_leaves`)."""
+    return sum(b for _, b in shape_leaves(shape_text))

@@ -1,21 +1,28 @@
-"""``--remat``: what each repeated block keeps for backward, as a JAX checkpoint policy.
+"""``--remat``: what each repeated block keeps for backward, as a JAX checkpoint policy named as
+MaxText names its ``remat_policy`` values (MaxText ``layers/decoders.py``, ``get_remat_policy``).
 
-Every policy keeps FSDP's rule: a gathered weight is never kept for backward, it is gathered
-again (as our optimization barriers make GSPMD do). Naming the gathered value is not enough,
-since whatever torch derives from it (a Linear's transposed weight) would be kept instead; so
-the policies keep activations only.
+A block's projections are named as MaxText names them (`projection_name`: ``query_proj``,
+``key_proj``, ``value_proj``, ``qkv_proj``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwi``,
+``mlpwo``), by the torch module each comes from (Hugging Face's ``q_proj``, ``gate_proj``,
+GPT-2's ``c_attn`` ...), and each policy saves the names MaxText's policy of that name saves:
 
-- ``none``: keep every activation a block computes, recompute only layout ops (transposes,
-  casts, broadcasts, sharding constraints, which is where the gathers are): torch autograd's
-  "keep each op's inputs" without activation checkpointing. The most memory, no recomputation.
-- ``dots``: keep the outputs of matmuls with no batch dims (the projections and MLP: MaxText's
-  ``minimal``, JAX's ``dots_with_no_batch_dims_saveable``) and recompute the rest, attention
-  included (its matmuls have batch dims, so no S x S scores are kept). The default.
-- ``full``: keep each block's input only and recompute the block in backward (gradient
-  checkpointing; ``fsdp_xla``'s ``gradient_checkpointing=True``).
-- ``offload``: as ``full``, with each block's input moved to the host's memory (``pinned_host``)
-  in forward and back in backward, so the device keeps no per-layer activation at all (MaxText's
-  ``decoder_layer_input=offload``; its Llama 3.1 405B recipe on 256 Ironwood chips runs so).
+| policy | keeps for backward | MaxText |
+|---|---|---|
+| ``none`` | every activation (layout ops are recomputed: transposes, casts, and the gathers) | ``remat_policy=none`` |
+| ``dots`` (``minimal``) | q, k, v, out and MLP projections | ``minimal`` |
+| ``save_dot_except_mlp`` | q, k, v and out projections | ``save_dot_except_mlp`` |
+| ``save_qkv_proj`` | q, k and v projections | ``save_qkv_proj`` |
+| ``full`` | nothing inside the block: its input only | ``full`` |
+| ``offload`` | nothing on the device: the block's input in host memory | ``custom``, ``decoder_layer_input=offload`` |
+
+Every policy also keeps what a scanned, checkpointed block keeps by construction, its input,
+except ``offload``, which moves it to the host (``pinned_host``) in forward and back in backward
+(MaxText's Llama 3.1 405B recipe on 256 Ironwood chips runs so). No policy keeps a gathered
+weight: FSDP gathers it again in backward, as our optimization barriers make GSPMD do (naming
+the gathered value would not be enough: what torch derives from it, a transposed weight, would be
+kept instead), so policies name activations only. A projection the table does not know (a
+factory's own module names) is ``dot``, which ``dots`` keeps. Attention's scores are never kept
+(the kernel, or ``dots``' recomputation, makes them again).
 
 The estimate's recomputation (`recompute_factor`) counts hardware FLOPs, never model FLOPs.
 """
@@ -27,9 +34,28 @@ from typing import Any
 
 from spmd.plan.errors import PlanError
 
-__all__ = ["BLOCK_INPUT", "Remat", "jax_policy", "recompute_factor"]
+__all__ = ["BLOCK_INPUT", "PROJECTIONS", "Remat", "jax_policy", "projection_name", "recompute_factor"]
 
 BLOCK_INPUT = "xla_spmd_block_input"  # the checkpoint name of a block's input (offloaded by ``offload``)
+OTHER_DOT = "dot"  # a block's projection of no known role
+
+# MaxText's names, by what they hold; ``mlpwi`` is a non-gated MLP's input projection (GPT-2).
+QKV_NAMES = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+MLP_NAMES = ("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
+PROJECTIONS = (*QKV_NAMES, "out_proj", *MLP_NAMES, OTHER_DOT)
+
+# Module names of the projections (the last part of a block's submodule path): Hugging Face
+# Llama / Mistral / Qwen2, GPT-2 (Conv1D), GPT-NeoX, Falcon, Mixtral's experts.
+_BY_MODULE = {
+    "q_proj": "query_proj", "query": "query_proj",
+    "k_proj": "key_proj", "key": "key_proj",
+    "v_proj": "value_proj", "value": "value_proj",
+    "c_attn": "qkv_proj", "qkv_proj": "qkv_proj", "query_key_value": "qkv_proj", "Wqkv": "qkv_proj",
+    "o_proj": "out_proj", "out_proj": "out_proj",
+    "gate_proj": "mlpwi_0", "w1": "mlpwi_0", "up_proj": "mlpwi_1", "w3": "mlpwi_1",
+    "c_fc": "mlpwi", "fc1": "mlpwi", "fc_in": "mlpwi", "dense_h_to_4h": "mlpwi",
+    "down_proj": "mlpwo", "w2": "mlpwo", "fc2": "mlpwo", "fc_out": "mlpwo", "dense_4h_to_h": "mlpwo",
+}  # fmt: skip
 
 # Primitives whose outputs `none` recomputes: layout and dtype changes and sharding constraints.
 # A gathered weight reaches a matmul only through these, so none of it is kept.
@@ -53,8 +79,14 @@ class Remat(enum.Enum):
 
     NONE = "none"
     DOTS = "dots"
+    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
+    SAVE_QKV_PROJ = "save_qkv_proj"
     FULL = "full"
     OFFLOAD = "offload"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Remat | None:
+        return cls.DOTS if value == "minimal" else None  # MaxText's name for `dots`
 
     @classmethod
     def parse(cls, value: str | Remat) -> Remat:
@@ -63,12 +95,39 @@ class Remat(enum.Enum):
         try:
             return cls(value)
         except ValueError:
-            raise PlanError(f"remat must be one of {[r.value for r in cls]}, got {value!r}.") from None
+            raise PlanError(
+                f"remat must be one of {[r.value for r in cls]} (or 'minimal', MaxText's name for 'dots'), "
+                f"got {value!r:.60}."
+            ) from None
 
     @property
     def checkpoints_block(self) -> bool:
         """Keeps only the block's input: ``fsdp_xla``'s gradient checkpointing."""
         return self in (Remat.FULL, Remat.OFFLOAD)
+
+    @property
+    def saved_names(self) -> tuple[str, ...] | None:
+        """The projection names this policy keeps (``None``: every activation, ``none``)."""
+        return _SAVED[self]
+
+
+_SAVED: dict[Remat, tuple[str, ...] | None] = {
+    Remat.NONE: None,
+    Remat.DOTS: (*QKV_NAMES, "out_proj", *MLP_NAMES, OTHER_DOT),
+    Remat.SAVE_DOT_EXCEPT_MLP: (*QKV_NAMES, "out_proj"),
+    Remat.SAVE_QKV_PROJ: QKV_NAMES,
+    Remat.FULL: (),
+    Remat.OFFLOAD: (),
+}
+
+
+def projection_name(path: str) -> str:
+    """MaxText's name for the output of the projection at ``path`` inside a block (``self_attn.q_proj``
+    -> ``query_proj``); GPT-2's ``c_proj`` is ``out_proj`` under attention and ``mlpwo`` under the MLP."""
+    parent, _, leaf = path.rpartition(".")
+    if leaf == "c_proj":
+        return "out_proj" if "attn" in parent else "mlpwo"
+    return _BY_MODULE.get(leaf, OTHER_DOT)
 
 
 def _keep_activations(prim: Any, *_: Any, **__: Any) -> bool:
@@ -82,24 +141,29 @@ def jax_policy(remat: Remat) -> Any:
     policies = jax.checkpoint_policies
     if remat is Remat.NONE:
         return _keep_activations
-    if remat is Remat.DOTS:
-        return policies.dots_with_no_batch_dims_saveable
-    if remat is Remat.FULL:
-        return policies.nothing_saveable
-    return policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=[BLOCK_INPUT],
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
+    if remat is Remat.OFFLOAD:
+        return policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=[BLOCK_INPUT],
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+    names = remat.saved_names or ()
+    return policies.save_only_these_names(*names) if names else policies.nothing_saveable
 
 
-def recompute_factor(remat: Remat, attention_share: float) -> float:
-    """Hardware FLOPs over model FLOPs: ``dots`` runs attention's forward again
-    (``attention_share``: its part of the step's model FLOPs), ``full`` and ``offload`` the
-    whole forward (a third of the step)."""
+def recompute_factor(remat: Remat, attention_share: float, mlp_share: float = 0.0, out_share: float = 0.0) -> float:
+    """Hardware FLOPs over model FLOPs: a policy runs again in backward the forward of what it
+    does not keep (a forward is a third of the step's FLOPs). ``attention_share``, ``mlp_share``,
+    ``out_share``: attention's, the MLP's and the output projection's parts of the step's model
+    FLOPs; ``full`` and ``offload`` run the whole forward again."""
     if remat is Remat.NONE:
         return 1.0
-    if remat is Remat.DOTS:
-        return 1.0 + attention_share / 3
-    return 4 / 3
+    if remat.checkpoints_block:
+        return 4 / 3
+    again = attention_share
+    if remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ):
+        again += mlp_share
+    if remat is Remat.SAVE_QKV_PROJ:
+        again += out_share
+    return 1.0 + again / 3

@@ -24,6 +24,7 @@ __all__ = [
     "argument_bytes",
     "block_bytes",
     "check_even_splits",
+    "param_bytes",
     "param_spec_for",
     "state_bytes",
     "uneven_splits",
@@ -95,9 +96,15 @@ def block_bytes(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, itemsiz
     return total
 
 
-def state_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh) -> int:
-    """Per-device bytes of the fp32 parameters and AdamW's two fp32 moments, stored alike."""
-    return 3 * sum(block_bytes(s, spec_fn(n, s), mesh, 4) for n, s in shapes.items())
+def param_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh) -> int:
+    """Per-device bytes of the fp32 parameters alone."""
+    return sum(block_bytes(s, spec_fn(n, s), mesh, 4) for n, s in shapes.items())
+
+
+def state_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh, moment_bytes: int = 8) -> int:
+    """Per-device bytes of the fp32 parameters and AdamW's moments (``moment_bytes`` per
+    parameter: 8 for two fp32 moments, 6 with a bf16 first moment), stored alike."""
+    return sum(block_bytes(s, spec_fn(n, s), mesh, 4 + moment_bytes) for n, s in shapes.items())
 
 
 def argument_bytes(
@@ -106,8 +113,9 @@ def argument_bytes(
     mesh: Mesh,
     batch: tuple[int, int],
     axes: tuple[str, ...],
+    moment_bytes: int = 8,
 ) -> int:
-    """The step's arguments per device by our sharding math: the training state and the int32
-    token batch split over ``axes``."""
-    state = 3 * sum(block_bytes(s, specs[n], mesh, 4) for n, s in shapes.items())
+    """The step's arguments per device by our sharding math: the training state (`state_bytes`)
+    and the int32 token batch split over ``axes``."""
+    state = state_bytes(shapes, lambda n, s: specs[n], mesh, moment_bytes)
     return state + block_bytes(batch, P(axes or None), mesh, 4)

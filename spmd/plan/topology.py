@@ -12,13 +12,17 @@ chip's HBM, FLOP/s and links. ``tpu7x:2x2x1`` is 4 chips and 8 devices.
 
 Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table), per chip:
 
-| chip | bf16 TFLOP/s | HBM | devices | all-reduce GB/s | DCN GB/s | source of the all-reduce column |
-|---|---|---|---|---|---|---|
-| v4 | 275 | 32 GiB | 1 | 268.6 | 3.125 | 1.1 PB/s all-reduce per 4096-chip pod |
-| v5e | 197 | 16 GiB | 1 | 200 | 3.125 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
-| v5p | 459 | 95 GB | 1 | 600 | 6.25 | 1200 GB/s bidirectional ICI (4800 Gbps each way) |
-| v6e | 918 | 32 GB | 1 | 400 | 12.5 | 102.4 TB/s per 256-chip pod (800 GB/s bidirectional) |
-| tpu7x | 2307 | 192 GiB | 2 | 600 | 12.5 | 1200 GB/s bidirectional ICI, as v5p |
+| chip | bf16 TFLOP/s | HBM | HBM GB/s | MXU | devices | all-reduce GB/s | DCN GB/s | source of the all-reduce column |
+|---|---|---|---|---|---|---|---|---|
+| v4 | 275 | 32 GiB | 1200 | 128 | 1 | 268.6 | 3.125 | 1.1 PB/s all-reduce per 4096-chip pod |
+| v5e | 197 | 16 GiB | 819 | 128 | 1 | 200 | 3.125 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
+| v5p | 459 | 95 GB | 2765 | 128 | 1 | 600 | 6.25 | 1200 GB/s bidirectional ICI (4800 Gbps each way) |
+| v6e | 918 | 32 GB | 1638 | 256 | 1 | 400 | 12.5 | 102.4 TB/s per 256-chip pod (800 GB/s bidirectional) |
+| tpu7x | 2307 | 192 GiB | 7380 | 256 | 2 | 600 | 12.5 | 1200 GB/s bidirectional ICI, as v5p |
+
+The MXU column is the side of the matrix unit's systolic array (128 x 128 through v5p, 256 x 256
+from v6e on): a matmul dimension is padded to a multiple of it, which the step-time model counts
+(`spmd.plan._step_time`).
 
 HBM is the compiler's verdict first: libtpu fails a compile that does not fit its device (v5e: "Used
 45.97G of 15.75G hbm", 16 GiB less 0.25 GiB it reserves), and the planner reports that as OOM;
@@ -66,6 +70,8 @@ class ChipSpec:
     names_count_cores: bool
     three_d: bool
     devices_per_chip: int = 1
+    hbm_bytes_per_second: float = 0.0
+    mxu: int = 128
 
     @property
     def device_peak_flops(self) -> float:
@@ -83,15 +89,60 @@ class ChipSpec:
     def device_dcn_bytes_per_second(self) -> float:
         return self.dcn_bytes_per_second / self.devices_per_chip
 
+    @property
+    def device_hbm_bytes_per_second(self) -> float:
+        return self.hbm_bytes_per_second / self.devices_per_chip
+
 
 GIB = 2**30
 _POD_DCN = 6.4e12 / 8 / 256  # v5e: 6.4 Tbps per 256-chip pod, per chip
 # Peak FLOP/s have one home, spmd.mfu.peak; HBM and interconnect are the planner's.
 CHIP_SPECS: dict[str, ChipSpec] = {
-    "v4": ChipSpec("TPU v4", "v4", CHIPS["v4"].peak_flops, 32 * GIB, 1.1e15 / 4096, _POD_DCN, True, True),
-    "v5e": ChipSpec("TPU v5e", "v5e", CHIPS["v5e"].peak_flops, 16 * GIB, 51.2e12 / 256, _POD_DCN, False, False),
-    "v5p": ChipSpec("TPU v5p", "v5p", CHIPS["v5p"].peak_flops, 95 * 10**9, 4800e9 / 8, 50e9 / 8, True, True),
-    "v6e": ChipSpec("TPU v6e", "v6e", CHIPS["v6e"].peak_flops, 32 * 10**9, 102.4e12 / 256, 100e9 / 8, False, False),
+    "v4": ChipSpec(
+        "TPU v4",
+        "v4",
+        CHIPS["v4"].peak_flops,
+        32 * GIB,
+        1.1e15 / 4096,
+        _POD_DCN,
+        True,
+        True,
+        hbm_bytes_per_second=1200e9,
+    ),
+    "v5e": ChipSpec(
+        "TPU v5e",
+        "v5e",
+        CHIPS["v5e"].peak_flops,
+        16 * GIB,
+        51.2e12 / 256,
+        _POD_DCN,
+        False,
+        False,
+        hbm_bytes_per_second=819e9,
+    ),
+    "v5p": ChipSpec(
+        "TPU v5p",
+        "v5p",
+        CHIPS["v5p"].peak_flops,
+        95 * 10**9,
+        4800e9 / 8,
+        50e9 / 8,
+        True,
+        True,
+        hbm_bytes_per_second=2765e9,
+    ),
+    "v6e": ChipSpec(
+        "TPU v6e",
+        "v6e",
+        CHIPS["v6e"].peak_flops,
+        32 * 10**9,
+        102.4e12 / 256,
+        100e9 / 8,
+        False,
+        False,
+        hbm_bytes_per_second=1638e9,
+        mxu=256,
+    ),
     "tpu7x": ChipSpec(
         "TPU7x",
         "tpu7x",
@@ -102,6 +153,8 @@ CHIP_SPECS: dict[str, ChipSpec] = {
         True,
         True,
         CHIPS["7x"].devices_per_chip,
+        hbm_bytes_per_second=7380e9,
+        mxu=256,
     ),
 }
 

@@ -13,10 +13,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
 
+from mesh._checks import is_int
 from mesh._mesh import summarize_ids
 from spmd.errors import HloShardingError, SpmdTypeError
 
@@ -67,16 +67,12 @@ _MAX_DEVICE_ID = 2**31  # runtime device ordinals are int32, as `Mesh` checks
 _MAX_TILE_DIMS = 63  # numpy's 64 dims, less the replication dim of the tile assignment
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
 def _int_tuple(value: object, what: str, fix: str) -> tuple[int, ...]:
     """``value`` as a tuple of ints, or SpmdTypeError naming ``what``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
         raise SpmdTypeError(f"{what} is a tuple of ints, got {value!r:.200} ({type(value).__name__}). {fix}")
     items = list(value)
-    bad = [v for v in items if not _is_int(v)]
+    bad = [v for v in items if not is_int(v)]
     if bad:
         raise SpmdTypeError(f"{what} is a tuple of ints; {bad[0]!r:.80} ({type(bad[0]).__name__}) is not. {fix}")
     return tuple(int(v) for v in items)
@@ -153,7 +149,7 @@ class HloSharding:
         fix = "Build it with HloSharding.tiled(array of device ids) or HloSharding.parse(text)."
         object.__setattr__(self, "tile_shape", _int_tuple(self.tile_shape, "tile_shape", fix))
         object.__setattr__(self, "devices", _int_tuple(self.devices, "devices", fix))
-        if not _is_int(self.replication):
+        if not is_int(self.replication):
             raise SpmdTypeError(f"replication is an int >= 1, got {self.replication!r:.80}. {fix}")
         object.__setattr__(self, "replication", int(self.replication))
         if self.kind is ShardingKind.TILED:
@@ -205,7 +201,7 @@ class HloSharding:
     @classmethod
     def maximal(cls, device: int) -> HloSharding:
         """One device holds the whole array."""
-        if not _is_int(device):
+        if not is_int(device):
             raise SpmdTypeError(
                 f"A maximal sharding's device is an int id, got {device!r:.80} ({type(device).__name__})."
             )

@@ -8,12 +8,14 @@ dim into one tile dim; merge the unnamed axes into one replication dim. No torch
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral
 
 from mesh import Mesh, MeshTypeError
+from mesh._checks import is_int
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
 from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
@@ -24,13 +26,23 @@ __all__ = ["NamedSharding", "resolve_spec", "hlo_sharding_for"]
 # numpy arrays have at most 64 dims; a tile assignment has one per tensor dim plus one to replicate.
 _MAX_RANK = 63
 
+# Distinct (mesh, spec, rank, shape) a program converts: a model has a few hundred parameters.
+_CACHE_SIZE = 4096
+
 
 def torch_size_type() -> type:
     """``torch.Size`` when torch is loaded (shapes come as one), else ``tuple`` (no torch import here)."""
-    import sys
-
     torch = sys.modules.get("torch")
     return torch.Size if torch is not None else tuple
+
+
+def _once(cached: Callable, *args: object) -> object:
+    """``cached(*args)`` through its cache; while torch.compile traces, the function itself
+    (Dynamo traces through a cache anyway, and warns when it meets one)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        return cached.__wrapped__(*args)
+    return cached(*args)
 
 
 def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank: int) -> str:
@@ -40,15 +52,11 @@ def _context(mesh: Mesh, spec: PartitionSpec, shape: Sequence[int] | None, rank:
 
 def _check_rank_and_shape(rank: object, shape: object) -> None:
     """``rank`` an int 0..63 and ``shape`` (if given) that many sizes >= 0, or SpecRankError."""
-    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank <= _MAX_RANK:
+    if not is_int(rank) or not 0 <= rank <= _MAX_RANK:
         raise SpecRankError(f"rank must be an int from 0 to {_MAX_RANK} (a tensor's number of dims), got {rank!r:.80}.")
     if shape is not None:
         dims = tuple(shape) if isinstance(shape, (tuple, list, torch_size_type())) else None
-        if (
-            dims is None
-            or len(dims) != rank
-            or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in dims)
-        ):
+        if dims is None or len(dims) != rank or not all(is_int(n) and n >= 0 for n in dims):
             raise SpecRankError(
                 f"shape must be {rank} non-negative ints (one per dim of the rank-{rank} tensor), got {shape!r:.200}."
             )
@@ -72,7 +80,7 @@ def resolve_spec(
         raise MeshTypeError(
             f"resolve_spec(mesh, spec, rank) needs a Mesh first, got {mesh!r:.80} ({type(mesh).__name__}){swapped}."
         )
-    spec = PartitionSpec.from_value(spec)
+    spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec.from_value(spec)
     _check_rank_and_shape(rank, shape)
     where = _context(mesh, spec, shape, rank)
     if len(spec) > rank:
@@ -112,7 +120,10 @@ def hlo_sharding_for(
     """The XLA sharding that ``(mesh, spec)`` gives a tensor of ``rank`` dims.
 
     A one-device mesh gives a maximal sharding on that device (as torch_xla does); a spec
-    that shards nothing (or only over size-1 axes) gives a replicated one.
+    that shards nothing (or only over size-1 axes) gives a replicated one. A pure function of
+    hashable values, so it is cached (as JAX caches its conversion): a `Mesh`, a
+    `PartitionSpec` and Python ints are converted once; other arguments (a tuple spec, a numpy
+    int) are checked and converted each time.
 
     Example:
         >>> import numpy as np
@@ -120,6 +131,34 @@ def hlo_sharding_for(
         >>> str(hlo_sharding_for(mesh, PartitionSpec("data"), 2))
         '{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}'
     """
+    key = _cache_key(mesh, spec, rank, shape)
+    if key is None:
+        return _compute_hlo_sharding(mesh, spec, rank, shape)
+    return _once(_cached_hlo_sharding, *key)  # type: ignore[return-value]
+
+
+def _cache_key(mesh: object, spec: object, rank: object, shape: object) -> tuple | None:
+    """The arguments as a cache key, or None when they are not exactly a `Mesh`, a
+    `PartitionSpec` and Python ints: ``True == 1`` and ``2.0 == 2`` hash alike, and a cache keyed
+    on them would give a bool rank the result of 1 instead of its error."""
+    if not (isinstance(mesh, Mesh) and isinstance(spec, PartitionSpec) and type(rank) is int):
+        return None
+    if shape is None:
+        return mesh, spec, rank, None
+    if isinstance(shape, tuple) and all(type(n) is int for n in shape):  # torch.Size is a tuple
+        return mesh, spec, rank, tuple(shape)
+    return None
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _cached_hlo_sharding(mesh: Mesh, spec: PartitionSpec, rank: int, shape: tuple[int, ...] | None) -> HloSharding:
+    return _compute_hlo_sharding(mesh, spec, rank, shape)
+
+
+def _compute_hlo_sharding(
+    mesh: Mesh, spec: PartitionSpec | Sequence[object], rank: int, shape: Sequence[int] | None
+) -> HloSharding:
+    """`hlo_sharding_for` without the cache: check, then convert."""
     dims = resolve_spec(mesh, spec, rank, shape)
     if mesh.size() == 1:
         return HloSharding.maximal(int(mesh.device_ids[0]))
@@ -136,6 +175,13 @@ def hlo_sharding_for(
     if replication == 1:
         return HloSharding.tiled(assignment.reshape(tile_shape))
     return HloSharding.tiled(assignment.reshape(tile_shape + [replication]), replicate_last_dim=True)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _check_spec_on_mesh(mesh: Mesh, spec: PartitionSpec) -> None:
+    """Every axis ``spec`` names is in ``mesh``, once (a check, not a conversion: the tensor's
+    rank and shape come later, with `hlo_sharding_for`)."""
+    resolve_spec(mesh, spec, len(spec))
 
 
 @dataclass(frozen=True)
@@ -159,8 +205,9 @@ class NamedSharding:
             )
         if not isinstance(self.mesh, Mesh):
             raise MeshTypeError(f"NamedSharding needs a Mesh, got {type(self.mesh).__name__}.")
-        object.__setattr__(self, "spec", PartitionSpec.from_value(self.spec))
-        hlo_sharding_for(self.mesh, self.spec, len(self.spec))  # checked when built (JAX's rule), not at first use
+        if not isinstance(self.spec, PartitionSpec):
+            object.__setattr__(self, "spec", PartitionSpec.from_value(self.spec))
+        _once(_check_spec_on_mesh, self.mesh, self.spec)  # checked when built (JAX's rule), not at first use
 
     def hlo_sharding(self, rank: int, shape: Sequence[int] | None = None) -> HloSharding:
         """The XLA sharding for a tensor of ``rank`` dims (see `hlo_sharding_for`)."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from numbers import Integral
 
 from mesh import AxisRef
+from mesh._checks import is_int
 from spmd.errors import DuplicateAxisError, PartitionSpecTypeError
 
 __all__ = ["PartitionSpec", "P", "SpecEntry"]
@@ -23,7 +23,7 @@ def _check_axis(axis: object, entries: tuple[object, ...], pos: int) -> AxisName
                 "are non-empty identifiers (letters, digits and _), as Mesh requires. Use None to replicate that dim."
             )
         return axis
-    if isinstance(axis, Integral) and not isinstance(axis, bool):
+    if is_int(axis):
         return int(axis)
     raise PartitionSpecTypeError(
         f"{_format(entries)}: entry {pos}: {axis!r:.80} ({type(axis).__name__}) is not a mesh axis; an entry is a "

@@ -13,10 +13,10 @@ two axes at most). Pure conversion: no runtime, no process group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 from typing import Any
 
 from mesh import Mesh, MeshTypeError
+from mesh._checks import is_int
 from spmd._util import torch_compat
 from spmd.errors import PartialPlacementError, PlacementDimError, PlacementError, ShardingError, SpmdTypeError
 from spmd.sharding._named_sharding import resolve_spec
@@ -54,7 +54,7 @@ def _check_arguments(placements: object, mesh: object, rank: object) -> list[Any
     """The placements as a list, after checking the three arguments' types (no placement math)."""
     if not isinstance(mesh, Mesh):
         raise MeshTypeError(f"spec_from_placements needs a Mesh, got {mesh!r:.80} ({type(mesh).__name__}).")
-    if isinstance(rank, bool) or not isinstance(rank, Integral):
+    if not is_int(rank):
         raise SpmdTypeError(f"rank is an int (the tensor's number of dims), got {rank!r:.80} ({type(rank).__name__}).")
     if not 0 <= rank <= _MAX_RANK:
         raise PlacementError(f"rank is the tensor's number of dims, 0 to {_MAX_RANK}; got {rank}.")
@@ -68,7 +68,7 @@ def _check_arguments(placements: object, mesh: object, rank: object) -> list[Any
 
 def _shard_dim(p: Any, rank: int, where: str) -> int:
     """The tensor dim a ``Shard`` splits, checked against ``rank``."""
-    if isinstance(p.dim, bool) or not isinstance(p.dim, Integral):
+    if not is_int(p.dim):
         raise PlacementError(f"{where}: {p!r:.80} splits dim {p.dim!r:.40}; Shard takes an int tensor dim.")
     dim = p.dim + rank if p.dim < 0 else p.dim
     if not 0 <= dim < rank:

@@ -9,10 +9,13 @@ with our imports. Nothing of pytorch/xla is copied into this project; the files 
 the checkout into a temporary directory.
 
     python tests/compat/run_torch_xla_spmd_tests.py --xla-repo PATH [--ref v2.9.0] [--json out.json]
+    python tests/compat/run_torch_xla_spmd_tests.py --xla-repo PATH --reference tests/data/torch_xla_spmd/v2.9.0.json
 
 PATH is a pytorch/xla git checkout or bare git directory. The exit code is 1 when a test that
 passes on torch_xla fails with ours and is not one of the intended differences below (each
-listed, with its reason, in docs/migration.md).
+listed, with its reason, in docs/migration.md). ``--reference`` takes torch_xla's outcomes from
+a file an earlier run wrote (``--json``) instead of running torch_xla again: the file in
+tests/data holds what torch_xla 2.9.0 passed here, at the commit it names.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ SUITES = (
     "test/spmd/test_xla_spmd_python_api_interaction.py",
     "test/spmd/test_dtensor_redistribute.py",
     "test/spmd/test_dtensor_convert_mesh.py",
+    "test/spmd/test_xla_sharded_tensor.py",
+    "test/spmd/test_xla_dtensor_spec_conversion.py",
+    "test/spmd/test_xla_dtensor_placements.py",
 )
 HELPERS = ("test/spmd/test_xla_sharding_base.py", "test/spmd/args_parse.py")
 
@@ -113,6 +119,26 @@ def run(files: dict[str, str], suites: list[str], workdir: Path, label: str) -> 
     return outcomes
 
 
+def reference_outcomes(path: Path, ref: str, suites: list[str]) -> dict[str, str]:
+    """torch_xla's outcomes for ``suites`` from a file ``--json`` wrote (``results.torch_xla``).
+
+    Raises:
+        SystemExit: the file is not such a record, is of another ref, or lacks one of ``suites``.
+    """
+    try:
+        data = json.loads(path.read_text())
+        recorded = data["results"]["torch_xla"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--reference {path}: not a record written by --json ({type(e).__name__}: {e}).") from None
+    if data.get("ref") != ref:
+        raise SystemExit(f"--reference {path} holds ref {data.get('ref')!r}, the tests run are {ref!r}; pass --ref.")
+    stems = {Path(s).stem for s in suites}
+    absent = sorted(stems - {name.split("::")[0] for name in recorded})
+    if absent:
+        raise SystemExit(f"--reference {path} has no torch_xla outcomes for {absent}; run without --reference.")
+    return {n: o for n, o in recorded.items() if n.split("::")[0] in stems}
+
+
 def _count(outcomes: dict[str, str]) -> str:
     counts = {k: list(outcomes.values()).count(k) for k in ("passed", "failed", "skipped")}
     return ", ".join(f"{v} {k}" for k, v in counts.items())
@@ -124,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", default="v2.9.0", help="git ref of the tests (default v2.9.0; '' = work tree)")
     parser.add_argument("--json", type=Path, help="write every test's outcome here")
     parser.add_argument("--only-ours", action="store_true", help="skip the torch_xla run")
+    parser.add_argument("--reference", type=Path, help="torch_xla's outcomes from an earlier --json (skips its run)")
     parser.add_argument(
         "--suite", action="append", help=f"a test file to run (repeatable; default: {', '.join(SUITES)})"
     )
@@ -134,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     suites = [Path(p).name for p in paths]
     with tempfile.TemporaryDirectory(prefix="torch_xla_compat_") as tmp:
         results = {}
-        if not args.only_ours:
+        if args.reference:
+            results["torch_xla"] = reference_outcomes(args.reference, args.ref, suites)
+        elif not args.only_ours:
             results["torch_xla"] = run(sources, suites, Path(tmp) / "torch_xla", "torch_xla")
         results["ours"] = run({n: ours(s) for n, s in sources.items()}, suites, Path(tmp) / "ours", "ours")
 

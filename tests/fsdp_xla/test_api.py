@@ -221,3 +221,24 @@ def test_a_refused_wrap_changes_nothing_and_a_retry_works(xla, refusal, error):
         clear_sharding(model.h[2].c_fc.weight)
     FSDP(model, mesh=mesh, auto_wrap_policy=transformer_auto_wrap_policy({Block}))
     assert model.fsdp_units == ["", "h.0", "h.1", "h.2"]
+
+
+def test_options_check_themselves_when_built():
+    """FSDPOptions is checked and resolved in its constructor, whoever builds it."""
+    from fsdp_xla import FSDPOptions, FSDPTypeError, MeshAxisError
+    from mesh import Mesh
+
+    mesh = Mesh(np.arange(8), (8,), ("fsdp",))
+    options = FSDPOptions(mesh=mesh, mixed_precision=torch.bfloat16, init_seed=np.int64(3))
+    assert options.mixed_precision.compute_dtype == torch.bfloat16 and type(options.init_seed) is int
+    with pytest.raises(FSDPTypeError, match="FSDP: gradient_checkpointing must be True or False, got 'no'"):
+        FSDPOptions(mesh=mesh, gradient_checkpointing="no")
+    with pytest.raises(MeshAxisError, match="has axes \\('data',\\)"):
+        FSDPOptions(mesh=Mesh(np.arange(8), (8,), ("data",)))
+
+
+def test_fsdp_is_fully_shard_by_its_own_constructor():
+    from fsdp_xla import FullyShardedDataParallel
+
+    assert "__new__" in vars(FullyShardedDataParallel)  # defined in the class, not patched on from api.py
+    assert FullyShardedDataParallel.__new__.__qualname__ == "FullyShardedDataParallel.__new__"

@@ -51,8 +51,8 @@ def lbfgs(m):
     [
         (lambda p, m: ck.load_sharded(m, p), CheckpointTypeError, r"load_sharded\(path, model, ...\): path and model are swapped"),
         (lambda p, m: ck.save_sharded(m, p), CheckpointTypeError, r"save_sharded\(path, model, ...\): path and model are swapped"),
-        (lambda p, m: ck.load_sharded(p, m, strict="no"), CheckpointTypeError, "strict takes True or False, got str 'no'"),
-        (lambda p, m: ck.consolidate(p, optimizer="no"), CheckpointTypeError, "optimizer takes True or False"),
+        (lambda p, m: ck.load_sharded(p, m, strict="no"), CheckpointTypeError, "strict must be True or False, got 'no'"),
+        (lambda p, m: ck.consolidate(p, optimizer="no"), CheckpointTypeError, "optimizer must be True or False"),
         (lambda p, m: ck.consolidate(5), CheckpointTypeError, "consolidate: path must be a str or os.PathLike"),
         (lambda p, m: ck.checkpoint_version(5), CheckpointTypeError, "checkpoint_version: path must be a str"),
         (lambda p, m: ck.save_sharded(p, m, extra=[1, 2]), CheckpointTypeError, "extra must be a dict or None, got list"),

@@ -2,6 +2,7 @@
 index fails before any tensor is read, naming the entry. Host tensors: no XLA runtime needed."""
 
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from safetensors.torch import save_file
 
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import CheckpointError
-from fsdp_xla.checkpoint._format import DTYPE_NAMES, check_index
+from fsdp_xla.checkpoint._format import DTYPE_NAMES, Block, CheckpointIndex, TensorEntry, parse_index
 from tests.torchrun import WORKERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,8 @@ def worker(*args, **kw):
 
 
 def test_dtype_names_are_the_readers():
-    assert set(ck._load.DTYPES) == DTYPE_NAMES
+    """Every dtype name the index check allows is one the reader turns into torch's dtype."""
+    assert all(TensorEntry((), name, ()).torch_dtype == getattr(torch, name) for name in DTYPE_NAMES)
 
 
 def test_latest_pointing_outside_is_refused(tmp_path):
@@ -181,9 +183,31 @@ B0 = (*W, "blocks", 0)
     ],
 )
 def test_bad_index_entries_fail_fast_naming_the_entry(change, message, tmp_path):
-    check_index(good_meta(), tmp_path / "index.json")  # the unbroken one passes
+    parse_index(good_meta(), tmp_path / "index.json")  # the unbroken one passes
     with pytest.raises(CheckpointError, match=message):
-        check_index(broken(change), tmp_path / "index.json")
+        parse_index(broken(change), tmp_path / "index.json")
+
+
+def test_the_index_is_parsed_once_into_frozen_values(tmp_path):
+    meta = good_meta()
+    meta["tensors"]["model/w"]["blocks"][0]["crc32"] = 7
+    meta["aliases"] = {"model/tied": "model/w"}
+    index = parse_index(meta, tmp_path / "index.json")
+    assert isinstance(index, CheckpointIndex) and index.optimizer is None and index.aliases == {"model/tied": "model/w"}
+    assert index.tensors["model/w"] == TensorEntry(
+        (4, 6),
+        "float32",
+        (
+            Block("device-00000.safetensors", ((0, 2), (0, 6)), 7),
+            Block("device-00001.safetensors", ((2, 4), (0, 6)), None),
+        ),
+    )
+    assert index.tensors["model/w"].blocks[1].region == (slice(2, 4), slice(0, 6))
+    assert index.files() == ["device-00000.safetensors", "device-00001.safetensors"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        index.tensors["model/w"].shape = (1,)
+    with pytest.raises(TypeError):  # a read-only mapping: the parse is the one place the index is built
+        index.tensors["model/x"] = index.tensors["model/w"]
 
 
 def test_index_of_many_tiny_blocks_is_not_a_grid(tmp_path):
@@ -193,7 +217,7 @@ def test_index_of_many_tiny_blocks_is_not_a_grid(tmp_path):
     meta["tensors"]["model/w"]["blocks"] = blocks
     started = time.perf_counter()
     with pytest.raises(CheckpointError, match="do not form a grid"):
-        check_index(meta, tmp_path / "index.json")
+        parse_index(meta, tmp_path / "index.json")
     assert time.perf_counter() - started < 1.0
 
 

@@ -269,3 +269,31 @@ def test_shard_as_checks_its_pairs_and_runs_on_the_lane_as_installed(xla):
     x, y = shard_as(a * 2, torch.ones(8, 4).to(xla))  # through torch_xla's JAX bridge (torchax, no flax)
     assert tuple(x.shape) == tuple(y.shape) == (8, 4)
     torch.testing.assert_close(x.cpu(), a.cpu() * 2)
+
+
+def test_one_mark_sharding_converts_its_spec_and_computes_its_hlo_sharding_once(xla, monkeypatch):
+    """Check once, convert once: the spec is read from its tuple once and the HLO sharding
+    computed once (resolve_sharding and NamedSharding's own check each computed it)."""
+    import spmd.sharding._named_sharding as named
+    from spmd import PartitionSpec
+
+    calls = {"hlo": 0, "from_value": 0}
+    compute, from_value = named._compute_hlo_sharding, PartitionSpec.from_value
+
+    def counted_compute(*args):
+        calls["hlo"] += 1
+        return compute(*args)
+
+    def counted_from_value(spec):
+        calls["from_value"] += 1
+        return from_value(spec)
+
+    monkeypatch.setattr(named, "_compute_hlo_sharding", counted_compute)
+    monkeypatch.setattr(PartitionSpec, "from_value", staticmethod(counted_from_value))
+    named._cached_hlo_sharding.cache_clear()
+    named._check_spec_on_mesh.cache_clear()
+    x = mark_sharding(torch.zeros(8, 6).to(xla), MESH_2D, ("data", None))
+    assert calls == {"hlo": 1, "from_value": 1}
+    assert x.sharding.spec == PartitionSpec("data", None)
+    mark_sharding(torch.zeros(8, 6).to(xla), MESH_2D, PartitionSpec("data", None))
+    assert calls == {"hlo": 1, "from_value": 2}  # once per call; the same (mesh, spec, shape): from the cache

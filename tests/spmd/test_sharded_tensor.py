@@ -1,4 +1,4 @@
-"""What mark_sharding returns on torch_xla: a torch.Tensor view with shards and torch_xla's attributes."""
+"""What mark_sharding returns on torch_xla: a DTensor subclass view with shards and torch_xla's attributes."""
 
 import numpy as np
 import pytest
@@ -167,3 +167,129 @@ def test_visualize_a_computed_sharded_tensor(xla):
     visualize_sharding(out, console=Console(file=buffer, width=120))
     text = buffer.getvalue()
     assert "(8, 4) sharded as computed" in text and "dev 0, 1" in text
+
+
+# DTensor's interface, as torch_xla 2.9's XLAShardedTensor has it ------------------------------
+
+
+def test_it_is_a_dtensor_with_its_spec(xla):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    mesh = Mesh(np.arange(8)[::-1].copy(), (4, 2), ("data", "model"))  # ids out of order: kept
+    x = mark_sharding(torch.randn(8, 6).to(xla), mesh, ("data", None))
+    assert isinstance(x, DTensor) and isinstance(x, XLAShardedTensor)
+    spec = x._spec
+    assert isinstance(spec, DTensorSpec) and spec is x._spec  # cached
+    assert spec.placements == (Shard(0), Replicate()) == x.placements
+    assert spec.tensor_meta.shape == (8, 6) and spec.tensor_meta.dtype == torch.float32
+    dm = x.device_mesh
+    assert dm is spec.mesh and dm.device_type == "xla" and dm.mesh_dim_names == ("data", "model")
+    assert dm.mesh.tolist() == mesh.get_logical_mesh().tolist()
+    x.invalidate_spec_cache()
+    assert x._cached_spec is None and x._spec is not spec and x._spec.placements == spec.placements
+
+
+def test_its_spec_matches_torch_xlas_for_a_distributed_tensor(xla):
+    from torch.distributed.tensor import DeviceMesh, Replicate, Shard
+    from torch.distributed.tensor import distribute_tensor as torch_distribute_tensor
+
+    import spmd
+
+    dm = DeviceMesh("xla", torch.arange(8).reshape(2, 4))
+    for placements in ([Shard(0), Shard(1)], [Shard(0), Replicate()], [Replicate(), Shard(1)]):
+        t = torch.randn(16, 8)
+        ours = spmd.distribute_tensor(t, dm, placements)
+        theirs = torch_distribute_tensor(t, dm, placements)  # torch hands an xla mesh to torch_xla
+        assert type(ours) is XLAShardedTensor and type(theirs).__module__.startswith("torch_xla")
+        assert ours._spec.placements == theirs._spec.placements == tuple(placements)
+        assert ours._spec.mesh.shape == theirs._spec.mesh.shape == (2, 4)
+        assert ours._spec.tensor_meta == theirs._spec.tensor_meta
+        assert ours.sharding_spec == theirs.sharding_spec
+
+
+def test_autograd_through_the_constructor(xla):
+    host = torch.randn(4, 4)
+    leaf = XLAShardedTensor(host.to(xla), requires_grad=True)
+    assert leaf.is_leaf and leaf.requires_grad
+    (leaf * leaf).sum().backward()
+    assert leaf.grad is not None and leaf.grad.shape == leaf.shape
+    torch.testing.assert_close(leaf.grad.cpu(), 2 * host)
+
+    w = host.to(xla).requires_grad_(True)
+    attached = XLAShardedTensor(w, requires_grad=True)  # already in autograd: gradients reach w
+    (attached * 3).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.full((4, 4), 3.0))
+    assert not XLAShardedTensor(w, requires_grad=False).requires_grad
+    assert XLAShardedTensor(w).requires_grad
+    with pytest.raises(TypeError, match="requires_grad must be True, False or None, got 'yes'"):
+        XLAShardedTensor(w, requires_grad="yes")
+
+
+def test_wrap_as_sharded_tensor_records_a_reshard(xla):
+    from torch.distributed.tensor import Replicate, Shard
+
+    from spmd.xla_sharding import wrap_as_sharded_tensor
+
+    t = torch.randn(16, 8).to(xla)
+    wrapped = wrap_as_sharded_tensor(t, mesh_shape=(8,), partition_spec=(0, None))
+    assert wrapped.mesh_shape == (8,) and wrapped.partition_spec == (0, None)
+    first = wrapped._spec
+    assert first.placements == (Shard(0),)
+    again = wrap_as_sharded_tensor(wrapped, mesh_shape=(2, 4))  # the spec recorded before stays
+    assert again is wrapped and again.mesh_shape == (2, 4) and again.partition_spec == (0, None)
+    assert again._spec is not first and again._spec.mesh.shape == (2, 4)
+    assert again.placements == (Shard(0), Replicate())
+    wrap_as_sharded_tensor(again, partition_spec=(0, 1))
+    assert again.placements == (Shard(0), Shard(1))
+    with pytest.raises(MeshError, match=">= 1"):
+        wrap_as_sharded_tensor(again, mesh_shape=(0,))
+
+
+def test_redistribute_keeps_mesh_shape_and_spec(xla):
+    from torch.distributed.tensor import Replicate, Shard
+
+    x = mark_sharding(torch.randn(8, 16).to(xla), MESH, ("data", None))
+    moved = x.redistribute(placements=[Replicate(), Shard(1)])  # no mesh: its own, as DTensor's
+    assert moved.mesh_shape == (4, 2) and moved.partition_spec == (None, 1)
+    assert moved.placements == (Replicate(), Shard(1)) and moved.device_mesh.shape == (4, 2)
+    with pytest.raises(ValueError, match=r"give the placements, one per mesh axis"):
+        x.redistribute(MESH)
+    with pytest.raises(ValueError, match="without a device_mesh: XLAShardedTensor requires mesh_shape"):
+        (x + 1).redistribute(placements=[Replicate(), Replicate()])
+
+
+def test_what_it_cannot_answer_is_a_typed_error(xla):
+    x = mark_sharding(torch.randn(8, 4).to(xla), MESH, ("data", None))
+    result = x * 2  # a result of an op: no mesh or spec of its own, as torch_xla's
+    with pytest.raises(ValueError, match="^DTensorSpec not available: XLAShardedTensor requires mesh_shape"):
+        _ = result._spec
+    with pytest.raises(ValueError, match="^Placements not available"):
+        _ = result.placements
+    with pytest.raises(TypeError, match=r"has no per-process local tensor on GSPMD.*full_tensor\(\)"):
+        x.to_local()
+    torch.testing.assert_close(x.full_tensor().cpu(), x.cpu())
+
+
+def test_mark_sharding_returns_a_dtensor_on_the_dtensor_backend(tmp_path):
+    """The current lane (torch.distributed): the value mark_sharding returns is torch's own DTensor."""
+    from tests.torchrun import torchrun
+
+    script = tmp_path / "is_dtensor.py"
+    script.write_text(DTENSOR_SCRIPT)
+    run = torchrun(script, 2, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.count("DTensor (Shard(dim=0),) 2 -> 4.0") == 2
+
+
+DTENSOR_SCRIPT = """
+import numpy as np, torch, torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from mesh import Mesh
+from spmd import P, mark_sharding
+
+dist.init_process_group("gloo")
+x = mark_sharding(torch.ones(4), Mesh(np.arange(2), (2,), ("x",)), P("x"))
+print(type(x).__name__ if type(x) is DTensor else type(x), x.placements, x.to_local().numel(), "->", x.full_tensor().sum().item())
+dist.destroy_process_group()
+"""

@@ -29,6 +29,20 @@ TINY = {
     "max_position_embeddings": 512,
     "tie_word_embeddings": False,
 }
+# The fidelity checks' Llama: no dim equals the sequence (384), so a buffer with two dims of 384
+# is a seq x seq one; 3 layers, a number no other dim is either.
+FIDELITY = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 640,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+FIDELITY_SEQ = 384
 REMATS = ("none", "dots", "offload")  # `full` is offload's program without the transfers: the slow tests plan it
 
 
@@ -40,16 +54,20 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
 
 
 def advisor(config: Path, out: Path, results: dict) -> None:
-    """Data parallel, FSDP and 2-D on 4 chips under a 74 MiB budget, through the CLI; then again
-    with --jobs 2 (spawned worker processes), every compile from the cache."""
+    """Data parallel, FSDP and 2-D on 4 chips under a 74 MiB budget, through the CLI, compiling in 2
+    worker processes; then again, every compile from the cache."""
     args = lambda name: [  # noqa: E731
         str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "dp,fsdp,2d", "--tensors", "2",
         "--per-device-batches", "8", "--remats", "dots", "--seq", "128", "--hbm-gib", str(74 / 1024),
         "--cache", str(out / "cache"), "--json", str(out / name), "--fsdp-config", str(out / "fsdp_config.json"),
         "--plot", str(out / "advice.png"),
     ]  # fmt: skip
-    results["advise_exit"], results["advise_stdout"], _ = run_cli(args("advice.json"))
-    results["advise_again_exit"], _, _ = run_cli([*args("advice_again.json"), "--jobs", "2"])
+    results["advise_exit"], results["advise_stdout"], results["advise_stderr"] = run_cli(args("advice.json"))
+    results["advise_again_exit"], _, results["advise_again_stderr"] = run_cli(
+        [*args("advice_again.json"), "--jobs", "2"]
+    )
+    # The advisor rules data parallel out by our math: compile it apart for the tests that read it.
+    results["dp"] = plan(str(config), "v5e:2x2", strategy="dp", global_batch=32, seq_len=128, remat="dots").to_dict()
 
 
 def policies_and_kernels(config: Path, results: dict) -> None:
@@ -60,6 +78,79 @@ def policies_and_kernels(config: Path, results: dict) -> None:
         results[f"remat_{remat}"] = report.to_dict()
     flash = plan(str(config), "v5e:2x2", global_batch=64, seq_len=512, attention="flash")
     results["flash"] = flash.to_dict()
+
+
+def _compiled(config: Path, remat: str, attention: str, moment_dtype: str = "float32") -> dict:
+    """One step of FIDELITY on tpu7x:2x2x1 (16 sequences of 384): every shape in its optimized
+    HLO with two dims of the sequence's length, its memory, and what the block scan saves."""
+    import re
+
+    from spmd.plan.api import _lower, _request
+    from spmd.plan.compile import compile_step
+    from spmd.plan.models import build_meta_model
+    from spmd.plan.settings import PlanSettings
+
+    settings = PlanSettings("tpu7x:2x2x1", 1, FIDELITY_SEQ, "bfloat16", attention, None, moment_dtype)
+    req = _request(settings, "fsdp", None, 16, remat, 4)
+    module, hf_config = build_meta_model(str(config))
+    lowered, _, _ = _lower(req, module, hf_config, FIDELITY_SEQ, None)
+    compiled = compile_step(lowered.lowered)
+    square = sorted({s for s in re.findall(r"\w+\[[\d,]+\]", compiled.hlo_text) if s.count(str(FIDELITY_SEQ)) >= 2})
+    saved = [[list(a.shape), a.dtype, a.on_host] for a in lowered.saved_per_layer]
+    return {"square": square, "memory": compiled.memory, "saved": saved}
+
+
+def fidelity(out: Path, results: dict) -> None:
+    """Flash attention holds no seq x seq buffer where dot attention does; what each remat policy
+    saves (lowered only), beside our math's count of it; a bf16 first moment's arguments."""
+    from spmd.plan.api import _lower, _request
+    from spmd.plan.memory import model_shape, saved_per_token
+    from spmd.plan.models import build_meta_model
+    from spmd.plan.remat import Remat
+    from spmd.plan.settings import PlanSettings
+
+    config = out / "fidelity_llama.json"
+    config.write_text(json.dumps(FIDELITY))
+    try:
+        _compiled(config, "full", "flash", "bfloat16")
+    except ShardingError as e:  # libtpu 0.0.20 (the torch_xla lane) knows no tpu7x
+        results["fidelity"] = {"error": [type(e).__name__, str(e)]}
+        return
+    found = {"flash_full": _compiled(config, "full", "flash", "bfloat16"), "dot_dots": _compiled(config, "dots", "dot")}
+    module, hf_config = build_meta_model(str(config))
+    shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
+    saved, math = {}, {}
+    for remat in Remat:
+        settings = PlanSettings("tpu7x:2x2x1", 1, FIDELITY_SEQ, "bfloat16", "flash")
+        lowered, _, _ = _lower(_request(settings, "fsdp", None, 16, remat, 4), module, hf_config, FIDELITY_SEQ, None)
+        saved[remat.value] = [[list(a.shape), a.dtype, a.on_host] for a in lowered.saved_per_layer]
+        math[remat.value] = list(saved_per_token(shape, remat, settings.attention, FIDELITY_SEQ))
+    found.update(saved=saved, math=math, n_params=shape.n_params)
+    results["fidelity"] = found
+
+
+def interrupted_advice(config: Path, out: Path, results: dict) -> None:
+    """The advisor's CLI stopped by Ctrl-C after its first compile: its exit code and partial table."""
+    import spmd.plan.compile_pool as pool
+
+    compiled = []
+    real = pool.compile_candidate
+
+    def compile_then_interrupt(*args, **kwargs):
+        if compiled:
+            raise KeyboardInterrupt
+        compiled.append(args[1])
+        return real(*args, **kwargs)
+
+    pool.compile_candidate = compile_then_interrupt
+    try:
+        code, stdout, stderr = run_cli(
+            [str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "fsdp,2d", "--tensors", "2",
+             "--per-device-batches", "8", "--remats", "dots", "--seq", "128", "--jobs", "1", "--no-cache"]
+        )  # fmt: skip
+    finally:
+        pool.compile_candidate = real
+    results["interrupted"] = {"exit": code, "stdout": stdout, "stderr": stderr}
 
 
 def ironwood(config: Path, out: Path, results: dict) -> None:
@@ -150,6 +241,8 @@ def main(out: Path) -> None:
     device_orders(results)
     errors(results)
     loop_collectives(results)
+    fidelity(out, results)
+    interrupted_advice(config, out, results)
     (out / "results.json").write_text(json.dumps(results))
 
 

@@ -1,8 +1,9 @@
 """The torch_xla backend: every call of a private ``torch_xla._XLAC`` binding lives here.
 
 `TorchXlaBackend` (`backend`) implements the `ShardingBackend` protocol (GSPMD annotations on
-lazy tensors). `XLAShardedTensor` (`sharded_tensor`) is what `mark_sharding` returns on this
-runtime. The functions are the torch_xla-only operations the rest of the product needs beyond the
+lazy tensors). `XLAShardedTensor` (`sharded_tensor`; a ``DTensor`` subclass, with its
+`dtensor_spec`, `local_shards` and torch_xla's `wrapping` helpers) is what `mark_sharding`
+returns on this runtime. The functions are the torch_xla-only operations the rest of the product needs beyond the
 protocol: the runtime (`runtime`: the import gate, SPMD mode, devices, steps, named graphs, the
 global mesh, barriers) and shardings (`shardings`: our `HloSharding` to torch_xla's
 ``OpSharding`` and back, local shards, manual sharding). Everything else speaks `HloSharding`.

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from spmd._backend.torch_xla_backend import processes
+from spmd._backend.torch_xla_backend.dtensor_spec import xla_device_mesh
 from spmd._backend.torch_xla_backend.runtime import (
     device_count,
     ensure_spmd,
@@ -107,10 +108,7 @@ class TorchXlaBackend:
         return torch_xla_module().device()
 
     def device_mesh(self, mesh: Any) -> Any:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
-        return DeviceMesh("xla", torch.as_tensor(mesh.get_logical_mesh()), mesh_dim_names=names)
+        return xla_device_mesh(mesh)
 
     def parameter(self, p: torch.nn.Parameter, sharding: Any, hlo: HloSharding, *, specified: bool) -> Any:
         if specified:

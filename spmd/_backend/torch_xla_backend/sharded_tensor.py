@@ -1,11 +1,14 @@
 """`XLAShardedTensor`: what `mark_sharding` returns on torch_xla, a tensor that knows its shards.
 
-It is a ``torch.Tensor`` subclass *view* of the marked tensor (``t.as_subclass``): the same
-device data and sharding, attached to autograd, usable anywhere a tensor is. It is not a
-wrapper holding another tensor (torch_xla's ``XLAShardedTensor`` is one, and drops
-``requires_grad``), so in-place updates, ``torch_xla._XLAC`` queries and HLO text are those of
-the marked tensor itself. Ops on it return `XLAShardedTensor` results while they stay on the
-XLA device, as torch_xla's do; moving one off the device (``.cpu()``) gives a plain tensor.
+As torch_xla 2.9's, it is a ``torch.distributed.tensor.DTensor`` subclass: ``isinstance(x,
+DTensor)`` holds, and it has DTensor's ``_spec`` (a ``DTensorSpec`` over an ``xla``
+``DeviceMesh``), ``placements``, ``device_mesh``, ``redistribute`` and ``full_tensor``. Unlike
+torch_xla's it is a *view* of the marked tensor (``t.as_subclass``), not a wrapper holding
+another tensor: the same device data and sharding, attached to autograd, usable anywhere a tensor
+is, so in-place updates, ``torch_xla._XLAC`` queries and HLO text are those of the marked tensor
+itself (torch_xla's wrapper fails backward through its results under functionalization). Ops on
+it return `XLAShardedTensor` results while they stay on the XLA device, as torch_xla's do; moving
+one off the device (``.cpu()``) gives a plain tensor.
 
 On the DTensor backend `mark_sharding` returns a ``torch.distributed.tensor.DTensor``
 instead: the value to keep is always the return value (``x = mark_sharding(x, ...)``), and
@@ -18,12 +21,16 @@ import math
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
+from mesh._checks import require_optional_bool
 from spmd._backend.torch_xla_backend import runtime, shardings
+from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
+from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError, SpmdTypeError
-from spmd.sharding._hlo_sharding import HloSharding, ShardBounds, ShardingKind
+from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
 from spmd.sharding._named_sharding import NamedSharding
 from spmd.sharding._partition_spec import PartitionSpec
 from spmd.sharding._sharding_type import ShardingType
@@ -33,9 +40,6 @@ __all__ = [
     "XLAShard",
     "ShardedTensor",
     "XLAShardedTensor",
-    "wrap_if_sharded",
-    "wrap_as_sharded_tensor",
-    "unwrap_sharded_tensor",
 ]
 
 
@@ -43,37 +47,77 @@ XLAShard = Shard
 """torch_xla's name for `Shard`."""
 
 
-class XLAShardedTensor(torch.Tensor):
-    """A sharded lazy XLA tensor: the marked tensor itself, seen with its sharding.
+class XLAShardedTensor(DTensor):
+    """A sharded lazy XLA tensor: the marked tensor itself, seen with its sharding; a ``DTensor``.
 
-    Attributes of torch_xla's ``XLAShardedTensor`` (a DTensor there): `global_tensor`,
+    Attributes of torch_xla's ``XLAShardedTensor`` (a DTensor there too): `global_tensor`,
     `local_shards`, `load_local_shards_`, `sharding_spec`, `sharding_type`, `mesh_shape`,
-    `partition_spec`, `placements`, `redistribute`; DTensor's `full_tensor`. Ours: `sharding`
-    (mesh and spec), `hlo_sharding`, `global_shape`, `shard_bounds`, `padding`. Build one with
-    `mark_sharding` (or, as torch_xla allows, ``XLAShardedTensor(t, mesh_shape, partition_spec)``,
-    which only records them); ``isinstance(x, XLAShardedTensor)`` holds for its result and for
-    tensors computed from it on the device.
+    `partition_spec`, `invalidate_spec_cache`; DTensor's `_spec`, `placements`, `device_mesh`,
+    `redistribute`, `full_tensor`. Ours: `sharding` (mesh and spec), `hlo_sharding`,
+    `global_shape`, `shard_bounds`, `padding`. Build one with `mark_sharding` (or, as torch_xla
+    allows, ``XLAShardedTensor(t, mesh_shape, partition_spec, requires_grad=...)``, which only
+    records them); ``isinstance(x, XLAShardedTensor)`` holds for its result and for tensors
+    computed from it on the device.
     """
 
     _spmd_marked: torch.Tensor | None
     _spmd_sharding: NamedSharding | None
     _spmd_declared: tuple[Any, Any] | None
+    _cached_spec: Any = None  # the DTensorSpec once built (a class default: results of ops pay nothing)
+
+    # Ops never reach DTensor's dispatcher (it would look for a per-process local tensor, which a
+    # GSPMD tensor has not: one process holds every device's block). Without a __torch_dispatch__
+    # the view's tensor carries no Python dispatch key, and ops run on XLA's kernels directly.
+    __torch_dispatch__ = torch._C._disabled_torch_dispatch_impl
 
     def __new__(
-        cls, elem: torch.Tensor, mesh_shape: Any = None, partition_spec: Any = None, *args: Any, **kwargs: Any
+        cls,
+        elem: torch.Tensor,
+        mesh_shape: Any = None,
+        partition_spec: Any = None,
+        *args: Any,
+        requires_grad: bool | None = None,
+        **kwargs: Any,
     ) -> XLAShardedTensor:
         """torch_xla's constructor: ``elem`` seen as a sharded tensor with the ``mesh_shape`` and
-        ``partition_spec`` it records (nothing is laid out; `mark_sharding` does that)."""
+        ``partition_spec`` it records (nothing is laid out; `mark_sharding` does that).
+
+        ``requires_grad=True`` makes the result a leaf that collects its own ``.grad`` (as
+        torch_xla's does) when ``elem`` does not require grad; when ``elem`` does, the view stays
+        attached and gradients reach ``elem``. ``False`` detaches it; ``None`` (the default)
+        keeps ``elem``'s autograd as it is.
+        """
         if not isinstance(elem, torch.Tensor):
             raise SpmdTypeError(f"XLAShardedTensor wraps a torch.Tensor, got {type(elem).__name__}.")
+        require_optional_bool(requires_grad, "XLAShardedTensor's requires_grad", SpmdTypeError)
         inner = elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
+        if requires_grad is False and inner.requires_grad:
+            inner = inner.detach()
         view = cls._view(inner, elem.sharding if isinstance(elem, XLAShardedTensor) else None)
+        if requires_grad and not view.requires_grad:
+            view.requires_grad_(True)  # a leaf view of a tensor outside autograd: .grad lands here
+        if isinstance(elem, XLAShardedTensor):
+            view._spmd_declared = elem.__dict__.get("_spmd_declared")
         if mesh_shape is not None or partition_spec is not None:
-            view._spmd_declared = _declared(mesh_shape, partition_spec)
+            view._record(mesh_shape, partition_spec)
         return view
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # everything happens in __new__
         pass
+
+    def _record(self, mesh_shape: Any, partition_spec: Any) -> None:
+        """Record torch_xla's constructor arguments (those not given keep their value) and forget
+        the cached `_spec`. Checks them: a mesh shape of ints >= 1 and a spec."""
+        from mesh._mesh import shape_arg
+
+        shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
+        if partition_spec is not None:
+            PartitionSpec.from_value(partition_spec)  # raises PartitionSpecTypeError for what is not a spec
+        self._spmd_declared = (
+            shape if shape is not None else self.mesh_shape,
+            partition_spec if partition_spec is not None else self.partition_spec,
+        )
+        self._cached_spec = None
 
     @classmethod
     def _view(cls, tensor: torch.Tensor, sharding: NamedSharding | None) -> XLAShardedTensor:
@@ -86,6 +130,18 @@ class XLAShardedTensor(torch.Tensor):
         view._spmd_marked = tensor
         view._spmd_sharding = sharding
         return view
+
+    @property
+    def __tensor_flatten__(self) -> Any:
+        # A view, not a wrapper: torch.compile must trace it as the tensor it views. DTensor's
+        # flatten protocol would hand Dynamo a per-process local tensor that GSPMD does not have;
+        # hiding it (hasattr is False) keeps the subclass a plain __torch_function__ one there.
+        raise AttributeError("__tensor_flatten__")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its attributes without the cached DTensorSpec (copy and pickle rebuild it); DTensor's
+        slots are not state here: `_spec` is computed and there is no local tensor."""
+        return {k: v for k, v in self.__dict__.items() if k != "_cached_spec"}
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: D105
@@ -146,44 +202,97 @@ class XLAShardedTensor(torch.Tensor):
         return None if sharding is None else tuple(sharding.spec)
 
     @property
+    def _spec(self) -> Any:
+        """DTensor's layout record (a ``DTensorSpec``): an ``xla`` ``DeviceMesh`` of its mesh (ids,
+        order and axis names), its placements and its shape; cached until
+        `invalidate_spec_cache`, as torch_xla caches it.
+
+        Raises:
+            PlacementError: it has no mesh shape or spec (a result of an op: mark it, or record
+                them with `wrap_as_sharded_tensor`). Also a ``ValueError``, as torch_xla raises.
+        """
+        return self._layout("DTensorSpec not available")
+
+    @property
     def placements(self) -> tuple[Any, ...]:
         """The DTensor placements of its mesh and spec (one per mesh axis).
 
         Raises:
             PlacementError: it has no mesh or spec (a result of an op; mark it first). Also a
-                ``ValueError``, as torch_xla raises.
+                ``ValueError``, with torch_xla's message.
         """
-        from spmd.sharding._placements import PlacementError, placements_from_spec
+        return self._layout("Placements not available").placements
+
+    def invalidate_spec_cache(self) -> None:
+        """Forget the cached `_spec` (torch_xla's method; `wrap_as_sharded_tensor` calls it)."""
+        self._cached_spec = None
+
+    def _layout(self, missing: str) -> Any:
+        cached = self.__dict__.get("_cached_spec")
+        if cached is not None:
+            return cached
+        mesh, spec = self._mesh_and_spec(missing)
+        self._cached_spec = dtensor_spec(self.global_tensor, mesh, spec)
+        return self._cached_spec
+
+    def _mesh_and_spec(self, missing: str) -> tuple[Mesh, PartitionSpec]:
+        """The mesh and spec it was marked with or that were recorded for it."""
+        from spmd.sharding._placements import PlacementError
 
         mesh_shape, spec = self.mesh_shape, self.partition_spec
         if mesh_shape is None or spec is None:
             raise PlacementError(
-                "Placements not available: XLAShardedTensor requires mesh_shape and partition_spec to be set. Use "
+                f"{missing}: XLAShardedTensor requires mesh_shape and partition_spec to be set. Use "
                 "mark_sharding() to properly initialize sharding information."
             )
         sharding = self.sharding
-        mesh = sharding.mesh if sharding is not None else Mesh(range(math.prod(mesh_shape)), mesh_shape)
-        return placements_from_spec(PartitionSpec.from_value(spec), mesh, self.dim())
+        if sharding is not None and sharding.mesh.mesh_shape == mesh_shape:
+            mesh = sharding.mesh
+        else:  # recorded by torch_xla's constructor: the devices in id order, as torch_xla builds it
+            mesh = Mesh(range(math.prod(mesh_shape)), mesh_shape)
+        return mesh, PartitionSpec.from_value(spec)
 
-    def redistribute(self, device_mesh: Any, placements: Any, *, async_op: bool = False) -> XLAShardedTensor:
+    def redistribute(
+        self, device_mesh: Any = None, placements: Any = None, *, async_op: bool = False
+    ) -> XLAShardedTensor:
         """This value laid out as ``placements`` over ``device_mesh`` (our `Mesh`, a torch_xla
-        mesh or an ``xla`` DeviceMesh) from here on: a sharding constraint, as torch_xla's.
-        With ``async_op`` the result is a new tensor and this one keeps its layout.
+        mesh or an ``xla`` DeviceMesh; ``None``: its own mesh, as DTensor's) from here on: a
+        sharding constraint, as torch_xla's. With ``async_op`` the result is a new tensor and
+        this one keeps its layout.
 
         Raises:
-            PlacementError: not one placement per mesh axis (a ``ValueError``), a ``Shard``
-                beyond the tensor's dims (`PlacementDimError`, an ``IndexError``), or a
+            PlacementError: no placements, not one placement per mesh axis (a ``ValueError``), a
+                ``Shard`` beyond the tensor's dims (`PlacementDimError`, an ``IndexError``), or a
                 ``Partial`` (`PartialPlacementError`, a ``NotImplementedError``).
         """
         from mesh import as_mesh
-        from spmd.sharding._placements import spec_from_placements
+        from spmd.sharding._placements import PlacementError, spec_from_placements
 
-        mesh = as_mesh(device_mesh, f"redistribute(tensor of shape {tuple(self.shape)})")
+        where = f"redistribute(tensor of shape {tuple(self.shape)})"
+        if placements is None:
+            raise PlacementError(f"{where}: give the placements, one per mesh axis (e.g. [Shard(0), Replicate()]).")
+        if device_mesh is None:
+            mesh = self._mesh_and_spec(f"{where} without a device_mesh")[0]
+        else:
+            mesh = as_mesh(device_mesh, where)
         spec = spec_from_placements(placements, mesh, self.dim(), by_index=True)
         target = self.global_tensor.clone() if async_op else self.global_tensor
         sharding = NamedSharding(mesh, spec)
         shardings.attach_sharding_constraint(target, sharding.hlo_sharding(self.dim(), tuple(self.shape)), mesh.memo)
         return XLAShardedTensor._view(target, sharding)
+
+    def to_local(self, *, grad_placements: Any = None) -> torch.Tensor:
+        """Refused: on GSPMD one process holds every device's block, so there is no per-process
+        local tensor (DTensor's ``to_local``); torch_xla's has none either.
+
+        Raises:
+            SpmdTypeError: always; the message names what to use instead.
+        """
+        raise SpmdTypeError(
+            f"to_local: an XLAShardedTensor (shape {tuple(self.shape)}) has no per-process local tensor on GSPMD: "
+            "this process holds every device's block. Use full_tensor() (or global_tensor) for the value, "
+            "local_shards for each device's block."
+        )
 
     def full_tensor(self) -> torch.Tensor:
         """The whole value (DTensor's name): on GSPMD the tensor already is the global value."""
@@ -195,25 +304,7 @@ class XLAShardedTensor(torch.Tensor):
 
         Runs the pending computation of this tensor if it has not run yet.
         """
-        tensor = self.global_tensor
-        runtime.sync_tensors([tensor])
-        hlo = self.hlo_sharding or HloSharding.replicated()  # computed now: it holds its layout
-        if hlo.kind is ShardingKind.MANUAL:
-            raise ShardLoadError(
-                f"The tensor of shape {tuple(tensor.shape)} is manually sharded ({{manual}}); it has no global "
-                "layout to cut into shards. Call disable_manual_sharding(...) first."
-            )
-        shards = shardings.local_shard_devices(tensor)
-        replicated = hlo.kind is not ShardingKind.TILED
-        bounds = {
-            b.device: b for b in hlo.shard_bounds(tuple(tensor.shape), [shardings.device_id(d) for _, d in shards])
-        }
-        out = []
-        for data, device in shards:
-            b = bounds[shardings.device_id(device)]
-            indices = Ellipsis if replicated else [slice(s.start, s.stop, 1) for s in b.index]
-            out.append(Shard(data, indices, device, b.replica_id))
-        return out
+        return local_shards(self.global_tensor)
 
     def load_local_shards_(self, shards: list[Shard]) -> None:
         """Replace each device's block by ``shards[i].data`` (padded, as `local_shards` gives it).
@@ -222,39 +313,8 @@ class XLAShardedTensor(torch.Tensor):
             ShardLoadError: the tensor is replicated, a device is missing or repeated, or a
                 block has the wrong shape or dtype. It is also a ``RuntimeError``, as torch_xla raises.
         """
-        tensor = self.global_tensor
-        hlo = self.hlo_sharding or HloSharding.replicated()
-        where = f"load_local_shards_ (tensor of shape {tuple(tensor.shape)}, sharding {hlo})"
-        if hlo.kind is not ShardingKind.TILED:
-            raise ShardLoadError(
-                f"{where}: a replicated tensor has no per-device blocks to load. Assign a new tensor, "
-                "or mark it sharded first."
-            )
-        expected = {d: shape for d, shape in _padded_block_shapes(tensor, hlo)}
-        given = [shardings.device_id(s.shard_device) for s in shards]
-        if sorted(given) != sorted(expected):
-            raise ShardLoadError(
-                f"{where}: got blocks for devices {sorted(given)}, need exactly one for each of "
-                f"{sorted(expected)}. Pass the whole list local_shards returned."
-            )
-        for s in shards:
-            shape = tuple(s.data.shape)
-            if s.data.dtype != tensor.dtype:  # the load would cast silently
-                raise ShardLoadError(
-                    f"{where}: the block for {s.shard_device} is {s.data.dtype}, the tensor {tensor.dtype}. Convert "
-                    f"the blocks first (shard.data = shard.data.to({tensor.dtype}))."
-                )
-            if shape != expected[shardings.device_id(s.shard_device)]:
-                raise ShardLoadError(
-                    f"{where}: the block for {s.shard_device} has shape {shape}; the device holds "
-                    f"{expected[shardings.device_id(s.shard_device)]} (padding included)."
-                )
-        datas, devices = [s.data for s in shards], [s.shard_device for s in shards]
-        shardings.load_local_shards(tensor, datas, devices)
-        if self is not tensor:
-            # This view is a second tensor over the same data; the load swaps device data
-            # under both, which functionalization cannot see, so each gets it.
-            shardings.load_local_shards(self, datas, devices)
+        load_local_shards(self.global_tensor, shards, self.hlo_sharding, also=self)
+        self.invalidate_spec_cache()  # torch_xla's does: the data under the cached spec changed
 
     # Ours ---------------------------------------------------------------------------------------
     @property
@@ -327,41 +387,3 @@ def _rewrap(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)([_rewrap(v) for v in value])
     return value
-
-
-def _declared(mesh_shape: Any, partition_spec: Any) -> tuple[Any, Any]:
-    """torch_xla's constructor arguments, checked: a mesh shape of ints >= 1 and a spec."""
-    from mesh._mesh import shape_arg
-
-    shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
-    if partition_spec is not None:
-        PartitionSpec.from_value(partition_spec)  # raises PartitionSpecTypeError for what is not a spec
-    return shape, partition_spec
-
-
-def _padded_block_shapes(tensor: torch.Tensor, hlo: HloSharding) -> list[tuple[int, tuple[int, ...]]]:
-    devices = list(range(runtime.device_count()))
-    return [(b.device, b.padded_shape) for b in hlo.shard_bounds(tuple(tensor.shape), devices)]
-
-
-def wrap_if_sharded(x: Any) -> Any:
-    """``x`` as an `XLAShardedTensor` if it is an XLA tensor with a sharding, else ``x`` itself."""
-    if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and runtime.is_xla_tensor(x):
-        if shardings.sharding_type(x) is not None:
-            return XLAShardedTensor._view(x, None)
-    return x
-
-
-def wrap_as_sharded_tensor(t: torch.Tensor, mesh_shape: Any = None, partition_spec: Any = None) -> XLAShardedTensor:
-    """``t`` as an `XLAShardedTensor` (torch_xla's helper; ``mesh_shape`` and ``partition_spec``
-    are accepted for its signature and not needed: the runtime holds the sharding)."""
-    if isinstance(t, XLAShardedTensor):
-        return t
-    if not isinstance(t, torch.Tensor):
-        raise SpmdTypeError(f"wrap_as_sharded_tensor expects a torch.Tensor, got {type(t).__name__}.")
-    return XLAShardedTensor._view(t, None)
-
-
-def unwrap_sharded_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The marked tensor behind an `XLAShardedTensor`, or ``t`` itself."""
-    return t.global_tensor if isinstance(t, XLAShardedTensor) else t

@@ -49,13 +49,18 @@ def outcome(advice, strategy):
     return PlanReport.from_dict(found["report"])
 
 
-def test_argument_bytes_equal_the_sharding_math_exactly(advice):
+def data_parallel(worker):
+    """plan_worker's data-parallel plan of the advisor's step, compiled apart (the advisor rules it out unseen)."""
+    return PlanReport.from_dict(worker[0]["dp"])
+
+
+def test_argument_bytes_equal_the_sharding_math_exactly(advice, worker):
     fsdp = outcome(advice, "fsdp")
     # fp32 parameters, AdamW m and v, each 1/4 per chip (every dim divides), plus the int32 tokens.
     expected = 3 * 4 * tiny_llama_params() // CHIPS + 4 * BATCH * SEQ // CHIPS
     assert fsdp.memory.argument_bytes == expected
     assert fsdp.memory.predicted_argument_bytes == expected
-    dp = outcome(advice, "dp")  # replicated: all of it on each chip
+    dp = data_parallel(worker)  # replicated: all of it on each chip
     assert dp.memory.argument_bytes == 3 * 4 * tiny_llama_params() + 4 * BATCH * SEQ // CHIPS
 
 
@@ -72,12 +77,21 @@ def test_advisor_picks_a_plan_that_fits_where_data_parallel_does_not(advice, wor
     results, out = worker
     assert results["advise_exit"] == 0
     assert advice["hbm_bytes"] == BUDGET
-    dp, fsdp = outcome(advice, "dp"), outcome(advice, "fsdp")
+    fsdp, dp = outcome(advice, "fsdp"), data_parallel(worker)
     assert not dp.fits and dp.memory.total_bytes > BUDGET
     assert fsdp.fits and fsdp.memory.total_bytes <= BUDGET
+    # The advisor compiled no data-parallel plan: its state alone is 72 of the 74 MiB, and our math says why.
+    (ruled_out,) = [o for o in advice["outcomes"] if o["strategy"] == "dp"]
+    assert ruled_out["report"] is None
+    assert ruled_out["skipped"].startswith("not compiled: our memory math gives"), ruled_out["skipped"]
     winner = [o for o in advice["outcomes"] if o["report"] and o["report"]["fits"]][0]
     assert winner["strategy"] in ("fsdp", "2d") and advice["winner"].startswith(winner["strategy"])
     assert f"winner: {winner['strategy']}" in results["advise_stdout"]
+    # ranked by predicted MFU among the plans that fit, the roofline bound beside each
+    fitting = [PlanReport.from_dict(o["report"]) for o in advice["outcomes"] if o["report"] and o["report"]["fits"]]
+    mfus = [r.estimate.predicted_mfu for r in fitting]
+    assert all(m > 0 for m in mfus) and mfus == sorted(mfus, reverse=True)
+    assert "ranked by predicted MFU" in results["advise_stdout"] and "MFU bound" in results["advise_stdout"]
     assert "model = FSDP(" in advice["code"] and "LlamaDecoderLayer" in advice["code"]
     compile(advice["code"], "advice", "exec")
     assert "remat dots" in results["advise_stdout"] and "largest batch that fits" in results["advise_stdout"]
@@ -91,17 +105,26 @@ def test_two_d_plan_shards_heads_over_tensor(advice):
     assert two_d.mesh == {"fsdp": 2, "tensor": 2} and two_d.fits
     assert two_d.param_specs["model.layers.0.self_attn.q_proj.weight"] == "P('tensor', 'fsdp')"
     for o in advice["outcomes"]:  # every compiled plan's arguments are the sharding math's
+        if o["report"] is None:
+            continue
         report = PlanReport.from_dict(o["report"])
         assert report.memory.argument_bytes == report.memory.predicted_argument_bytes
 
 
-def test_a_second_advice_in_worker_processes_comes_from_the_cache(advice, worker):
-    # --jobs 2: each mesh in a spawned process (a forked one aborts: libtpu is loaded here).
+def test_the_first_advice_compiles_in_worker_processes_and_a_second_from_the_cache(advice, worker):
+    # The first (--jobs 2) in spawned processes (a forked one aborts: libtpu is loaded here); the
+    # second reads every compile from the cache in the main process and starts none.
     results, out = worker
+    assert "advisor: compiling in 2 worker processes" in results["advise_stderr"]
+    assert "[advisor: 1 plans done (0 cached)" in results["advise_stderr"]
+    assert "worker processes" not in results["advise_again_stderr"]
     again = json.loads((out / "advice_again.json").read_text())
     assert results["advise_again_exit"] == 0
-    assert [o["cached"] for o in again["outcomes"]] == [True] * len(again["outcomes"])
-    assert [o["report"]["memory"] for o in again["outcomes"]] == [o["report"]["memory"] for o in advice["outcomes"]]
+    compiled = [o for o in advice["outcomes"] if o["report"]]
+    assert [o["cached"] for o in again["outcomes"] if o["report"]] == [True] * len(compiled)
+    assert [o["report"]["memory"] for o in again["outcomes"] if o["report"]] == [
+        o["report"]["memory"] for o in compiled
+    ]
 
 
 def test_two_slices_put_the_data_axis_over_dcn(worker):
@@ -117,8 +140,8 @@ def test_two_slices_put_the_data_axis_over_dcn(worker):
     assert two.estimate.dcn_seconds > 0
 
 
-def test_collectives_are_the_strategy_s(advice):
-    dp, fsdp = outcome(advice, "dp"), outcome(advice, "fsdp")
+def test_collectives_are_the_strategy_s(advice, worker):
+    dp, fsdp = data_parallel(worker), outcome(advice, "fsdp")
     assert {c.kind for c in dp.collectives} == {"all-reduce"}
     # Data parallel all-reduces every bf16 gradient once: a ring sends 2 (n-1)/n of it per chip.
     grads = 2 * tiny_llama_params()
@@ -203,7 +226,13 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (dict(global_batch=6), PlanError, "multiple of 4"),
         (dict(seq_len=1), PlanError, "seq_len"),
         (dict(seq_len=10**12), PlanError, "seq_len must be an int from 2 to 16777216"),
-        (dict(remat="some"), PlanError, r"remat must be one of \['none', 'dots', 'full', 'offload'\]"),
+        (
+            dict(remat="some"),
+            PlanError,
+            r"remat must be one of \['none', 'dots', 'save_dot_except_mlp', 'save_qkv_proj', 'full', 'offload'\] "
+            r"\(or 'minimal', MaxText's name for 'dots'\)",
+        ),
+        (dict(moment_dtype="float16"), PlanError, r"moment_dtype must be one of \('float32', 'bfloat16'\)"),
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
@@ -230,7 +259,9 @@ def test_bad_requests_say_what_to_change(kwargs, error, says):
         (dict(jobs=0), "jobs must be a whole number from 1 to 64"),  # ran as 1, silently
         (dict(jobs=-5), "jobs must be a whole number from 1 to 64"),
         (dict(hbm_bytes=0), "hbm_bytes must be a positive int"),
-        (dict(compute_dtype="float16"), "compute_dtype must be 'bfloat16' or 'float32'"),
+        (dict(compute_dtype="float16"), r"compute_dtype must be one of \('bfloat16', 'float32'\)"),
+        (dict(hbm_bytes=2.5), r"hbm_bytes must be a positive int \(bytes per device\) or None, got 2.5"),
+        (dict(moment_dtype="int8"), "moment_dtype must be one of"),
         (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
         (dict(strategies="fsdp,foo"), "Unknown strategy 'foo'"),  # a string was split into letters: 'f'
         (dict(strategies=["2d"], tensors=["a"]), r"tensors must be positive integers, got \['a'\]"),
@@ -292,6 +323,15 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
         (["--advise", "--strategy", "2d"], "--strategy choose one plan, and --advise tries many"),
         (["--advise", "--remat", "full", "--batch", "8"], "--batch, --remat choose one plan"),
         (["--mesh", "fsdp=4,fsdp=1"], "--mesh names axis 'fsdp' twice"),
+        (
+            ["--jobs", "2"],
+            "--jobs only steer the advisor's search, which runs with --advise: add --advise, or leave it",
+        ),
+        (["--remats", "full", "--no-cache"], "--remats, --no-cache only steer the advisor's search"),
+        (["--strategies", "fsdp", "--fsdp-config", "/tmp/x.json"], "--strategies, --fsdp-config only steer"),
+        (["--per-device-batches", "1", "--tensors", "2", "--datas", "1"], "--per-device-batches, --tensors, --datas"),
+        (["--cache", "/tmp"], "--cache only steer the advisor's search"),
+        (["--remat", "most"], "--remat: unknown remat policy 'most'; choose from none,dots,save_dot_except_mlp"),
     ],
 )
 def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
@@ -332,3 +372,14 @@ def test_a_config_that_is_not_a_regular_file_is_refused_unread(tmp_path):
         build_meta_model(str(fifo))
     with pytest.raises(TopologyError, match="'v5e-0': v5e slice names count chips"):
         plan("gpt2", "v5e-0")
+
+
+def test_ctrl_c_leaves_a_partial_table(worker):
+    # plan_worker stops the advisor's CLI with KeyboardInterrupt at its second compile.
+    results, _ = worker
+    found = results["interrupted"]
+    assert found["exit"] == 130
+    assert "interrupted (Ctrl-C) after 1 plans: a partial ranking" in found["stdout"]
+    assert "fsdp fsdp=4 · batch 8 · remat dots" in found["stdout"]
+    assert "[advisor: 1 plans done (0 cached), about 1 left (at most 1), about" in found["stderr"]
+    assert "advisor: interrupted after 1 plans; the table is partial" in found["stderr"]

@@ -6,6 +6,7 @@ import spmd.plan.api
 from spmd.plan.advice import Candidate
 from spmd.plan.errors import PlanError
 from spmd.plan.plan_cache import Settings, _cache_path, model_key, run_candidate
+from spmd.plan.settings import PlanSettings
 
 CANDIDATE = Candidate("fsdp", (("fsdp", 4),), 1)
 
@@ -20,7 +21,7 @@ CANDIDATE = Candidate("fsdp", (("fsdp", 4),), 1)
     ],
 )
 def test_a_damaged_cache_entry_is_compiled_afresh(tmp_path, monkeypatch, damage):
-    settings = Settings("v5e-4", 1, 32, "bfloat16", "dot", 16 * 2**30, tmp_path, model_key("gpt2"))
+    settings = Settings(PlanSettings("v5e-4", 1, 32, "bfloat16", "dot", 16 * 2**30), tmp_path, model_key("gpt2"))
     path = _cache_path(CANDIDATE, settings)
     damage(path)
     compiled = []
@@ -29,7 +30,7 @@ def test_a_damaged_cache_entry_is_compiled_afresh(tmp_path, monkeypatch, damage)
         compiled.append(args)
         raise PlanError("stand-in for the compile")
 
-    monkeypatch.setattr(spmd.plan.api, "plan", fake_plan)
+    monkeypatch.setattr(spmd.plan.api, "plan_with", fake_plan)
     lines = []
     outcome = run_candidate("gpt2", CANDIDATE, settings, lines.append)
     assert compiled and outcome.skipped == "not compiled: stand-in for the compile"

@@ -131,3 +131,29 @@ def test_random_meshes_and_specs_match_jax(data):
     spec = data.draw(st.sampled_from(list(all_specs(len(shape), rank))))
     cut = data.draw(st.integers(0, rank))  # also shorter specs: trailing dims replicated
     assert hlo_sharding_for(mesh, P(*spec[:cut]), rank) == jax_hlo(mesh, spec[:cut], rank)
+
+
+def test_hlo_sharding_for_is_cached_and_keyed_on_exact_types():
+    mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+    first = hlo_sharding_for(mesh, P("data"), 2, (8, 4))
+    assert hlo_sharding_for(mesh, P("data"), 2, (8, 4)) is first
+    assert hlo_sharding_for(Mesh(np.arange(8), (4, 2), ("data", "model")), P("data"), 2, (8, 4)) is first  # equal mesh
+    assert hlo_sharding_for(mesh, P("data"), 1) == hlo_sharding_for(mesh, ("data",), np.int64(1))
+    # True == 1 and 8.0 == 8 hash alike: the cache must not hand them rank 1's or (8, 4)'s result
+    with pytest.raises(SpecRankError, match="rank must be an int"):
+        hlo_sharding_for(mesh, P("data"), True)
+    with pytest.raises(SpecRankError, match="shape must be 2 non-negative ints"):
+        hlo_sharding_for(mesh, P("data"), 2, (8.0, 4))
+
+
+def test_a_named_sharding_checks_its_axes_without_computing_an_hlo_sharding(monkeypatch):
+    import spmd.sharding._named_sharding as named
+
+    computed = []
+    monkeypatch.setattr(named, "_compute_hlo_sharding", lambda *args: computed.append(args))
+    named._check_spec_on_mesh.cache_clear()
+    mesh = Mesh(np.arange(8), (4, 2), ("data", "model"))
+    assert NamedSharding(mesh, ("data", "model")).spec == P("data", "model")
+    with pytest.raises(UnknownAxisError, match="mesh axis 'x' is not in the mesh"):
+        NamedSharding(mesh, P("x"))
+    assert computed == []

@@ -1,0 +1,129 @@
+"""Our own memory math: what a plan holds per device, from the model's shape alone, before any
+compile. The advisor rules plans out with it (`spmd.plan.advisor`); each report sets it beside
+the compiler's figure.
+
+Per device, in bytes (``t``: tokens per batch shard, ``T``: the ``tensor`` axis size):
+
+- **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
+  ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.specs`).
+- **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
+  projections split over ``tensor`` are divided by ``T``. This is JAX's own list of the scan's
+  residuals (`spmd.plan.lowering.saved_residuals`), counted from the shape: exact for every policy
+  but ``none``, whose list depends on how the model writes its norms (counted for Llama's).
+- **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
+  peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
+  ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
+  backward, the bf16 gradients, the block's recomputed MLP).
+
+The working set is the part a compiler schedules: it is what the math gets least right, and the
+advisor compiles every plan within `MARGIN` of the budget rather than trust it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spmd.plan.attention import Attention
+from spmd.plan.remat import Remat
+
+__all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
+
+MARGIN = 0.15  # plans our math puts within 15 % over the budget are still compiled ("close to the line")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryMath:
+    """Per-device bytes of one plan by our math (module docstring)."""
+
+    arguments: int
+    saved: int
+    working: int
+    host: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.saved + self.working
+
+    def describe(self) -> str:
+        parts = (
+            f"arguments {self.arguments / GIB:.2f} + saved {self.saved / GIB:.2f} + working {self.working / GIB:.2f}"
+        )
+        return f"{self.total / GIB:.2f} GiB/device ({parts})"
+
+
+def model_shape(hf_config: Any, n_params: int) -> Any:
+    """The model's `spmd.mfu.flops.TransformerShape`, or ``None`` (a model of no known shape:
+    the advisor then compiles without ruling anything out)."""
+    from spmd.mfu.flops import TransformerShape
+
+    try:
+        return TransformerShape.from_hf_config(hf_config, n_params)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _projections(shape: Any, tensor: int) -> dict[str, float]:
+    """Elements per token of each projection's output, as a device holds it."""
+    q, kv = shape.n_head * shape.head_dim / tensor, shape.n_kv_head * shape.head_dim / tensor
+    out = {"out_proj": float(shape.d_model)}
+    if shape.gated_mlp:  # Llama's family: q, k, v apart; a gated MLP
+        out.update(query_proj=q, key_proj=kv, value_proj=kv, mlpwi_0=shape.d_ff / tensor, mlpwi_1=shape.d_ff / tensor)
+    else:  # GPT-2: one fused q/k/v projection (c_attn), a plain MLP
+        out.update(qkv_proj=q + 2 * kv, mlpwi=shape.d_ff / tensor)
+    return out  # ``mlpwo`` is left out: backward never reads it (it only joins the residual stream)
+
+
+def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int, tensor: int = 1,
+                    itemsize: int = 2) -> tuple[float, float]:  # fmt: skip
+    """``(device, host)`` bytes one block keeps for backward per token (module docstring)."""
+    d = shape.d_model
+    if remat is Remat.OFFLOAD:
+        return 0.0, float(d * itemsize)
+    if remat is Remat.NONE:
+        return _everything_per_token(shape, attention, seq_len, tensor, itemsize), 0.0
+    projections = _projections(shape, tensor)
+    kept = d + sum(projections.get(n, 0.0) for n in remat.saved_names or ())  # the block's input, and its names
+    return kept * itemsize, 0.0
+
+
+def _everything_per_token(shape: Any, attention: Attention, seq_len: int, tensor: int, itemsize: int) -> float:
+    """``none``: every activation of a Llama block, as JAX lists them for the planner's program:
+    in bf16 the input, both norms' outputs, the out projection, v, k after rotation, q after
+    rotation and the context, six MLP arrays (gate, up, the SiLU's parts and the product); in fp32
+    each norm's upcast input and output and statistics, and the kernel's log-sum-exp. With dot
+    attention, the scores and their fp32 softmax too."""
+    d, heads = shape.d_model, shape.n_head / tensor
+    q, kv = heads * shape.head_dim, shape.n_kv_head * shape.head_dim / tensor
+    mlp = (6 if shape.gated_mlp else 3) * shape.d_ff / tensor
+    bf16 = 4 * d + 2 * q + 2 * kv + mlp
+    fp32 = 4 * d + 4 + heads
+    if attention is Attention.DOT:
+        bf16 += heads * seq_len
+        fp32 += heads * seq_len
+    return bf16 * itemsize + fp32 * 4
+
+
+def plan_memory(
+    shape: Any,
+    remat: Remat,
+    attention: Attention,
+    seq_len: int,
+    per_device_batch: int,
+    tensor: int,
+    arguments: int,
+    param_bytes: int,
+) -> MemoryMath:
+    """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
+    (sharding math); ``param_bytes``: the fp32 parameters per device alone."""
+    tokens = per_device_batch * seq_len
+    device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
+    saved = int(shape.n_layer * tokens * device)
+    head = shape.vocab * shape.d_model / tensor
+    loss = 2 * head + tokens * shape.vocab / tensor * 10  # the gathered head; logits bf16, fp32, fp32 gradient
+    layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
+    mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
+    block = 2 * 2 * layer_params + param_bytes / 2 + mlp
+    working = int(param_bytes / 2 + max(loss, block))
+    return MemoryMath(arguments, saved, working, int(shape.n_layer * tokens * host))

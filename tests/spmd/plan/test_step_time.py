@@ -1,0 +1,225 @@
+"""The step-time model's pieces on hand-written HLO (pure Python, no compiler): a dot, an
+all-gather over a known group, overlap of an async collective, a loop with a known trip count,
+a sliced operand of a stacked array, a splash kernel. Each expected time is the arithmetic its
+comment states, on tpu7x:2x2x1: 4 chips of 2 devices; per device 1153.5 TFLOP/s bf16, 3.69 TB/s
+HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
+
+import pytest
+
+from spmd.plan._step_time import Calibration, predict_step, splash_matmuls
+from spmd.plan.errors import PlanError
+from spmd.plan.topology import parse_slice
+
+TARGET = parse_slice("tpu7x:2x2x1")
+PEAK, HBM, ICI = 2307e12 / 2, 7380e9 / 2, 600e9 / 2
+CAL = Calibration(matmul_efficiency=0.5, attention_efficiency=0.25, ring_step_seconds=1e-6, host_bytes_per_second=16e9)
+
+HEADER = "HloModule jit_step, is_scheduled=true, num_partitions=8\n\n"
+
+DOT = (
+    HEADER
+    + """ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %b = bf16[4096,4096]{1,0} parameter(1)
+  ROOT %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+)
+# 2 x 4096^3 FLOPs at half of peak (every dim a multiple of 256); its 3 x 32 MiB take less in HBM.
+DOT_SECONDS = 2 * 4096**3 / (PEAK * 0.5)
+
+
+def test_a_dot_takes_its_flops_over_peak_times_efficiency():
+    t = predict_step(DOT, TARGET, CAL)
+    assert t.hardware_flops == 2 * 4096**3
+    assert t.seconds == pytest.approx(DOT_SECONDS)
+    assert t.hbm_bytes == 3 * 4096 * 4096 * 2
+    assert t.memory_seconds == pytest.approx(3 * 4096 * 4096 * 2 / HBM)
+    assert t.exposed_seconds == pytest.approx(0.0)
+
+
+def test_a_ragged_dim_pays_for_its_padding_to_the_matrix_unit():
+    ragged = DOT.replace("4096,4096]{1,0} parameter(1)", "4096,384]{1,0} parameter(1)")
+    ragged = ragged.replace("ROOT %d = bf16[4096,4096]", "ROOT %d = bf16[4096,384]")
+    # 384 columns fill 384 / 512 of the two MXU passes they take: 2 x 4096 x 384 x 4096 FLOPs / 0.75
+    expected = 2 * 4096 * 384 * 4096 / (PEAK * 0.5 * 0.75)
+    assert predict_step(ragged, TARGET, CAL).seconds == pytest.approx(expected)
+
+
+WINDOWED = (
+    HEADER
+    + """%fused (x: bf16[512,512,1], w: bf16[16,512,512]) -> bf16[16,512,512] {
+  %x = bf16[512,512,1]{2,1,0} parameter(0)
+  %w = bf16[16,512,512]{2,1,0} parameter(1)
+  ROOT %c = bf16[16,512,512]{2,1,0} convolution(%x, %w), window={size=16 pad=15_15 rhs_reversal=1}, dim_labels=bf0_0oi->0fb
+}
+
+ENTRY %main (x: bf16[512,512,1], w: bf16[16,512,512]) -> bf16[16,512,512] {
+  %x = bf16[512,512,1]{2,1,0} parameter(0)
+  %w = bf16[16,512,512]{2,1,0} parameter(1)
+  ROOT %f = bf16[16,512,512]{2,1,0} fusion(%x, %w), kind=kOutput, calls=%fused
+}
+"""
+)
+
+
+def test_a_batched_matmul_written_as_a_window_counts_one_tap_per_output():
+    # how libtpu writes 16 batched [512 x 512] @ [512 x 512] matmuls: a window of 16 over an input
+    # of length 1, so each output meets one tap: 2 x (16 x 512 x 512) x 512 FLOPs, not 16 times it
+    assert predict_step(WINDOWED, TARGET, CAL).hardware_flops == 2 * 16 * 512 * 512 * 512
+
+
+def gather(group: str, name: str = "all-gather") -> str:
+    return (
+        HEADER
+        + f"""ENTRY %main (s: bf16[1024,1024]) -> bf16[8192,1024] {{
+  %s = bf16[1024,1024]{{1,0}} parameter(0)
+  ROOT %g = bf16[8192,1024]{{1,0}} {name}(%s), channel_id=1, replica_groups={group}, dimensions={{0}}, use_global_device_ids=true
+}}
+"""
+    )
+
+
+def test_an_all_gather_over_the_slice_takes_its_ring_bytes_over_every_link():
+    # 8 devices (4 chips on a 2 x 2 torus: both dimensions, all the chip's links): a ring sends
+    # 7/8 of the 16 MiB result in 7 steps of 1 us.
+    expected = 7 * 1e-6 + 16 * 2**20 * 7 / 8 / ICI
+    t = predict_step(gather("{{0,1,2,3,4,5,6,7}}"), TARGET, CAL)
+    assert t.seconds == pytest.approx(expected)
+    assert t.collective_seconds == pytest.approx(expected)
+    assert t.exposed_seconds == pytest.approx(expected)
+
+
+def test_an_all_gather_along_one_torus_dimension_gets_its_share_of_the_links():
+    # 4 devices are 2 chips: one of the torus's two dimensions, half the bandwidth; 3 ring steps.
+    group = gather("{{0,1,2,3},{4,5,6,7}}").replace("bf16[8192,1024]", "bf16[4096,1024]")
+    expected = 3 * 1e-6 + 8 * 2**20 * 3 / 4 / (ICI / 2)
+    assert predict_step(group, TARGET, CAL).seconds == pytest.approx(expected)
+
+
+def async_gather_around(dot_first: bool) -> str:
+    """An async all-gather whose start and done enclose the dot (or follow it)."""
+    start = "  %gs = (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0}) all-gather-start(%s), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true\n"
+    done = "  %gd = bf16[8192,1024]{1,0} all-gather-done(%gs)\n"
+    dot = "  %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    body = (dot + start + done) if dot_first else (start + dot + done)
+    return (
+        HEADER
+        + "ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096], s: bf16[1024,1024]) -> (bf16[4096,4096], bf16[8192,1024]) {\n"
+        + "  %a = bf16[4096,4096]{1,0} parameter(0)\n  %b = bf16[4096,4096]{1,0} parameter(1)\n"
+        + "  %s = bf16[1024,1024]{1,0} parameter(2)\n"
+        + body
+        + "  ROOT %t = (bf16[4096,4096]{1,0}, bf16[8192,1024]{1,0}) tuple(%d, %gd)\n}\n"
+    )
+
+
+def test_an_async_collective_hides_behind_the_work_scheduled_inside_it():
+    gather_seconds = 7 * 1e-6 + 16 * 2**20 * 7 / 8 / ICI  # 55.9 us, shorter than the dot's 238 us
+    hidden = predict_step(async_gather_around(dot_first=False), TARGET, CAL)
+    assert hidden.seconds == pytest.approx(DOT_SECONDS)
+    assert hidden.exposed_seconds == pytest.approx(0.0)
+    exposed = predict_step(async_gather_around(dot_first=True), TARGET, CAL)  # nothing between start and done
+    assert exposed.seconds == pytest.approx(DOT_SECONDS + gather_seconds)
+
+
+LOOP = (
+    HEADER
+    + """%cond (p: (s32[], bf16[4096,4096])) -> pred[] {
+  %p = (s32[], bf16[4096,4096]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], bf16[4096,4096])) -> (s32[], bf16[4096,4096]) {
+  %p = (s32[], bf16[4096,4096]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[4096,4096]{1,0} get-tuple-element(%p), index=1
+  %d = bf16[4096,4096]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[4096,4096]{1,0}) tuple(%next, %d)
+}
+
+ENTRY %main (x: bf16[4096,4096]) -> (s32[], bf16[4096,4096]) {
+  %x = bf16[4096,4096]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[4096,4096]{1,0}) tuple(%zero, %x)
+  ROOT %w = (s32[], bf16[4096,4096]{1,0}) while(%init), condition=%cond, body=%body
+}
+"""
+)
+
+
+def test_a_loop_body_counts_its_trip_count_times():
+    t = predict_step(LOOP, TARGET, CAL)
+    # five dots; the counter's add moves 12 bytes (3 x s32) in each of the 5 trips
+    assert t.hardware_flops == 5 * 2 * 4096**3
+    assert t.seconds == pytest.approx(5 * DOT_SECONDS + 5 * 12 / HBM)
+
+
+SLICED = (
+    HEADER
+    + """%fused (w: bf16[80,1024,1024], i: s32[]) -> bf16[1024,1024] {
+  %w = bf16[80,1024,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,1024,1024]{2,1,0} dynamic-slice(%w, %i, %z, %z), dynamic_slice_sizes={1,1024,1024}
+  ROOT %r = bf16[1024,1024]{1,0} bitcast(%ds)
+}
+
+ENTRY %main (w: bf16[80,1024,1024], i: s32[]) -> bf16[1024,1024] {
+  %w = bf16[80,1024,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %f = bf16[1024,1024]{1,0} fusion(%w, %i), kind=kLoop, calls=%fused
+}
+"""
+)
+
+
+def test_a_fusion_reading_one_layer_of_a_stacked_array_moves_that_layer_only():
+    # reads the 2 MiB slice (not the 160 MiB stack) and writes 2 MiB; the index is 4 bytes
+    t = predict_step(SLICED, TARGET, CAL)
+    assert t.hbm_bytes == 2 * 2 * 2**20 + 4
+    assert t.seconds == pytest.approx((4 * 2**20 + 4) / HBM)
+
+
+SPLASH = (
+    HEADER
+    + """ENTRY %main (q: bf16[2,4,2048,128], k: bf16[2,4,2048,128], v: bf16[2,4,2048,128]) -> bf16[2,4,2048,128] {
+  %q = bf16[2,4,2048,128]{3,2,1,0} parameter(0)
+  %k = bf16[2,4,2048,128]{3,2,1,0} parameter(1)
+  %v = bf16[2,4,2048,128]{3,2,1,0} parameter(2)
+  ROOT %splash_mha_fwd_residuals.1 = bf16[2,4,2048,128]{3,2,1,0} custom-call(%q, %k, %v), custom_call_target="tpu_custom_call", operand_layout_constraints={bf16[2,4,2048,128]{3,2,1,0}, bf16[2,4,2048,128]{3,2,1,0}, bf16[2,4,2048,128]{3,2,1,0}}
+}
+"""
+)
+
+
+def test_a_splash_forward_kernel_runs_two_causal_matmuls():
+    # q k^T and p v over 2 x 4 heads: 2 x (2 x 8 x 2048 x 2048 x 128) FLOPs, half of them masked
+    flops = 2 * 2 * 8 * 2048 * 2048 * 128 / 2
+    t = predict_step(SPLASH, TARGET, CAL)
+    assert t.hardware_flops == flops
+    assert t.seconds == pytest.approx(flops / (PEAK * 0.25))
+    assert [splash_matmuls(n) for n in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "fusion")] == [2, 3, 4, 0]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "HloModule m\n", "not hlo at all", "HloModule m\nENTRY %e {\n ROOT %x = f32[] bogus(\n}\n"]
+)
+def test_text_that_is_not_a_module_is_a_plan_error(text):
+    with pytest.raises(PlanError, match="Cannot predict a step time"):
+        predict_step(text, TARGET, CAL)
+
+
+def test_every_truncation_of_a_module_is_a_time_or_a_plan_error():
+    """HLO text is untrusted input: a module cut anywhere gives a time or our error, never
+    another exception, and never a negative time."""
+    text = async_gather_around(dot_first=False)
+    for end in range(0, len(text), 7):
+        try:
+            t = predict_step(text[:end], TARGET, CAL)
+        except PlanError:
+            continue
+        assert t.seconds >= 0 and t.exposed_seconds >= 0
