@@ -24,6 +24,14 @@ def _dist() -> Any:
     return dist
 
 
+def _real_tensors() -> Any:
+    """A context in which tensors are real even under a fake tensor mode (a dry run's,
+    `spmd.inspector`): a mesh's rank ids are topology DeviceMesh reads back, not data."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 def _bounded(values: list, limit: int = 300) -> str:
     text = str(values)
     return text if len(text) <= limit else text[: limit - 5] + " ...]"
@@ -49,9 +57,11 @@ def device_mesh(mesh: Any, device_type: str) -> Any:
         ids = mesh.get_logical_mesh()
         names = mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
         if _increasing_along_every_axis(ids):
-            built = DeviceMesh(device_type, torch.as_tensor(ids), mesh_dim_names=names)
+            with _real_tensors():
+                built = DeviceMesh(device_type, torch.as_tensor(ids), mesh_dim_names=names)
         elif torch_compat.ordered_groups_supported():
-            built = torch_compat.device_mesh_from_ids(device_type, ids, names)
+            with _real_tensors():
+                built = torch_compat.device_mesh_from_ids(device_type, ids, names)
         else:
             from mesh import MeshError
 

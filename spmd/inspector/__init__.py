@@ -1,7 +1,11 @@
 """The sharding inspector: per-device memory and communication of compiled steps, read from
-XLA's own dumps, on virtual CPU devices before a TPU pod is spent.
+XLA's own dumps, on virtual CPU devices before a TPU pod is spent; on the DTensor lane, a dry
+run of any rank of an N-rank job in one process.
 
 - ``python -m spmd.inspector SCRIPT [ARGS]``: run a script, print a table, write JSON.
+- ``python -m spmd.inspector --world N [--rank r | --ranks all|worst] SCRIPT [ARGS]``: the
+  script, unmodified, as rank r of N on torch.distributed's fake process group and fake
+  tensors: memory by category per step and every collective (docs/inspector.md).
 - `capture`: ``with capture() as report: ...; torch_xla.sync()`` in a running process
   (call `prepare` at the top of the script first).
 - `read_graph` / `HloModuleText` / `MemoryUsage`: read dumps you already have.

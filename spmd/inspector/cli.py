@@ -1,5 +1,7 @@
 """``python -m spmd.inspector SCRIPT [ARGS]``: run a training script on virtual devices and
-report per-device memory and collectives of every graph it compiles."""
+report per-device memory and collectives of every graph it compiles; with ``--world N`` (or
+without torch_xla), a dry run of the script as ranks of an N-rank DTensor job
+(`spmd.inspector._dtensor_cli`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from spmd.inspector.report import WarningCode
 
 __all__ = ["main", "build_parser"]
 
+MAX_RANKS = 1 << 20
+"""The largest ``--world`` (a dry run's process group numbers ranks in C++ ints)."""
+
 
 class _StopScript(BaseException):
     """Raised inside the script after ``--steps`` steps; BaseException so the script's own
@@ -31,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Dry-run a training script: run it on virtual CPU devices (or the TPU it finds) and report, for "
             "every compiled graph, per-device peak memory from XLA's buffer assignment and every collective "
-            "of the partitioned HLO, with warnings."
+            "of the partitioned HLO, with warnings. With --world N (and where torch_xla is not installed): run it "
+            "as a rank of an N-rank DTensor job on the fake process group and report that rank's memory by "
+            "category and collectives per step."
         ),
     )
     parser.add_argument("script", type=input_file, help="the Python script to run")
@@ -39,7 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--devices", type=int_in(1, MAX_DEVICES), default=8, help="virtual CPU devices when no TPU is present (8)"
     )
-    parser.add_argument("--steps", type=int_in(1), default=None, help="stop the script after this many steps (syncs)")
+    parser.add_argument(
+        "--steps",
+        type=int_in(1),
+        default=None,
+        help="stop the script after this many steps (torch_xla: syncs, default all; --world: optimizer steps, 2)",
+    )
+    dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
+    dry.add_argument(
+        "--world",
+        type=int_in(1, MAX_RANKS),
+        default=None,
+        help="run as a rank of a job of this many ranks, on the fake process group (default 8 without torch_xla)",
+    )
+    which = dry.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int_in(0, MAX_RANKS - 1), default=None, help="the rank to run as (0)")
+    which.add_argument(
+        "--ranks", choices=["all", "worst"], default=None, help="every rank, or the one with the highest peak"
+    )
     parser.add_argument(
         "--json", type=output_file, default=None, help="write the report as JSON (and the HLO beside it)"
     )
@@ -92,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
     script = Path(args.script)
-    from spmd._backend import backend
-    from spmd.errors import TorchXlaNotInstalledError
+    import importlib.util
 
-    try:  # the inspector reads XLA's dumps of torch_xla's programs
-        backend.require_torch_xla("spmd.inspector (it reads XLA's dumps of torch_xla's programs)")
-    except TorchXlaNotInstalledError as e:
-        print(f"spmd.inspector: {e}", file=sys.stderr)
+    if args.world is not None or importlib.util.find_spec("torch_xla") is None:
+        from spmd.inspector._dtensor_cli import dry_run
+
+        args.world = args.world or 8
+        return dry_run(args, script)
+    if args.rank is not None or args.ranks is not None:
+        print("spmd.inspector: --rank and --ranks choose ranks of a dry run: give --world N too.", file=sys.stderr)
         return 2
 
     from spmd.devices import configure_default_devices

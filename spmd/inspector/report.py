@@ -135,6 +135,8 @@ class WarningCode(enum.Enum):
     REPLICATED_ACTIVATION = "replicated-activation"
     PARAMETER_ALL_GATHER = "parameter-all-gather"
     RECOMPILATION = "recompilation"
+    UNEVEN_SHARD = "uneven-shard"
+    DATA_DEPENDENT = "data-dependent-call"
 
 
 @dataclass(frozen=True)
@@ -230,13 +232,15 @@ class Report:
 
     # JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes as ints)."""
+        """A JSON-ready dict (bytes as ints); the DTensor lane's dry run writes the same keys."""
         return {
             "tool": "spmd.inspector",
+            "lane": "torch_xla",
             "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,
             "graphs": [self._graph_dict(g) for g in self.graphs],
+            "ranks": [],  # one program for every device; the DTensor lane's dry run lists ranks here
             "steps": self.step_totals(),
             "totals": {
                 "graphs": len(self.graphs),
@@ -268,8 +272,8 @@ class Report:
                 {
                     "number": p.number,
                     "name": p.name,
-                    "shape": _shape_text(p.shape),
-                    "global_shape": _shape_text(p.global_shape),
+                    "shape": str(p.shape),
+                    "global_shape": None if p.global_shape is None else str(p.global_shape),
                     "sharding": p.sharding,
                     "bytes_per_device": p.nbytes,
                 }
@@ -391,7 +395,3 @@ class Report:
         for w in self.warnings:
             lines.append(f"warning {w}")
         return "\n".join(lines)
-
-
-def _shape_text(a: ArrayShape | None) -> str | None:
-    return None if a is None else str(a)

@@ -1,0 +1,143 @@
+"""One collective call as a rank issues it on torch.distributed: which op, over which ranks, how
+many bytes go in and come out, read from the dispatcher's arguments (the same whether the process
+group is gloo, NCCL or the fake group of a dry run).
+
+Both kinds of collective reach the dispatcher: the in-place ``c10d`` ops FSDP2 and
+``torch.distributed.all_reduce`` issue, with a ``ProcessGroup`` argument, and the functional
+``_c10d_functional`` ops DTensor's redistribution issues, with a group name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["CollectiveCall", "collective_call", "is_collective"]
+
+# c10d op name -> the kind the torch_xla lane's report uses (CollectiveKind values), so both
+# lanes' JSON name a collective alike; the ones GSPMD never emits keep a name of their own.
+_KINDS = {
+    "_allgather_base_": "all-gather",
+    "allgather_": "all-gather",
+    "allgather_coalesced_": "all-gather",
+    "allgather_into_tensor_coalesced_": "all-gather",
+    "all_gather_into_tensor": "all-gather",
+    "all_gather_into_tensor_coalesced": "all-gather",
+    "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce-scatter",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced": "reduce-scatter",
+    "allreduce_": "all-reduce",
+    "allreduce_coalesced_": "all-reduce",
+    "all_reduce": "all-reduce",
+    "all_reduce_coalesced": "all-reduce",
+    "alltoall_": "all-to-all",
+    "alltoall_base_": "all-to-all",
+    "all_to_all_single": "all-to-all",
+    "broadcast_": "broadcast",
+    "broadcast": "broadcast",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "send": "send",
+    "recv_": "recv",
+}
+_NAMESPACES = ("c10d", "_c10d_functional")
+_INPUTS = ("input_tensor", "input_tensors", "inputs", "input")
+_OUTPUTS = ("output_tensor", "output_tensors", "outputs", "output")
+_IN_PLACE = ("tensors",)  # allreduce_, broadcast_: the same tensors in and out
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective a rank issued, in issue order.
+
+    Attributes:
+        position: its index among the step's collectives.
+        op: the kind (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``broadcast``...).
+        torch_op: the dispatcher op (``c10d._allgather_base_``).
+        ranks: the global ranks of its group, in group order.
+        bytes_in: bytes of this rank's input tensors.
+        bytes_out: bytes of this rank's output tensors.
+        dtype: the input's dtype (``float32``).
+        phase: ``forward``, ``backward``, ``optimizer`` or ``other``.
+        module: the innermost module running when it was issued ('' outside any).
+    """
+
+    position: int
+    op: str
+    torch_op: str
+    ranks: tuple[int, ...]
+    bytes_in: int
+    bytes_out: int
+    dtype: str
+    phase: str
+    module: str
+
+    def key(self) -> tuple[Any, ...]:
+        """What must match between a dry run and a real run of the same step."""
+        return (self.op, self.ranks, self.bytes_in, self.bytes_out, self.dtype, self.phase, self.module)
+
+
+def is_collective(func: Any) -> bool:
+    """Whether the dispatcher op ``func`` is a collective this module reads."""
+    return func.namespace in _NAMESPACES and func._schema.name.split("::")[-1] in _KINDS
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _first_dtype(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            found = _first_dtype(v)
+            if found:
+                return found
+    return ""
+
+
+def _group_ranks(named: dict[str, Any]) -> tuple[int, ...]:
+    """Global ranks of the op's group (a ``ProcessGroup`` script object or a group name)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    if "process_group" in named:
+        group = named["process_group"]
+        if isinstance(group, torch.ScriptObject):
+            group = dist.ProcessGroup.unbox(group)
+    else:
+        group = _resolve_process_group(named["group_name"])
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def collective_call(func: Any, args: tuple, kwargs: dict, result: Any, *, position: int, phase: str, module: str):
+    """The `CollectiveCall` for the dispatcher call ``func(*args, **kwargs) -> result``."""
+    schema = func._schema
+    named = {a.name: v for a, v in zip(schema.arguments, args)}
+    named.update(kwargs or {})
+    name = schema.name.split("::")[-1]
+    inputs = next((named[k] for k in _INPUTS + _IN_PLACE if k in named), None)
+    outputs = next((named[k] for k in _OUTPUTS + _IN_PLACE if k in named), None)
+    if outputs is None:  # functional ops return their output
+        outputs = result
+    return CollectiveCall(
+        position=position,
+        op=_KINDS[name],
+        torch_op=f"{func.namespace}.{name}",
+        ranks=_group_ranks(named),
+        bytes_in=_nbytes(inputs),
+        bytes_out=_nbytes(outputs),
+        dtype=_first_dtype(inputs),
+        phase=phase,
+        module=module,
+    )

@@ -1,0 +1,199 @@
+"""The world a dry run gives a script: rank ``r`` of ``N`` on torch.distributed's fake process
+group, in one process, with no devices.
+
+- The environment torchrun would set (``RANK``, ``WORLD_SIZE``...), so a script that checks it
+  (ours launch their own ranks outside torchrun) runs as one rank of a job.
+- ``init_process_group("fake", store=FakeStore())`` before the script runs; the script's own
+  ``init_process_group`` (gloo, NCCL, ``spmd.init_process_group``) then finds the group made and
+  keeps it: the collectives it issues complete at once, moving nothing (or, on real tensors,
+  copying as if every rank sent what this one does).
+- Device meshes are built outside the fake tensor mode: a mesh's rank ids are topology that
+  ``DeviceMesh`` reads back (``tolist``), not data a rank holds, and a fake tensor has no values.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["fake_world"]
+
+
+def _torchrun_env(world: int, rank: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "spmd-inspector-dry-run",
+    }
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _real_tensors(fn: Any) -> Any:
+    """``fn`` run with the fake tensor mode set aside (its tensors are real)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _keep_fake_group(original: Any) -> Any:
+    """``init_process_group`` that keeps the fake group made already: the script's call asks for
+    a group of this world, which it has."""
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            original(*args, **kwargs)
+
+    return init_process_group
+
+
+# Collectives of Python objects pickle them into tensors and read the bytes back: real tensors
+# there, which the fake group (every rank as this one) copies as a real group would.
+_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")
+
+
+class _Chunks(Sequence):
+    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n``, each made when read.
+
+    FSDP2's ``_chunk_with_empty`` makes all ``n`` (a view per chunk, ``new_empty(0)`` for each
+    rank past the last) and reads two: this rank's and the first. Under the fake mode each costs
+    about 0.2 ms: 58,000 of them, most of a dry run's time, for a small GPT at 1,024 ranks."""
+
+    def __init__(self, tensor: Any, n: int, dim: int) -> None:
+        self._tensor, self._n, self._dim = tensor, n, dim
+        size = tensor.size(dim)
+        self._step = -(-size // n) if size else 0  # torch.chunk's chunk size
+        self._count = -(-size // self._step) if self._step else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        i = i + self._n if i < 0 else i
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        if self._count == 0:  # an empty dim: torch.chunk's own answer (cheap: nothing to split)
+            import torch
+
+            chunks = list(torch.chunk(self._tensor, self._n, dim=self._dim))
+            return chunks[i] if i < len(chunks) else chunks[0].new_empty(0)
+        if i >= self._count:
+            return self._tensor.new_empty(0)
+        start = i * self._step
+        return self._tensor.narrow(self._dim, start, min(self._step, self._tensor.size(self._dim) - start))
+
+
+def _chunk_with_empty(tensor: Any, num_chunks: int, dim: int) -> _Chunks:
+    return _Chunks(tensor, num_chunks, dim)
+
+
+def _fsdp_patches() -> list[tuple[Any, str, Any]]:
+    """`_chunk_with_empty` where FSDP2 looks it up (each module imported it by name)."""
+    import importlib
+
+    found = []
+    for name in ("_fsdp_common", "_fsdp_param"):
+        module = importlib.import_module(f"torch.distributed.fsdp._fully_shard.{name}")
+        if "_chunk_with_empty" in module.__dict__:
+            found.append((module, "_chunk_with_empty", _chunk_with_empty))
+    return found
+
+
+def _patches() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for each function the dry run replaces."""
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
+    from torch.distributed import distributed_c10d
+
+    mesh_class = device_mesh.DeviceMesh
+    found = []
+    for owner in (dist, distributed_c10d):
+        found.append((owner, "init_process_group", _keep_fake_group(owner.init_process_group)))
+        for name in _OBJECT_COLLECTIVES:
+            found.append((owner, name, _real_tensors(getattr(owner, name))))
+    found += [
+        (device_mesh, "init_device_mesh", _real_tensors(device_mesh.init_device_mesh)),
+        (mesh_class, "__init__", _real_tensors(mesh_class.__init__)),
+    ]
+    for name in ("_concatenate", "_flatten", "_unflatten"):  # build new meshes from old ones
+        static = mesh_class.__dict__.get(name)
+        if isinstance(static, staticmethod):
+            found.append((mesh_class, name, staticmethod(_real_tensors(static.__func__))))
+        elif static is not None:
+            found.append((mesh_class, name, _real_tensors(static)))
+    return found + _fsdp_patches()
+
+
+@contextmanager
+def fake_world(world: int, rank: int) -> Iterator[None]:
+    """Be rank ``rank`` of ``world`` on the fake process group inside the block; the group is
+    destroyed and every replaced function restored after it."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
+
+    with _environment(_torchrun_env(world, rank)):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        options = FakeProcessGroup.Options()
+        options.simulate_uniform_ranks = True  # every rank sends what this one does
+        dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore(), pg_options=options)
+        patches = _patches()
+        saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
+        try:
+            yield
+        finally:
+            for owner, name, original in reversed(saved):
+                setattr(owner, name, original)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            _forget_shardings()
+
+
+def _forget_shardings() -> None:
+    """Drop DTensor's cached sharding decisions: they hold meshes whose process groups were just
+    destroyed, and the next rank's run (``--ranks all``) reuses the group names."""
+    import torch
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    if hasattr(_redistribute, "clear_redistribute_planner_cache"):
+        _redistribute.clear_redistribute_planner_cache()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:  # the C++ dispatch fast path's own cache (torch 2.10+)
+        clear_native()

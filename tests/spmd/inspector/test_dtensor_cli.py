@@ -1,0 +1,61 @@
+"""``python -m spmd.inspector --world N``: the dry run from the command line, and its JSON in the
+torch_xla lane's schema."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spmd.inspector.report import Report
+from tests.torchrun import ROOT, child_env
+
+BARE = ROOT / "tests" / "data" / "fully_shard_tp.py"
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor lane (torch 2.15)")
+
+
+def inspector(*args, cwd=ROOT):
+    command = [sys.executable, "-m", "spmd.inspector", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=child_env(xla=False), capture_output=True, text=True, timeout=600)
+
+
+def test_the_report_and_its_json_in_both_lanes_schema(tmp_path):
+    out = tmp_path / "dry.json"
+    run = inspector("--world", 8, "--rank", 5, "--json", out, BARE, "--tp", 2)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "== rank 5, step 1: peak" in run.stdout and "all-gather" in run.stdout
+    data = json.loads(out.read_text())
+    xla = Report(graphs=()).to_dict()
+    assert data.keys() == xla.keys() and data["lane"] == "dtensor" and xla["lane"] == "torch_xla"
+    assert data["steps"][0].keys() == {
+        "step",
+        "graphs",
+        "collectives",
+        "bytes_sent_per_device",
+        "peak_bytes_per_device",
+    }
+    assert data["totals"].keys() == xla["totals"].keys()
+    (rank,) = data["ranks"]
+    assert rank["rank"] == 5 and len(rank["steps"]) == 2
+    groups = {tuple(c["ranks"]) for c in rank["steps"][1]["collectives"]}
+    assert groups == {(1, 3, 5, 7), (4, 5)}  # rank 5's FSDP (dp) and TP groups of a (4, 2) mesh
+
+
+def test_a_rank_outside_the_world_is_one_error_line(tmp_path):
+    run = inspector("--world", 4, "--rank", 4, BARE)
+    assert (
+        run.returncode == 2 and run.stderr.count("error:") == 1 and "--rank 4 is not a rank of --world 4" in run.stderr
+    )
+
+
+def test_a_failing_script_exits_1_with_a_partial_report(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(BARE.read_text().replace("    dist.destroy_process_group()\n", "    raise KeyError('late')\n"))
+    out = tmp_path / "dry.json"
+    run = inspector("--world", 4, "--json", out, script, "--steps", 1)
+    assert run.returncode == 1
+    line = script.read_text().splitlines().index("    raise KeyError('late')") + 1
+    assert f"KeyError: 'late' at {script}:{line}" in run.stderr
+    data = json.loads(out.read_text())
+    assert data["partial"].startswith("rank 0: KeyError") and data["ranks"][0]["steps"]

@@ -1,0 +1,50 @@
+"""Parts of the DTensor lane's dry run that need no run: FSDP2's chunks made when read, the
+report's warnings."""
+
+import sys
+
+import pytest
+import torch
+
+from spmd.inspector._dtensor_report import DryRunReport
+from spmd.inspector._dtensor_run import RankRun
+from spmd.inspector._dtensor_world import _Chunks
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor lane (torch 2.15)")
+
+
+@pytest.mark.parametrize(
+    "shape,n,dim", [((10, 3), 4, 0), ((256, 4), 1024, 0), ((0, 3), 4, 0), ((7,), 7, 0), ((5, 8), 3, 1), ((1,), 2, 0)]
+)
+def test_chunks_are_fsdp2s_chunks(shape, n, dim):
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    t = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
+    theirs, ours = _chunk_with_empty(t, n, dim), _Chunks(t, n, dim)
+    assert len(ours) == len(theirs) == n
+    for i in (*range(min(n, 9)), n - 1, -1):
+        assert ours[i].shape == theirs[i].shape and ours[i].stride() == theirs[i].stride(), i
+        assert torch.equal(ours[i], theirs[i]), i
+    with pytest.raises(IndexError):
+        ours[n]
+
+
+def test_ignore_leaves_out_a_warning_code():
+    run = RankRun(0, 4, (), {"train.py:3": 2})
+    (warning,) = DryRunReport("train.py", 4, (run,)).warnings()
+    assert warning["code"] == "data-dependent-call" and warning["message"].startswith("train.py:3 read a tensor's")
+    assert DryRunReport("train.py", 4, (run,), frozenset({"data-dependent-call"})).warnings() == []
+
+
+def test_worst_runs_the_first_middle_and_last_ranks():
+    import argparse
+
+    from spmd.inspector._dtensor_cli import chosen_ranks
+
+    def ranks(**flags):
+        return chosen_ranks(argparse.Namespace(**{"world": 1024, "rank": None, "ranks": None, **flags}))
+
+    assert ranks(ranks="worst") == [0, 512, 1023] and ranks() == [0] and ranks(rank=7) == [7]
+    assert ranks(ranks="all", world=3) == [0, 1, 2] and ranks(ranks="worst", world=1) == [0]
+    with pytest.raises(SystemExit):
+        ranks(rank=1024)
