@@ -68,6 +68,18 @@ class Instruction:
         return _attribute(self.attributes, key)
 
     @property
+    def callees(self) -> list[str]:
+        """The computations this instruction runs: fusions, reductions, loops, conditionals, and
+        the ``called_computations`` of custom calls and async wrappers (libtpu 0.0.52 wraps
+        offloaded collectives in one)."""
+        names = []
+        for key in ("calls", "to_apply", "body", "branch_computations", "called_computations"):
+            value = self.attribute(key)
+            if value:
+                names += [n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip()]
+        return names
+
+    @property
     def metadata(self) -> dict[str, str]:
         """The ``metadata={...}`` fields: op_type, op_name, source_file, source_line."""
         raw = self.attribute("metadata")

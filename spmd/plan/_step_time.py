@@ -171,7 +171,7 @@ class _Program:
                 f, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
                 flops += f
                 seconds += f / (self.peak * self.cal.matmul_efficiency * fill) if f else 0.0
-            for callee in _callees(inst):
+            for callee in inst.callees:
                 f, s = self._matmul_seconds(callee)
                 flops, seconds = flops + f, seconds + s
         return flops, seconds
@@ -280,7 +280,7 @@ class _Program:
             return "dcn", sent / self.target.chip.device_dcn_bytes_per_second
         kind, source = _COLLECTIVES.get(inst.opcode) or _STARTS.get(inst.opcode), inst
         if inst.opcode == "async-start" or (inst.opcode == "fusion" and "all-reduce-scatter" in inst.attributes):
-            source = next((i for c in _callees(inst) for i in self._flat(c) if i.opcode in _COLLECTIVES), None)
+            source = next((i for c in inst.callees for i in self._flat(c) if i.opcode in _COLLECTIVES), None)
             kind = _COLLECTIVES[source.opcode] if source is not None else None
             if source is not None and "all-reduce-scatter" in inst.attributes:
                 kind = CollectiveKind.REDUCE_SCATTER
@@ -304,7 +304,7 @@ class _Program:
         out: list[Instruction] = []
         for inst in self.module.computations.get(computation, []):
             out.append(inst)
-            for callee in _callees(inst):
+            for callee in inst.callees:
                 out += self._flat(callee)
         return tuple(out)
 
@@ -327,7 +327,7 @@ class _Program:
                 count = self._trips(inst)
                 clock += count * self.seconds((inst.attribute("body") or "").lstrip("%"), scale * count)
             elif inst.opcode in ("call", "conditional"):
-                clock += max((self.seconds(c, scale) for c in _callees(inst)), default=0.0)
+                clock += max((self.seconds(c, scale) for c in inst.callees), default=0.0)
             elif inst.opcode == "async-update":  # a SparseCore collective's start, update, done
                 if inst.operands and inst.operands[0] in pending:
                     pending[inst.name] = pending.pop(inst.operands[0])
@@ -346,16 +346,6 @@ class _Program:
             else:
                 clock += self.op_seconds(inst, scale)
         return max([clock, *pending.values()])
-
-
-def _callees(inst: Instruction) -> list[str]:
-    """The computations ``inst`` runs (fusions, loops, calls, branches, async wrappers)."""
-    names = []
-    for key in ("calls", "to_apply", "body", "branch_computations", "called_computations"):
-        value = inst.attribute(key)
-        if value:
-            names += [n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip()]
-    return names
 
 
 def _users(instructions: list[Instruction]) -> dict[str, list[Instruction]]:

@@ -95,17 +95,6 @@ def _dcn_transfer(inst: Instruction) -> tuple[CollectiveKind, int] | None:
     return _DCN_KINDS[kind.group(1)], slices
 
 
-def _called(inst: Instruction) -> list[str]:
-    """The computations ``inst`` runs: fusions, reductions, loops, conditionals, and the
-    ``called_computations`` of custom calls (libtpu 0.0.52 wraps offloaded collectives in one)."""
-    names = []
-    for key in ("calls", "to_apply", "body", "branch_computations", "called_computations"):
-        value = inst.attribute(key)
-        if value:
-            names += [n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip()]
-    return names
-
-
 class _StepWalk:
     """One walk of a module's call graph from its entry, each collective recorded once per loop
     context (module docstring)."""
@@ -117,7 +106,7 @@ class _StepWalk:
         self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
         # Who runs each computation that is not a loop or a reduction: a SparseCore collective's
         # operand is a parameter of its computation, the value is its caller's operand.
-        self.callers = {c: i for i in self.by_name.values() for c in _called(i) if i.opcode != "while"}
+        self.callers = {c: i for i in self.by_name.values() for c in i.callees if i.opcode != "while"}
         self.seen: dict[tuple[int, str], StepCollective] = {}
 
     def record(self, key: tuple[int, str], item: StepCollective) -> None:
@@ -198,7 +187,7 @@ class _StepWalk:
             elif (kind := _KINDS.get(inst.opcode)) is not None:
                 self.collective(inst, kind, multiplier, context)
             else:
-                for callee in _called(inst):
+                for callee in inst.callees:
                     if callee in self.module.computations and callee != computation:
                         self.walk(callee, multiplier, context)
 
