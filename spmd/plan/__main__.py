@@ -202,7 +202,7 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     given = [_flag(d) for d in _ADVISE_ONLY if getattr(args, d) not in (None, False)]
     if given:
         p.error(
-            f"{', '.join(given)} only steer the advisor's search, which runs with --advise: add --advise, or leave "
+            f"{', '.join(given)} only {'steer' if len(given) > 1 else 'steers'} the advisor's search, which runs with --advise: add --advise, or leave "
             f"{'them' if len(given) > 1 else 'it'} out to plan one step (--strategy, --mesh, --batch, --remat)."
         )
 

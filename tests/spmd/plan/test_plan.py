@@ -325,12 +325,12 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
         (["--mesh", "fsdp=4,fsdp=1"], "--mesh names axis 'fsdp' twice"),
         (
             ["--jobs", "2"],
-            "--jobs only steer the advisor's search, which runs with --advise: add --advise, or leave it",
+            "--jobs only steers the advisor's search, which runs with --advise: add --advise, or leave it",
         ),
         (["--remats", "full", "--no-cache"], "--remats, --no-cache only steer the advisor's search"),
         (["--strategies", "fsdp", "--fsdp-config", "/tmp/x.json"], "--strategies, --fsdp-config only steer"),
         (["--per-device-batches", "1", "--tensors", "2", "--datas", "1"], "--per-device-batches, --tensors, --datas"),
-        (["--cache", "/tmp"], "--cache only steer the advisor's search"),
+        (["--cache", "/tmp"], "--cache only steers the advisor's search"),
         (["--remat", "most"], "--remat: unknown remat policy 'most'; choose from none,dots,save_dot_except_mlp"),
     ],
 )
