@@ -67,7 +67,9 @@ def advisor(config: Path, out: Path, results: dict) -> None:
         [*args("advice_again.json"), "--jobs", "2"]
     )
     # The advisor rules data parallel out by our math: compile it apart for the tests that read it.
-    results["dp"] = plan(str(config), "v5e:2x2", strategy="dp", global_batch=32, seq_len=128, remat="dots").to_dict()
+    results["dp"] = plan(
+        str(config), "v5e:2x2", strategy="dp", global_batch=32, seq_len=128, remat="dots", hbm_bytes=74 * 2**20
+    ).to_dict()
 
 
 def policies_and_kernels(config: Path, results: dict) -> None:

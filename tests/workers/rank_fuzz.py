@@ -78,6 +78,9 @@ def draw(rng: random.Random) -> dict:
 def _changed(rng: random.Random, trial: dict) -> dict:
     """The arguments of the rank that differs: one field changed."""
     field, other = trial["field"], dict(trial)
+    # its rows are cut as the others' are: only the call differs (a mesh the spec does not fit
+    # would fail in the worker's own cutting, before the call, on that rank alone)
+    other["rows_layout"] = (trial["mesh"], trial["spec"])
     if field == "spec":
         other["spec"] = _other(rng, SPECS[trial["mesh"].ndim], trial["spec"])
     elif field == "mesh":
@@ -139,7 +142,7 @@ def call(args: dict) -> bool:
         return torch.equal(spmd.distribute_tensor(full, mesh, spec).full_tensor(), full)
     if surface == "make_global_tensor":
         agreed = _full({**args, "rows": 8})
-        local = _rows_of(mesh, spec, agreed)
+        local = _rows_of(*args.get("rows_layout", (mesh, spec)), agreed)
         local = local[: local.shape[0] * args["rows"] // 8]  # the odd rank passes fewer rows
         return torch.equal(spmd.make_global_tensor(local, mesh, spec).full_tensor(), agreed)
     return torch.equal(next(iter(_loader(args))).full_tensor(), _one_process_batch(args))
