@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mesh._checks import is_int
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile_pool import default_jobs, run_searches
@@ -149,7 +150,7 @@ def _names(values: Iterable[Any] | str) -> list[Any]:
 
 def _sizes(name: str, values: Iterable[int]) -> tuple[int, ...]:
     given = list(values)
-    if not given or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**31 for v in given):
+    if not given or any(not is_int(v) or not 1 <= v <= 2**31 for v in given):
         raise PlanError(f"{name} must be positive integers, got {given!r:.200}.")
     return tuple(sorted(set(given)))
 
@@ -163,7 +164,7 @@ def _check_choices(
     jobs: int | None,
 ) -> _Choices:
     """The choices to try, checked before any compile (the shared settings check themselves)."""
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64):
+    if jobs is not None and (not is_int(jobs) or not 1 <= jobs <= 64):
         raise PlanError(f"jobs must be a whole number from 1 to 64 (compiles at once) or None, got {jobs!r:.60}.")
     policies = sorted({Remat.parse(r) for r in _names(remats)}, key=list(Remat).index)
     if not policies:

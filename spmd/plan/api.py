@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mesh import Mesh
+from mesh._checks import is_int
 from spmd.plan._compat import toolchain
 from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
@@ -79,7 +80,7 @@ def _request(
     policy = Remat.parse(remat)
     if mesh is not None and not isinstance(mesh, Mapping):
         raise PlanError(f"mesh must map axis names to sizes, e.g. {{'fsdp': 32, 'tensor': 4}}, got {mesh!r:.80}.")
-    if isinstance(tensor, bool) or not isinstance(tensor, int) or not 1 <= tensor <= 4096:
+    if not is_int(tensor) or not 1 <= tensor <= 4096:
         raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
     target = settings.target
     shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
@@ -87,7 +88,7 @@ def _request(
     axes = batch_axes(shape)
     parts = math.prod(shape[a] for a in axes)
     batch = global_batch if global_batch is not None else parts
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 2**31:
+    if not is_int(batch) or not 1 <= batch <= 2**31:
         raise PlanError(f"global_batch must be a whole number of sequences from 1 to 2**31, got {batch!r:.60}.")
     if batch % parts:
         raise PlanError(

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mesh._checks import is_int
 from spmd._util.regular_file import read_regular_file
 from spmd.plan.errors import ModelSpecError, PlanError
 
@@ -127,7 +128,7 @@ def _check_sizes(config: dict[str, Any]) -> None:
         value = config.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_SIZE:
+        if not is_int(value) or not 1 <= value <= _MAX_SIZE:
             raise ModelSpecError(
                 f"The config's {key!r} must be a whole number from 1 to {_MAX_SIZE}, got {value!r:.60}."
             )
