@@ -131,6 +131,21 @@ def attempt_end(found: dict, attempt: int) -> str:
     return (told or ["killed (no rank could tell)"])[0][:600]
 
 
+def run_uninterrupted(args: argparse.Namespace, train: list[str], ref_dir: Path, run_dir: Path):
+    """The reference run, in a fresh directory: (loss by step, data position by step, seconds)."""
+    for d in (ref_dir, run_dir):  # a fresh start: an old checkpoint there would be resumed from
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    started = time.time()
+    ref = launch(ref_dir, "", [*train, "--checkpoint-dir", str(ref_dir / "ckpt")], 0)
+    if ref.wait() != 0:
+        sys.exit(f"the uninterrupted run failed; see {ref_dir / 'torchrun.log'}")
+    reference, ref_positions, _ = losses_by_step(records(ref_dir), [0])
+    if sorted(reference) != list(range(args.steps)):
+        sys.exit(f"the uninterrupted run did not run steps 0..{args.steps - 1}; see {ref_dir}")
+    return reference, ref_positions, time.time() - started
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=6, help="random SIGKILLs (one per attempt)")
@@ -148,17 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     train += ["--batch", "16", "--steps", str(args.steps), "--dataset-rows", "512", "--lr", "1e-2"]
     train += ["--save-every", str(args.save_every), "--timeout", str(args.timeout)]
     ref_dir, run_dir = args.workdir / "reference", args.workdir / "faulty"
-    for d in (ref_dir, run_dir):  # a fresh start: an old checkpoint there would be resumed from
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-    started = time.time()
-    ref = launch(ref_dir, "", [*train, "--checkpoint-dir", str(ref_dir / "ckpt")], 0)
-    if ref.wait() != 0:
-        sys.exit(f"the uninterrupted run failed; see {ref_dir / 'torchrun.log'}")
-    reference, ref_positions, _ = losses_by_step(records(ref_dir), [0])
-    if sorted(reference) != list(range(args.steps)):
-        sys.exit(f"the uninterrupted run did not run steps 0..{args.steps - 1}; see {ref_dir}")
-    ref_seconds = time.time() - started
+    reference, ref_positions, ref_seconds = run_uninterrupted(args, train, ref_dir, run_dir)
 
     save_step = args.save_every * 2 - 1  # the second save of attempt 0
     plan = f"killsave:{random.Random(args.seed).randrange(NPROC)}:{save_step}@0"
@@ -192,7 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    tmp = args.json.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(args.json)  # atomic: a run killed here leaves the last complete report
     return result
 
 
