@@ -256,17 +256,10 @@ def advise(
     cache_dir: Path | str | None = None,
     log: Log | None = None,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them.
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``moment_dtype``
+    are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
-        model: a built-in name, a config.json path or a module, as in `spmd.plan.plan`.
-        topology: the TPU slice, as in `spmd.plan.plan`.
-        slices: slices joined by DCN.
-        attention: ``dot`` or ``flash``.
-        seq_len: tokens per sequence (default: the model's).
-        compute_dtype: the step's compute dtype.
-        hbm_bytes: the per-device budget (default: the device's HBM).
-        moment_dtype: AdamW's first moment's dtype.
         strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.
@@ -277,8 +270,6 @@ def advise(
             compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).
-
-    The settings (topology to moment_dtype) make one `PlanSettings`, shared by every candidate.
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
