@@ -92,7 +92,7 @@ def estimate_step(
     per_token, shares = model_flops(hf_config, n_params, seq_len)
     flops = per_token * tokens
     chip, devices = target.chip, target.devices
-    factor = recompute_factor(remat, **{"attention_share": 0.0, **shares})
+    factor = recompute_factor(remat, **shares)
     compute = flops / devices / chip.device_peak_flops * factor
     ici = sum(c.bytes_sent_per_device for c in collectives if not c.over_dcn) / chip.device_allreduce_bytes_per_second
     dcn = sum(c.bytes_sent_per_device for c in collectives if c.over_dcn) / chip.device_dcn_bytes_per_second

@@ -152,7 +152,9 @@ def jax_policy(remat: Remat) -> Any:
     return policies.save_only_these_names(*names) if names else policies.nothing_saveable
 
 
-def recompute_factor(remat: Remat, attention_share: float, mlp_share: float = 0.0, out_share: float = 0.0) -> float:
+def recompute_factor(
+    remat: Remat, attention_share: float = 0.0, mlp_share: float = 0.0, out_share: float = 0.0
+) -> float:
     """Hardware FLOPs over model FLOPs: a policy runs again in backward the forward of what it
     does not keep (a forward is a third of the step's FLOPs). ``attention_share``, ``mlp_share``,
     ``out_share``: attention's, the MLP's and the output projection's parts of the step's model
