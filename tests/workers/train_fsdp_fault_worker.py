@@ -39,7 +39,11 @@ phase = out / f"phase-rank{rank}"
 
 
 def write():
-    report.write_text(json.dumps(record))
+    # torchrun SIGKILLs the other ranks when one fails, maybe mid-write: a reader sees the old
+    # record or the new one, never a truncated file.
+    partial = report.with_name(f".{report.name}.partial")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, report)
 
 
 def hook(event, step, info):
