@@ -127,9 +127,11 @@ def _run_in_pool(model: Any, searches: list[MeshSearch], settings: Settings, job
     ready = list(searches)
     try:
         while ready or started:
-            for search in ready:
-                c = _from_cache(search, settings, progress, log)
-                if c is None:
+            # Every ready search reads what it can from the cache first, then the candidates left
+            # are checked against the leader those reads gave: a warm advice compiles nothing.
+            pending = [(s, c) for s in ready if (c := _from_cache(s, settings, progress, log)) is not None]
+            for search, c in pending:
+                if search.withdraw_if_beaten():
                     continue
                 if pool is None:
                     log(f"advisor: compiling in {jobs} worker processes")
