@@ -6,7 +6,7 @@ Wall time on a shared machine depends on what else runs, so CPU time (user + sys
 advisor and its worker processes, from ``getrusage(RUSAGE_CHILDREN)``) is given beside it, and
 the load average before and after each run.
 
-    python benchmarks/plan_advise_time.py [--jobs N] [--cache DIR] [--warm-only]
+    python benchmarks/plan_advise_time.py [--jobs N] [--warm-only --cache DIR]
         [--json runs/plan_advise_time.json] [-- <advisor flags replacing the README line's>]
 """
 
@@ -93,16 +93,21 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=None, help="the advisor's --jobs (default: its own)")
-    p.add_argument("--cache", type=Path, default=None, help="compile cache directory (default: a fresh one)")
+    p.add_argument("--cache", type=Path, default=None, help="with --warm-only: the cache directory of an earlier run")
     p.add_argument("--warm-only", action="store_true", help="one run on --cache as it is (no cold run)")
     p.add_argument("--json", type=Path, default=ROOT / "runs" / "plan_advise_time.json")
     p.add_argument("line", nargs="*", help="advisor flags replacing the README line's")
     args = p.parse_args()
-    if args.warm_only and args.cache is None:
-        p.error("--warm-only needs --cache: the directory of an earlier (cold) run")
+    if args.warm_only != (args.cache is not None):
+        p.error("--warm-only and --cache go together: a warm run on the cache of an earlier (cold) run")
+    if args.cache is not None and not args.cache.is_dir():
+        p.error(f"--cache {args.cache} is not a directory: give the cache directory of an earlier run")
     if args.jobs is not None and not 1 <= args.jobs <= 64:
         p.error(f"--jobs must be from 1 to 64, got {args.jobs}")
-    out = file_to_write(args.json, "--json")
+    try:
+        out = file_to_write(args.json, "--json")
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
     line = args.line or README_LINE
     with tempfile.TemporaryDirectory(prefix="plan-advise-time-") as tmp:
         cache = args.cache or Path(tmp) / "cache"
