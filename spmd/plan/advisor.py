@@ -35,7 +35,7 @@ import torch
 from mesh._checks import is_int
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
-from spmd.plan.ceiling import mfu_ceiling
+from spmd.plan.ceiling import mfu_ceiling, runs_its_floor
 from spmd.plan.compile_pool import default_jobs, run_searches
 from spmd.plan.errors import PlanError
 from spmd.plan.lowering import find_layer_stack
@@ -115,6 +115,9 @@ def _searches(
     def ceiling(remat: str) -> float | None:
         return mfu_ceiling(shape, Remat(remat), settings.seq_len)  # type: ignore[arg-type]
 
+    def counted(outcome: Outcome) -> bool:
+        return runs_its_floor(outcome.report, shape)
+
     for strategy, mesh in meshes:
         our_mesh = build_mesh(mesh, target, devices)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
@@ -134,7 +137,9 @@ def _searches(
             log(f"  {strategy} {dict(mesh)}: {why}")
             continue
         predict = _predictor(shape, settings, mesh, state, param_bytes(params, spec_fn, our_mesh))
-        searches.append(MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict, ceiling, leader))
+        searches.append(
+            MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict, ceiling, leader, counted)
+        )
     return searches, dropped
 
 

@@ -17,7 +17,10 @@ smallest.
 Across meshes, a policy that cannot win is not compiled: every mesh's search shares a `Leader`,
 the best predicted MFU of a compiled plan that fits so far, and a policy whose MFU ceiling
 (`spmd.plan.ceiling`, known before compiling) is below it ends the search, with every heavier
-policy (their ceilings are no higher). The winner is the same as with every plan compiled.
+policy (their ceilings are no higher). A search rules out nothing so until a plan of its own mesh
+has been compiled and every one compiled so far counts at least its floor of matmul FLOPs (where
+the step-time model misses matmuls, a prediction can pass the ceiling). The winner is then the
+same as with every plan of the search compiled.
 """
 
 from __future__ import annotations
@@ -33,10 +36,15 @@ __all__ = ["MeshSearch"]
 
 Predict = Callable[[str, int], "MemoryMath | None"]
 Ceiling = Callable[[str], "float | None"]
+Counted = Callable[[Outcome], bool]
 
 
 def _no_ceiling(remat: str) -> float | None:
     return None
+
+
+def _counted(outcome: Outcome) -> bool:
+    return True
 
 
 @dataclass
@@ -82,11 +90,13 @@ class MeshSearch:
     predict: Predict
     ceiling: Ceiling = _no_ceiling
     leader: Leader = field(default_factory=Leader)
+    counted: Counted = _counted  # a compiled plan's matmul count reaches its floor (`spmd.plan.ceiling`)
     outcomes: list[Outcome] = field(default_factory=list)
     _index: int = -1
     _best: int = 0
     _policy: _Policy | None = None
     _waiting: Candidate | None = None
+    _floor_holds: bool | None = None  # None: no plan of this mesh compiled with a prediction yet
 
     def candidate(self, remat: str, batch: int) -> Candidate:
         return Candidate(self.strategy, self.mesh, batch, remat)
@@ -116,6 +126,8 @@ class MeshSearch:
         self._waiting = None
         self.outcomes.append(outcome)
         self.leader.offer(outcome)
+        if outcome.fits:  # a plan that fits has a prediction: does its count reach its floor?
+            self._floor_holds = self._floor_holds is not False and self.counted(outcome)
         index = p.batches.index(c.per_device_batch)
         if outcome.fits:
             p.found, p.lo = c.per_device_batch, index + 1
@@ -131,7 +143,7 @@ class MeshSearch:
         span = 0 if self._policy is None else max(0, self._policy.hi - self._policy.lo + 1)
         likely, most = math.ceil(math.log2(span + 1)), span
         for remat in self.remats[self._index + 1 :]:
-            if self.leader.beats(self.ceiling(remat)):
+            if self._cannot_win(remat):
                 break  # it and every heavier policy cannot win
             worth = len(self._worth(remat))
             likely, most = likely + min(worth, 1), most + worth
@@ -169,15 +181,18 @@ class MeshSearch:
         """Drop the candidate `next` gave, not yet compiled, if a plan found since beats its
         policy (the search then ends); whether it did."""
         c = self._waiting
-        if c is None or not self.leader.beats(self.ceiling(c.remat)):
+        if c is None or not self._cannot_win(c.remat):
             return False
         self._waiting = None
         return self._beaten(c.remat)
 
+    def _cannot_win(self, remat: str) -> bool:
+        return self._floor_holds is True and self.leader.beats(self.ceiling(remat))
+
     def _beaten(self, remat: str) -> bool:
         """If a compiled plan beats ``remat``'s ceiling, rule out it and every heavier policy
         (their ceilings are no higher) and end the search."""
-        if not self.leader.beats(self.ceiling(remat)):
+        if not self._cannot_win(remat):
             return False
         start = self.remats.index(remat)
         for r in self.remats[start:]:
