@@ -48,3 +48,28 @@ def test_worst_runs_the_first_middle_and_last_ranks():
     assert ranks(ranks="all", world=3) == [0, 1, 2] and ranks(ranks="worst", world=1) == [0]
     with pytest.raises(SystemExit):
         ranks(rank=1024)
+
+
+def test_a_model_built_in_the_fake_world_moves_with_to():
+    """``model.to(device)`` on fake parameters: torch 2.15 refuses the swap (the fake mode's memo
+    holds a weak reference to each); in the dry run's world it swaps, and other weak references
+    are still refused."""
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from spmd.inspector._dtensor_world import fake_world
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with pytest.raises(RuntimeError, match="Couldn't swap"):
+            torch.nn.Linear(4, 3).to("cpu")  # torch's own behaviour, outside the dry run's world
+    with fake_world(2, 1), FakeTensorMode(allow_non_fake_inputs=True):
+        model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 3))
+        weight = model[1].weight
+        model.to("cpu", dtype=torch.float64)
+        assert model[1].weight is weight and isinstance(weight, FakeTensor) and weight.dtype == torch.float64
+        held = torch.nn.Linear(2, 2)
+        kept = weakref.ref(held.bias)
+        with pytest.raises(RuntimeError, match="Couldn't swap Linear.bias"):
+            held.double()
+        assert kept() is held.bias
