@@ -37,9 +37,10 @@ class RankRun:
             placeholder.
         failure: why the script stopped before its steps were recorded ('' if it did not).
         failing_line: the script's line that raised (``script.py:42``), or ''.
-        root: the class of the root ``fully_shard``-ed module followed ('' if none was found).
+        root: the class of the root module followed ('' if none was found).
         parameters: its parameters summed, if one was found.
         seconds: wall time of the run.
+        fsdp: whether the root is ``fully_shard``-ed (ZeRO's bounds apply to it).
     """
 
     rank: int
@@ -51,6 +52,7 @@ class RankRun:
     root: str = ""
     parameters: ParameterSummary | None = None
     seconds: float = 0.0
+    fsdp: bool = False
 
     @property
     def peak_bytes(self) -> int:
@@ -91,8 +93,9 @@ def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, ste
         sys.argv, sys.path[:] = saved_argv, saved_path
     if not failure and not recorder.steps:
         failure = (
-            "no training step was seen: the inspector follows the first optimizer built over the parameters "
-            "of a fully_shard-ed (FSDP2) module, and its steps; this script built none"
+            "no training step was seen: the inspector follows the module an optimizer trains (a step ends at "
+            "the optimizer's step), or with no optimizer the first module called that has parameters (a step "
+            "ends at its backward); this script called no module with parameters"
         )
     return RankRun(
         rank,
@@ -104,4 +107,5 @@ def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, ste
         recorder.root,
         recorder.parameters,
         time.perf_counter() - started,
+        recorder.fsdp,
     )

@@ -79,6 +79,10 @@ def _keep_fake_group(original: Any) -> Any:
 # Collectives of Python objects pickle them into tensors and read the bytes back: real tensors
 # there, which the fake group (every rank as this one) copies as a real group would.
 _OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")
+# Likewise spmd's check that every rank called mark_sharding (and the others) alike: the ranks
+# exchange digests of their arguments and compare them. On fake tensors the digests read back
+# as placeholders, listed as the script's own reads of a value, which they are not.
+_OUR_EXCHANGES = (("spmd._backend.dtensor_processes", "all_process_values"),)
 
 
 class _Chunks(Sequence):
@@ -168,6 +172,8 @@ def _fsdp_patches() -> list[tuple[Any, str, Any]]:
 
 def _patches() -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for each function the dry run replaces."""
+    import importlib
+
     import torch.distributed as dist
     import torch.distributed.device_mesh as device_mesh
     import torch.utils
@@ -183,6 +189,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (device_mesh, "init_device_mesh", _real_tensors(device_mesh.init_device_mesh)),
         (mesh_class, "__init__", _real_tensors(mesh_class.__init__)),
     ]
+    for module_name, name in _OUR_EXCHANGES:
+        owner = importlib.import_module(module_name)
+        found.append((owner, name, _real_tensors(getattr(owner, name))))
     for name in ("_concatenate", "_flatten", "_unflatten"):  # build new meshes from old ones
         static = mesh_class.__dict__.get(name)
         if isinstance(static, staticmethod):
