@@ -297,7 +297,8 @@ class Recorder:
             self._step_done = True
 
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
-        if self._tracker is None and next(module.parameters(), None) is not None:
+        started = self._tracker is None and next(module.parameters(), None) is not None
+        if started:
             self._start(module, None)  # no optimizer built: the first module called with parameters
         if module is not self._root or self._tracker is None:
             return
@@ -306,11 +307,13 @@ class Recorder:
             self._step_done = False
             if self.max_steps is not None and len(self.steps) >= self.max_steps:
                 raise StopScript
-        elif not self._tracker._mod_tracker.is_bw:
+        elif not started and not self._tracker._mod_tracker.is_bw:
             # The root again within a step (gradient accumulation): the tracker refuses a root's
             # second forward until its per-module stats are reset; the step's own are kept here.
             self._tracker.reset_mod_stats()
         self._tracker.track_inputs(args)
+        if started:  # torch runs the global hooks it had when this call began: not the tracker's
+            self._tracker._mod_tracker._fw_pre_hook(module, args)
 
     def _backward(self, original: Any) -> Any:
         """``torch.autograd.backward`` (what ``loss.backward()`` calls) that ends a step when

@@ -192,6 +192,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
     for module_name, name in _OUR_EXCHANGES:
         owner = importlib.import_module(module_name)
         found.append((owner, name, _real_tensors(getattr(owner, name))))
+    ranks = mesh_class.__dict__.get("mesh")
+    if isinstance(ranks, property):  # torch 2.15 makes a mesh's rank tensor anew at each read
+        found.append((mesh_class, "mesh", property(_real_tensors(ranks.fget))))
     for name in ("_concatenate", "_flatten", "_unflatten"):  # build new meshes from old ones
         static = mesh_class.__dict__.get(name)
         if isinstance(static, staticmethod):
