@@ -101,7 +101,8 @@ class StepRecord:
     complete: bool = True
 
 
-def _categories(snapshot: dict[str, int], names: dict[str, str]) -> dict[str, int]:
+def _categories(snapshot: dict[str, int]) -> dict[str, int]:
+    names = PLAIN_CATEGORIES if "Parameter" in snapshot else CATEGORIES  # MemTracker's snapshot, or FSDP's
     return {ours: int(snapshot.get(theirs, 0)) for theirs, ours in names.items()}
 
 
@@ -148,11 +149,7 @@ class _Recording:
         for theirs, ours in self.categories.items():
             self.category_max[ours] = max(self.category_max.get(ours, 0), int(snap.get(theirs, 0)))
         if snap[_TOTAL_KEY] > self.step_peak:
-            self.step_peak, self.step_at_peak, self.step_where = (
-                snap[_TOTAL_KEY],
-                _categories(snap, self.categories),
-                self.where(),
-            )
+            self.step_peak, self.step_at_peak, self.step_where = snap[_TOTAL_KEY], _categories(snap), self.where()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if self.propagating:  # DTensor's shape propagation, not the rank's memory
