@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--first-rank", type=int, default=0, help="the rank at mesh coordinate 0")
     parser.add_argument("--no-optimizer", action="store_true", help="update the weights by hand (SGD)")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches (forward and backward) per step")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     world = dist.get_world_size()
@@ -38,9 +39,10 @@ def main() -> None:
     parallelize_module(model, mesh, {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel()})
     optimizer = None if args.no_optimizer else torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(args.steps):
-        x = torch.randn(args.batch, args.d)
-        loss = model(x).pow(2).mean()
-        loss.backward()
+        for _ in range(args.accumulate):
+            x = torch.randn(args.batch, args.d)
+            loss = model(x).pow(2).mean()
+            loss.backward()
         if optimizer is None:
             with torch.no_grad():
                 for p in model.parameters():

@@ -53,6 +53,12 @@ def test_without_an_optimizer_backward_ends_the_step():
     assert len(run.steps[0].collectives) == len(run.steps[1].collectives) == 1
 
 
+def test_micro_batches_stay_in_their_step():
+    """Gradient accumulation: two forwards and backwards per optimizer step are one step."""
+    run = _tp_run("--accumulate", "2")
+    assert [[c.phase for c in s.collectives] for s in run.steps] == [["forward", "forward"]] * 2
+
+
 @pytest.mark.parametrize(
     "script,args,groups",
     [
