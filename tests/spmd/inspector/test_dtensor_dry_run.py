@@ -26,6 +26,12 @@ SMALL_GPT = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq"
 # must agree to the byte.
 LATE_FREED = {"temporaries"}
 LATE_FREED_TP = LATE_FREED | {"activations"}
+# The real allocator's peak (every thread; tests/allocator_timeline.py), gloo's staging buffers
+# left out, against the dry peak. Measured: equal (bare fully_shard), +8 B (our FSDP) and +20 B
+# (2x2) on every rank-step; with gloo's staging in, +7 % to +9 % (our FSDP: a 199,936 B
+# all-gather copy at the peak). Where gloo's worker held a gathered buffer past its last use
+# (1 of 16 rank-steps measured) the excess is that buffer, named, and no more.
+PEAK_BAND = 0.05
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor lane (torch 2.15)")
 
@@ -56,13 +62,22 @@ def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args, late_free
                 if category not in late_freed:
                     assert size == m["category_max"][category], f"{where}: {category}"
             assert p["peak_bytes"] <= m["peak_bytes"], where  # late frees only add
-            # The allocator (the profiler's events, every thread) holds at least what the dry run
-            # says; more where gloo's threads free late (measured: equal on 4 of 8 rank-steps of
-            # bare fully_shard, +3 % to +19 % on the others: one gather buffer of a small model).
-            assert m["allocator_peak_bytes"] >= p["peak_bytes"], where
+            _assert_allocator_peak_near(p["peak_bytes"], m, where)
             ratios.append(m["peak_bytes"] / p["peak_bytes"])
         assert predicted[-1]["category_max"]["optimizer_state"] > 0  # the steady step holds Adam's state
     assert statistics.median(ratios) < 1.01, ratios
+
+
+def _assert_allocator_peak_near(dry_peak: int, real: dict, where: str) -> None:
+    """The real allocator's peak without gloo's staging is within `PEAK_BAND` of the dry peak,
+    above it by at most the band plus what gloo's worker was still holding at that peak."""
+    real_peak = real["allocator_peak_without_staging_bytes"]
+    held_by_gloo = real["released_by_gloo_at_peak_bytes"]
+    assert real_peak >= (1 - PEAK_BAND) * dry_peak, f"{where}: real {real_peak} B, dry {dry_peak} B"
+    assert real_peak <= (1 + PEAK_BAND) * dry_peak + held_by_gloo, (
+        f"{where}: real {real_peak} B (of which gloo's worker held {held_by_gloo} B), dry {dry_peak} B"
+    )
+    assert real["allocator_peak_bytes"] >= real_peak  # the staging only adds
 
 
 def test_ranks_run_one_after_another_in_one_process():
