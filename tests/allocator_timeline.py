@@ -23,6 +23,7 @@ Two things the events alone get wrong (measured on 4 gloo ranks, bare ``fully_sh
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,16 +148,20 @@ def _unreported_frees(events: list[Event]) -> set[int]:
 
 
 class _Blocks:
-    """The blocks held now, by the index of their allocation; those whose free no event reports
-    are released where the allocator's count shows a free nobody reported."""
+    """The blocks held now, by the index of their allocation. A block whose free no event
+    reports is released where the allocator's count shows a free nobody reported, or when its
+    address is allocated again; ``released`` collects those."""
 
-    def __init__(self, unreported: set[int]) -> None:
+    def __init__(self, unreported: set[int], freed_unreported: set[int] | None = None) -> None:
         self.held: dict[int, Event] = {}
         self.at: dict[int, int] = {}  # address -> index
         self.unreported = unreported
+        self.released: set[int] = set()
+        self.freed_unreported = freed_unreported or set()  # from a first walk
 
     def allocated(self, index: int, event: Event) -> None:
         if event.ptr in self.at:  # its earlier block was freed unreported before the address came back
+            self.released.add(self.at[event.ptr])
             self.held.pop(self.at.pop(event.ptr), None)
         self.held[index], self.at[event.ptr] = event, index
 
@@ -175,6 +180,7 @@ class _Blocks:
         for i in waiting:
             if 0 < self.held[i].size <= nbytes:
                 nbytes -= self.held[i].size
+                self.released.add(i)
                 self.freed(self.held[i])
 
     @property
@@ -186,7 +192,7 @@ class _Blocks:
     def released_by_gloo(self) -> int:
         """Bytes held now, not gloo's staging, that a thread no event follows (gloo's worker,
         which holds a collective's tensors until it drops the work) frees later."""
-        return sum(e.size for i, e in self.held.items() if not e.staging and i in self.unreported)
+        return sum(e.size for i, e in self.held.items() if not e.staging and i in self.freed_unreported)
 
 
 @dataclass
@@ -216,8 +222,21 @@ def step_peaks(events: list[Event], held_at_start: int, steps: int) -> list[Step
     """Per step (between boundaries), the allocator's peak with and without gloo's staging,
     counted from ``held_at_start`` at the first boundary; a last step the script ended inside
     is closed at the end of the events."""
-    blocks = _Blocks(_unreported_frees(events))
+    unreported = _unreported_frees(events)
+    first = _Blocks(unreported)
+    _walk(events, first, None)
     done: list[StepPeak] = []
+    last = _walk(
+        events, _Blocks(unreported, first.released), lambda step, start: done.append(step.result(start, held_at_start))
+    )
+    if last is not None and len(done) < steps:
+        done.append(last[0].result(last[1], held_at_start))
+    return done[:steps]
+
+
+def _walk(events: list[Event], blocks: _Blocks, close: Callable[[_Step, int], None] | None) -> tuple[_Step, int] | None:
+    """Walk the events, ``close(step, start count)`` at each boundary after the first; returns
+    the step open at the end (and the start count), if any."""
     start, step, before = None, None, 0
     for i, event in enumerate(events):
         unreported = before + event.size - event.count  # freed on a thread no event follows
@@ -225,8 +244,8 @@ def step_peaks(events: list[Event], held_at_start: int, steps: int) -> list[Step
         if unreported > 0:
             blocks.release_unreported(unreported)
         if event.mark:
-            if step is not None:
-                done.append(step.result(start, held_at_start))
+            if step is not None and close is not None:
+                close(step, start)
             start = event.count if start is None else start
             step = _Step(event.count)
         elif event.size > 0:
@@ -235,6 +254,4 @@ def step_peaks(events: list[Event], held_at_start: int, steps: int) -> list[Step
             blocks.freed(event)
         if step is not None:
             step.note(event.count, blocks)
-    if step is not None and len(done) < steps:
-        done.append(step.result(start, held_at_start))
-    return done[:steps]
+    return None if step is None else (step, start)

@@ -57,6 +57,13 @@ def test_a_tensor_gloo_frees_late_is_named_at_the_peak():
     assert step.released_by_gloo_at_peak_bytes == 400
 
 
+def test_what_is_still_held_at_the_end_is_not_gloos():
+    # Parameters and optimizer state outlive the profile: no free, and none is owed.
+    events = _run(MARK, (400, 1, False), (300, 2, False), (-300, 2, False), MARK)
+    (step,) = step_peaks(events, held_at_start=0, steps=1)
+    assert (step.peak_without_staging_bytes, step.released_by_gloo_at_peak_bytes) == (700, 0)
+
+
 def test_steps_split_at_boundaries_and_an_unfinished_last_step_is_kept():
     events = _run(MARK, (100, 1, False), (-100, 1, False), MARK, (250, 2, False))
     first, second = step_peaks(events, held_at_start=10, steps=2)
