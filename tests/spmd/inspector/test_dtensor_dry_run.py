@@ -16,6 +16,7 @@ from tests.torchrun import ROOT, torchrun  # noqa: E402
 WORLD, STEPS = 4, 2
 BARE = ROOT / "tests" / "data" / "fully_shard_tp.py"
 OURS = ROOT / "examples" / "train_fsdp.py"
+TP = ROOT / "tests" / "data" / "tensor_parallel.py"  # a plan, no fully_shard: torch's MemTracker
 SMALL_GPT = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "16", "--batch", "8"]
 # Gloo's worker thread keeps a collective's work, and so its tensors, until its loop comes round
 # after the collective completed; when the training thread has dropped them first, the worker
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor 
         pytest.param(OURS, SMALL_GPT, LATE_FREED, id="fsdp_xla-1d"),
         pytest.param(BARE, ["--tp", "1"], LATE_FREED, id="fully_shard-1d"),
         pytest.param(BARE, ["--tp", "2"], LATE_FREED_TP, id="fully_shard-tp-2x2"),
+        pytest.param(TP, ["--hidden", "256"], LATE_FREED_TP, id="tensor-parallel-no-fsdp"),
     ],
 )
 def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args, late_freed):
