@@ -3,9 +3,11 @@ figures, in one place (`spmd.plan._step_time`; docs/plan.md, "Calibration")."""
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CALIBRATION", "Calibration"]
+__all__ = ["CALIBRATION", "CALIBRATION_RUNS", "Calibration", "CalibrationPoint", "fit_efficiency"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +42,63 @@ CALIBRATION = Calibration(
     ring_step_seconds=1e-6,
     host_bytes_per_second=16e9,
 )
+
+# The runs the efficiency is fitted on (`spmd.plan.published.run_name`); every other published run
+# with a recipe is held out: predicted, never fitted to (benchmarks/plan_prediction.py).
+CALIBRATION_RUNS: tuple[str, ...] = (
+    "llama3.1-70b@tpu7x-128",
+    "llama3.1-405b@tpu7x-512",
+    "maxtext-16b@v5e-256",
+    "maxtext-32b@v5e-256",
+    "maxtext-64b@v5e-256",
+    "maxtext-32b@v5p-128",
+    "maxtext-64b@v5p-128",
+)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One published run as the fit sees it: the step the model predicts for the run's compiled
+    program at each of a few matmul efficiencies (the same value for attention), and the figure
+    the run published. ``benchmarks/plan_prediction.py`` records these.
+
+    Attributes:
+        run: the run's name (`spmd.plan.published.run_name`).
+        published_tflops: TFLOP/s per chip the run published (MaxText's FLOP count).
+        model_flops_per_chip: the model's FLOPs per step per chip (the same count).
+        efficiencies: increasing efficiencies the step was predicted at.
+        seconds: the predicted step at each.
+    """
+
+    run: str
+    published_tflops: float
+    model_flops_per_chip: float
+    efficiencies: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def predicted_tflops(self, efficiency: float) -> float:
+        """TFLOP/s per chip at ``efficiency``: the recorded steps interpolated linearly in
+        1 / efficiency (matmul time goes as 1 / efficiency; within a grid step the program's mix
+        of matmul- and memory-bound operations barely changes)."""
+        e = self.efficiencies
+        if not e[0] <= efficiency <= e[-1]:
+            raise ValueError(f"efficiency {efficiency} is outside the recorded {e[0]} .. {e[-1]}.")
+        i = min(max(bisect.bisect_left(e, efficiency), 1), len(e) - 1)
+        x0, x1, x = 1 / e[i - 1], 1 / e[i], 1 / efficiency
+        seconds = self.seconds[i - 1] + (self.seconds[i] - self.seconds[i - 1]) * (x - x0) / (x1 - x0)
+        return self.model_flops_per_chip / seconds / 1e12
+
+    def error(self, efficiency: float) -> float:
+        """(predicted - published) / published at ``efficiency``."""
+        return self.predicted_tflops(efficiency) / self.published_tflops - 1
+
+
+def fit_efficiency(points: Sequence[CalibrationPoint], resolution: float = 0.001) -> float:
+    """The efficiency, on a ``resolution`` grid, that makes the largest of the points' absolute
+    errors smallest (a minimax fit: no run is given up to fit the others better)."""
+    if not points:
+        raise ValueError("fit_efficiency needs at least one calibration point.")
+    lo = max(p.efficiencies[0] for p in points)
+    hi = min(p.efficiencies[-1] for p in points)
+    grid = [round(lo + k * resolution, 6) for k in range(int((hi - lo) / resolution + 1e-9) + 1)]
+    return min(grid, key=lambda e: (max(abs(p.error(e)) for p in points), e))
