@@ -35,7 +35,7 @@ from spmd.plan._step_time import predict_step
 from spmd.plan.advice import Candidate
 from spmd.plan.api import plan_program
 from spmd.plan.plan_cache import Settings, cached_outcome, default_cache_dir, entry_path, model_key, write_entry
-from spmd.plan.published import PUBLISHED, Published, run_name
+from spmd.plan.published import PUBLISHED, Published, published_run, run_name
 from spmd.plan.report import GIB, PlanReport
 from spmd.plan.settings import PlanSettings
 from spmd.plan.topology import CHIP_SPECS
@@ -86,7 +86,7 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
     target = PlanSettings(p.recipe.topology).target  # type: ignore[union-attr]
     seconds = []
     for e in GRID:
-        calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e)
+        calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=())
         seconds.append(predict_step(hlo, target, calibration).seconds)
     flops = report.estimate.model_flops_per_step / report.chips
     return CalibrationPoint(run_name(p), published_tflops(p), flops, GRID, tuple(seconds))
@@ -128,19 +128,22 @@ def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
     for pt in chosen:
         by_chip.setdefault(_chip_of(pt.run), []).append(pt)
     fitted = fit_efficiency(chosen)
+    per_chip = {chip: fit_efficiency(pts) for chip, pts in by_chip.items()}
     return {
         "runs": [pt.run for pt in chosen], "efficiency": fitted,
         "errors": {pt.run: pt.error(fitted) for pt in chosen},
-        "per_chip": {chip: fit_efficiency(pts) for chip, pts in by_chip.items()},
+        "per_chip": per_chip,
+        "per_chip_errors": {pt.run: pt.error(per_chip[_chip_of(pt.run)]) for pt in chosen},
     }  # fmt: skip
 
 
 def _chip_of(run: str) -> str:
-    return run.split("@", 1)[1].split("-", 1)[0].split(":", 1)[0]
+    return PlanSettings(published_run(run).recipe.topology).target.chip.libtpu_name  # type: ignore[union-attr]
 
 
 def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
-    print(f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention)")
+    own = ", ".join(f"{chip} {e}" for chip, e in CALIBRATION.chip_efficiency)
+    print(f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}")
     print(f"{'run':28s} {'chips':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  {'role':11s} program/model")
     for r in rows:
         err = f"{r['error']:+.1%}"
@@ -153,6 +156,7 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
         errors = ", ".join(f"{k} {v:+.1%}" for k, v in fits["errors"].items())
         print(f"refit on {len(fits['runs'])} calibration runs: efficiency {fits['efficiency']:.3f} ({errors})")
         print("per chip: " + ", ".join(f"{k} {v:.3f}" for k, v in fits["per_chip"].items()))
+        print("  errors: " + ", ".join(f"{k} {v:+.1%}" for k, v in fits["per_chip_errors"].items()))
 
 
 def _runs(names: str | None) -> list[Published]:

@@ -20,12 +20,21 @@ class Calibration:
         attention_efficiency: the same for a splash attention kernel's matmuls.
         ring_step_seconds: the latency of one step of a ring collective (a hop and a sync).
         host_bytes_per_second: device <-> host memory transfers, per chip (host offload).
+        chip_efficiency: ``(chip, efficiency)`` pairs (`ChipSpec.libtpu_name`: ``v5e``,
+            ``tpu7x``) for generations fitted on their own, matmuls and attention alike; the two
+            values above serve every other chip.
     """
 
     matmul_efficiency: float
     attention_efficiency: float
     ring_step_seconds: float
     host_bytes_per_second: float
+    chip_efficiency: tuple[tuple[str, float], ...] = ()
+
+    def efficiencies(self, chip: str) -> tuple[float, float]:
+        """``(matmul, attention)`` efficiency on ``chip`` (a `ChipSpec.libtpu_name`)."""
+        own = dict(self.chip_efficiency).get(chip)
+        return (self.matmul_efficiency, self.attention_efficiency) if own is None else (own, own)
 
 
 # Fitted on the two runs docs/plan.md names and on nothing else: tpu-recipes training/ironwood
