@@ -91,9 +91,10 @@ def _v5e(batch: int) -> Recipe:
 
 
 def _v5p(batch: int) -> Recipe:
-    # The planner's 2-D plan keeps each layer's residual stream whole on every tensor shard, where
-    # MaxText shards it over `tensor` too (activation_embed): at MaxText's batch the 32B step needs
-    # 148.8 GiB a device (libtpu refuses it; 88.5 GiB is the budget), so it is planned at half.
+    # At MaxText's batch the planner's 32B step needs 148.8 GiB a device (libtpu refuses it; the
+    # budget is 88.5 GiB), where MaxText's runs in 95 GB: the planner constrains only activations'
+    # batch dim, so the residual stream between blocks is whole on each tensor shard (Megatron's
+    # layout), where MaxText shards it over `tensor` too (its activation_embed rule). Planned at half.
     return Recipe(
         "v5p-128", "2d", (("fsdp", 16), ("tensor", 4)), batch, 2048, "dots", planned_batch_per_shard=batch * 2
     )
@@ -129,7 +130,9 @@ PUBLISHED: tuple[Published, ...] = (
         "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v/out projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
-        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 4, 8192, "offload"),
+        # at MaxText's 4 sequences a chip the planner's step needs 33.6 GiB (the budget is 29.8 GiB):
+        # MaxText offloads the q/k/v/out projections too, `offload` only the layer input
+        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 4, 8192, "offload", planned_batch_per_shard=2),
     ),
     Published(
         "llama3.1-70b", "TPU v6e", 256, 0.503,
