@@ -19,7 +19,8 @@ the device until it ends; collectives on one link run one after another; host tr
 (``copy-start`` to host memory) run on their own link. A ``while`` loop (the scanned layers) costs
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
-The few figures the model cannot derive are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
+The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency,
+host bandwidth) are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
 """
 
 from __future__ import annotations
