@@ -238,7 +238,9 @@ def check_checkpoint_dir(directory: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=16, help="global batch")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="global batch (default: 16, or one row per device on more)"
+    )
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -312,7 +314,9 @@ def main(argv: list[str] | None = None, hook: Hook | None = None) -> list[float]
     units = len(model.fsdp_units) if args.backend == "torch_xla" else sum(1 for _ in model.h) + 1
     say(f"parameters: {n_params:,} in {units} units, sharded {n} ways")
     dataset = SyntheticTokens(args.dataset_rows, args.seq, args.vocab)
-    loader = ProcessDataLoader(dataset, args.batch, mesh, P("fsdp", None), seed=0)
+    # The batch splits over every device: 16 rows, rounded up to a multiple of the device count.
+    batch = args.batch if args.batch is not None else n * -(-16 // n)
+    loader = ProcessDataLoader(dataset, batch, mesh, P("fsdp", None), seed=0)
     first = resume(args.checkpoint_dir, model, optimizer, loader) if args.checkpoint_dir else 0
     if first:
         say(f"resumed from {args.checkpoint_dir} at step {first}")

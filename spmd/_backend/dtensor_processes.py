@@ -52,10 +52,11 @@ def all_process_values(values: tuple[int, ...], *, same_length: bool = False) ->
 def _collective_device() -> torch.device:
     """Where a small tensor for a collective of the default group lives: the host with gloo
     (also when it is one of several backends, ``cpu:gloo,cuda:nccl``), else this process's
-    accelerator (NCCL and TorchTPU's backend take only device tensors)."""
+    accelerator (NCCL and TorchTPU's backend take only device tensors), or the host where there
+    is none (a CUDA build of torch on a host with no GPU names CUDA unless asked to check)."""
     if "gloo" in str(_dist().get_backend()):
         return torch.device("cpu")
-    accelerator = torch.accelerator.current_accelerator()
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
     if accelerator is None:
         return torch.device("cpu")
     return torch.device(accelerator.type, torch.accelerator.current_device_index())

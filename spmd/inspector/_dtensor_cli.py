@@ -15,9 +15,8 @@ __all__ = ["chosen_ranks", "dry_run"]
 
 
 def chosen_ranks(args: argparse.Namespace) -> list[int]:
-    """The ranks ``--rank``/``--ranks`` ask for. ``worst`` runs the ranks whose shards differ: the
-    first and the last (FSDP pads the last ranks' shards of an uneven split) and the middle (the
-    first of the second half of a 2-D mesh's outer axis), not all N.
+    """The ranks ``--rank``/``--ranks`` ask to run first. ``worst`` starts with rank 0, whose
+    run says which other ranks can differ (`worst_runs`).
 
     Raises:
         SystemExit(2): ``--rank`` is not below ``--world``.
@@ -30,9 +29,34 @@ def chosen_ranks(args: argparse.Namespace) -> list[int]:
         return [args.rank]
     if args.ranks == "all":
         return list(range(world))
-    if args.ranks == "worst":
-        return sorted({0, world // 2, world - 1})
     return [0]
+
+
+def _ranks_text(groups: tuple[tuple[int, ...], ...]) -> str:
+    def span(ranks: tuple[int, ...]) -> str:
+        if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
+            return f"{ranks[0]}..{ranks[-1]}"
+        return ",".join(map(str, ranks[:8])) + (f",... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
+
+    return " | ".join(span(g) for g in groups)
+
+
+def worst_runs(args: argparse.Namespace, script: Path, first: RankRun) -> list[RankRun]:
+    """``--ranks worst`` after rank 0's run (``first``, which grouped the ranks by the local
+    shapes of their shards): one run per other group, its first rank; all the runs. Ranks of a
+    group run the same ops on the same shapes, so the highest of these peaks is the world's."""
+    runs = [first]
+    others = [group[0] for group in first.groups if 0 not in group]
+    print(
+        f"--ranks worst: the ranks' shards take {len(first.groups)} set(s) of shapes ({_ranks_text(first.groups)}); "
+        f"running one rank of each: {', '.join(str(r) for r in [0, *others])}"
+    )
+    for rank in others:
+        run = run_rank(script, list(args.script_args), world=args.world, rank=rank, steps=args.steps or 2)
+        runs.append(run)
+        if run.failure:
+            break
+    return runs
 
 
 def _missing_support() -> str:
@@ -59,18 +83,25 @@ def dry_run(args: argparse.Namespace, script: Path) -> int:
         print(f"spmd.inspector: error: {missing}", file=sys.stderr)
         return 2
     runs: list[RankRun] = []
+    worst = args.ranks == "worst"
     for rank in chosen_ranks(args):
-        run = run_rank(script, list(args.script_args), world=args.world, rank=rank, steps=args.steps or 2)
+        run = run_rank(
+            script, list(args.script_args), world=args.world, rank=rank, steps=args.steps or 2, group_ranks=worst
+        )
         runs.append(run)
         if run.failure:
             break  # every rank runs the same program: the next would fail alike
+    if worst and not runs[0].failure:
+        runs = worst_runs(args, script, runs[0])
     ignore = frozenset(args.ignore)
     report = DryRunReport(str(script), args.world, tuple(runs), ignore)
-    if args.ranks == "worst" and not report.partial:
-        worst = report.worst()
+    if worst and not report.partial:
+        highest = report.worst()
         tried = ", ".join(str(r.rank) for r in runs)
-        print(f"--ranks worst: ran ranks {tried}; rank {worst.rank} has the highest peak, {worst.peak_bytes:,} bytes")
-        report = DryRunReport(str(script), args.world, (worst,), ignore)
+        print(
+            f"--ranks worst: ran ranks {tried}; rank {highest.rank} has the highest peak, {highest.peak_bytes:,} bytes"
+        )
+        report = DryRunReport(str(script), args.world, (highest,), ignore)
     print(report.table(max_collectives=args.max_collectives))
     if args.json is not None:
         print(f"\nJSON report: {report.write_json(args.json)}")

@@ -88,12 +88,18 @@ class Placeholders(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from torch._subclasses.fake_tensor import DataDependentOutputException
+        from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, unset_fake_temporarily
 
         try:
             return func(*args, **(kwargs or {}))
         except DataDependentOutputException:
             if func not in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default):
                 raise
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+                # A real tensor has its values: a DeviceMesh's ranks (built outside the fake mode),
+                # read by code that converts a DeviceMesh (``mesh.tolist()``), are topology.
+                with unset_fake_temporarily():
+                    return func(*args, **(kwargs or {}))
             self.lines[user_line() or "(library code)"] += 1
             return _placeholder(func, args)

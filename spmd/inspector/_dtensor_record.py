@@ -1,12 +1,19 @@
-"""What one rank holds and sends, step by step: torch's ``FSDPMemTracker`` (memory by category,
-from the storages of the tensors the dispatcher creates) and every collective in order.
+"""What one rank holds and sends, step by step: torch's memory tracker (memory by category, from
+the storages of the tensors the dispatcher creates) and every collective in order.
 
 The same recorder runs in a dry run (fake process group, fake tensors) and in a real one (gloo,
-real tensors); the tests hold one to the other. It starts itself where a training script needs
-no change: when the script builds an optimizer over the parameters of a ``fully_shard``-ed
-(FSDP2) module, that module's root and the optimizer are what the tracker follows. A step ends
-at the optimizer's ``step``; what runs after it until the root's next forward (a loss
-all-reduced for logging) still belongs to it.
+real tensors); the tests hold one to the other. It starts itself from what every training
+script has, so none needs a change:
+
+- when the script builds an optimizer, the outermost module holding its parameters is the root
+  followed (the ``fully_shard``-ed one, if any: ``FSDPMemTracker``, which tells sharded from
+  gathered parameters; else ``MemTracker``, for tensor parallel plans, ``mark_sharding`` or plain
+  modules), and a step ends at the optimizer's ``step``;
+- a script with no optimizer (it updates the weights itself) is followed from the first module
+  called that has parameters, and a step ends at its backward.
+
+What runs after a step's end until the root's next forward (a loss all-reduced for logging)
+still belongs to that step.
 
 Two corrections to the tracker:
 
@@ -21,13 +28,14 @@ Two corrections to the tracker:
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
 from spmd.inspector._dtensor_collectives import CollectiveCall, collective_call, is_collective
 from spmd.inspector._dtensor_params import ParameterSummary, summarize_parameters
@@ -47,7 +55,20 @@ CATEGORIES = {
     "Reduce Scatter": "reduce_scatter_buffers",
     "Inputs": "inputs",
 }
-"""The tracker's category names -> the report's."""
+"""``FSDPMemTracker``'s category names -> the report's."""
+
+PLAIN_CATEGORIES = {
+    "Parameter": "sharded_parameters",
+    "Buffer": "buffers",
+    "Gradient": "sharded_gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "inputs",
+}
+"""``MemTracker``'s (no FSDP) -> the report's: a parameter as the rank stores it (its shard of a
+tensor parallel or ``mark_sharding`` layout, a replicated one whole) is a sharded parameter;
+there is no gathered copy. "Other" holds only the root's inputs (`_Recording.track_inputs`)."""
 
 
 class StopScript(BaseException):
@@ -81,14 +102,17 @@ class StepRecord:
 
 
 def _categories(snapshot: dict[str, int]) -> dict[str, int]:
-    return {ours: int(snapshot.get(theirs, 0)) for theirs, ours in CATEGORIES.items()}
+    names = PLAIN_CATEGORIES if "Parameter" in snapshot else CATEGORIES  # MemTracker's snapshot, or FSDP's
+    return {ours: int(snapshot.get(theirs, 0)) for theirs, ours in names.items()}
 
 
-class _Tracker(FSDPMemTracker):
-    """``FSDPMemTracker`` that also records collectives and a per-step peak."""
+class _Recording:
+    """What both trackers add to torch's: collectives and a per-step peak (a mixin before the
+    tracker class: ``_PlainTracker``, ``_Tracker``)."""
 
-    def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(root, optimizer)
+    categories = CATEGORIES
+
+    def start_recording(self) -> None:
         self.propagating = 0
         self.units: list[str] = []  # the FSDP unit gathering or reducing now, innermost last
         self.collectives: list[CollectiveCall] = []
@@ -122,7 +146,7 @@ class _Tracker(FSDPMemTracker):
         snap = max(self._curr_mem_snap.values(), key=lambda s: s[_TOTAL_KEY], default=None)
         if snap is None:
             return
-        for theirs, ours in CATEGORIES.items():
+        for theirs, ours in self.categories.items():
             self.category_max[ours] = max(self.category_max.get(ours, 0), int(snap.get(theirs, 0)))
         if snap[_TOTAL_KEY] > self.step_peak:
             self.step_peak, self.step_at_peak, self.step_where = snap[_TOTAL_KEY], _categories(snap), self.where()
@@ -158,57 +182,121 @@ class _Tracker(FSDPMemTracker):
         return record
 
 
-def _fsdp_root_of(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
-    """The outermost ``fully_shard``-ed module holding the optimizer's parameters, if any."""
+class _Tracker(_Recording, FSDPMemTracker):
+    """``FSDPMemTracker`` that also records collectives and a per-step peak."""
+
+    def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        FSDPMemTracker.__init__(self, root, optimizer)
+        self.start_recording()
+
+
+class _PlainTracker(_Recording, MemTracker):
+    """``MemTracker`` (a model with no ``fully_shard``) that also records collectives and a
+    per-step peak; the root's parameters, buffers and the optimizer's state made before it
+    started are counted from the start."""
+
+    categories = PLAIN_CATEGORIES
+
+    def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        MemTracker.__init__(self)
+        self._root_mod = root
+        self.track_external(root, *([optimizer] if optimizer is not None else []))
+        self.start_recording()
+
+    def track_inputs(self, inputs: Any) -> None:
+        """Count the root's input tensors as inputs (``FSDPMemTracker.track_inputs``'s job)."""
+        from torch.utils._pytree import tree_map_only
+
+        tree_map_only(torch.Tensor, lambda t: self._update_and_maybe_create_winfos(t, _MemRefType.OTH), inputs)
+
+
+def _outermost(modules: list[torch.nn.Module], params: set[int]) -> list[torch.nn.Module]:
+    """Those of ``modules`` holding any of ``params`` that no other of them contains, the one
+    holding the most first."""
+    holding = [m for m in modules if any(id(p) in params for p in m.parameters())]
+    inner = {id(sub) for m in holding for sub in m.modules() if sub is not m}
+    roots = [m for m in holding if id(m) not in inner]
+    return sorted(roots, key=lambda m: -sum(id(p) in params for p in m.parameters()))
+
+
+def _root_of(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The module a step of ``optimizer`` trains: the outermost ``fully_shard``-ed module holding
+    its parameters if there is one (a wrapper around it would hide FSDP from the tracker), else
+    the outermost module holding them."""
     from torch.distributed.fsdp import FSDPModule
 
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    modules = [o for o in gc.get_objects() if issubclass(type(o), FSDPModule)]  # type(): no lazy module's __class__
-    inner = {id(sub) for m in modules for sub in m.modules() if sub is not m}
-    roots = [m for m in modules if id(m) not in inner and any(id(p) in params for p in m.parameters())]
-    return roots[0] if roots else None
+    modules = [o for o in gc.get_objects() if issubclass(type(o), torch.nn.Module)]  # type(): no lazy __class__
+    fsdp = _outermost([m for m in modules if issubclass(type(m), FSDPModule)], params)
+    found = fsdp or _outermost(modules, params)
+    return found[0] if found else None
+
+
+def _tracker_for(root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> _Recording:
+    from torch.distributed.fsdp import FSDPModule
+
+    kind = _Tracker if issubclass(type(root), FSDPModule) else _PlainTracker
+    return kind(root, optimizer)
 
 
 class Recorder:
-    """Records ``steps`` steps of the process's FSDP2 training loop, from the first optimizer built
-    over a ``fully_shard``-ed module; a context manager around the script. The step after the
-    last raises `StopScript` (at the root's forward), so a script's loop ends there.
+    """Records ``steps`` steps of the process's training loop (the module docstring says which);
+    a context manager around the script. The step after the last raises `StopScript` (at the
+    root's forward), so a script's loop ends there.
 
     Attributes:
         steps: the records, in order (`StepRecord`).
         root: the tracked root module's class name ('' until one is found).
         parameters: its parameters summed (`ParameterSummary`), once found.
+        fsdp: whether the root is ``fully_shard``-ed.
     """
 
     def __init__(self, steps: int | None) -> None:
         self.max_steps = steps
         self.steps: list[StepRecord] = []
         self.root = ""
+        self.fsdp = False
         self.parameters: ParameterSummary | None = None
-        self._tracker: _Tracker | None = None
+        self._tracker: _Recording | None = None
         self._root: torch.nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None  # the one whose step ends a step
         self._step_done = False
         self._names: dict[int, str] = {}
         self._undo: list[Any] = []
 
     # Hooks -------------------------------------------------------------------------------
     def _optimizer_built(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._tracker is not None:
+        if self._tracker is not None and (self._optimizer is not None or self.steps):
             return
-        root = _fsdp_root_of(optimizer)
+        root = _root_of(optimizer)
         if root is None:
             return
+        if self._tracker is not None:  # followed from a forward before any step: the optimizer says what trains
+            tracker, self._tracker = self._tracker, None
+            tracker.__exit__(None, None, None)
+        self._optimizer = optimizer
+        self._start(root, optimizer)
+
+    def _start(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self._root, self.root = root, type(root).__name__.removeprefix("FSDP")
         self.parameters = summarize_parameters(root)
         self._names = {id(m): name or self.root for name, m in root.named_modules()}
-        self._tracker = _Tracker(root, optimizer)
+        self._tracker = _tracker_for(root, optimizer)
+        self.fsdp = isinstance(self._tracker, _Tracker)
         self._tracker.__enter__()
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._tracker is not None:
             self._step_done = True
 
+    def _backward_done(self) -> None:
+        if self._tracker is not None and self._optimizer is None:
+            self._step_done = True
+
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
+        started = self._tracker is None and next(module.parameters(), None) is not None
+        if started:
+            self._start(module, None)  # no optimizer built: the first module called with parameters
         if module is not self._root or self._tracker is None:
             return
         if self._step_done:
@@ -216,7 +304,25 @@ class Recorder:
             self._step_done = False
             if self.max_steps is not None and len(self.steps) >= self.max_steps:
                 raise StopScript
+        elif not started and not self._tracker._mod_tracker.is_bw:
+            # The root again within a step (gradient accumulation): the tracker refuses a root's
+            # second forward until its per-module stats are reset; the step's own are kept here.
+            self._tracker.reset_mod_stats()
         self._tracker.track_inputs(args)
+        if started:  # torch runs the global hooks it had when this call began: not the tracker's
+            self._tracker._mod_tracker._fw_pre_hook(module, args)
+
+    def _backward(self, original: Any) -> Any:
+        """``torch.autograd.backward`` (what ``loss.backward()`` calls) that ends a step when
+        the script has no optimizer to end it."""
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self._backward_done()
+            return result
+
+        return backward
 
     def _propagating(self, original: Any) -> Any:
         def propagate(prop: Any, *args: Any, **kwargs: Any) -> Any:
@@ -299,9 +405,12 @@ class Recorder:
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagating(propagate)  # type: ignore[method-assign]
         FSDPParam.reset_sharded_param = self._repadding(repad)  # type: ignore[method-assign]
         gather, reduce = FSDPParamGroup.unshard, FSDPParamGroup.post_backward
+        backward = torch.autograd.backward
+        torch.autograd.backward = self._backward(backward)
         FSDPParamGroup.unshard = self._in_unit(gather)  # type: ignore[method-assign]
         FSDPParamGroup.post_backward = self._in_unit(reduce)  # type: ignore[method-assign]
         self._undo = [
+            lambda: setattr(torch.autograd, "backward", backward),
             lambda: setattr(FSDPParamGroup, "unshard", gather),
             lambda: setattr(FSDPParamGroup, "post_backward", reduce),
             lambda: setattr(torch.optim.Optimizer, "__init__", built),

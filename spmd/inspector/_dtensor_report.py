@@ -18,6 +18,7 @@ from typing import Any
 
 from spmd._util.atomic_file import atomic_write, file_to_write
 from spmd.inspector._dtensor_collectives import CollectiveCall
+from spmd.inspector._dtensor_params import ParameterSummary
 from spmd.inspector._dtensor_record import CATEGORIES, StepRecord
 from spmd.inspector._dtensor_run import RankRun
 from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
@@ -70,6 +71,24 @@ def _step_dict(s: StepRecord) -> dict[str, Any]:
     }
 
 
+def _uneven_warning(summary: ParameterSummary, fsdp: bool) -> dict[str, str]:
+    pad = format_bytes(sum(p.padding_bytes for p in summary.padded))
+    first = summary.padded[0]
+    split = f"{len(summary.padded)} parameter(s) split unevenly, e.g. {first.name} {list(first.shape)} dim {first.dim} "
+    if fsdp:
+        cost = (
+            f"over {first.ranks} ranks: FSDP pads them, so their gathered buffers hold {pad} of padding, gathered "
+            "(and sent) every time the weights are. Fewer ranks on the FSDP axis, or dims that divide by it, remove it."
+        )
+    else:
+        cost = (
+            f"over {first.ranks} ranks: the last ranks hold fewer rows (or none), so the ranks' memory differs (--ranks "
+            f"worst runs one of each), and DTensor pads the shards to gather them ({pad} over all ranks). Dims that "
+            "divide by the ranks sharding them remove it."
+        )
+    return {"code": WarningCode.UNEVEN_SHARD.value, "graph": "", "message": split + cost}
+
+
 @dataclass(frozen=True)
 class DryRunReport:
     """The dry runs of one script: one `RankRun` per rank inspected; ``ignore``: warning codes
@@ -99,18 +118,7 @@ class DryRunReport:
         run = self.worst()
         summary = run.parameters
         if summary is not None and summary.padded:
-            pad = sum(p.padding_bytes for p in summary.padded)
-            first = summary.padded[0]
-            out.append(
-                {
-                    "code": WarningCode.UNEVEN_SHARD.value,
-                    "graph": "",
-                    "message": f"{len(summary.padded)} parameter(s) split unevenly, e.g. {first.name} "
-                    f"{list(first.shape)} dim {first.dim} over {first.ranks} ranks: FSDP pads them, so their "
-                    f"gathered buffers hold {format_bytes(pad)} of padding, gathered (and sent) every time the "
-                    "weights are. Fewer ranks on the FSDP axis, or dims that divide by it, remove it.",
-                }
-            )
+            out.append(_uneven_warning(summary, run.fsdp))
         for line, calls in sorted(run.placeholders.items()):
             out.append(
                 {
@@ -157,7 +165,7 @@ class DryRunReport:
     def _run_dict(self, run: RankRun) -> dict[str, Any]:
         summary = run.parameters
         zero = None
-        if summary is not None:
+        if summary is not None and run.fsdp:
             zero = {
                 "parameters": summary.count,
                 "parameter_bytes": summary.global_bytes,
@@ -240,6 +248,12 @@ class DryRunReport:
         last = run.steps[-1]
         held = sum(last.category_max.get(k, 0) for k in ("sharded_parameters", "sharded_gradients", "optimizer_state"))
         sent = sum(bytes_sent(c) for c in last.collectives)
+        if not run.fsdp:  # ZeRO-3's bounds are for FSDP's weights; tensor parallelism sends activations
+            return [
+                f"  parameters: P = {summary.count:,}, {format_bytes(summary.global_bytes)}; this rank holds "
+                f"{format_bytes(last.category_max.get('sharded_parameters', 0))} of them, and with their gradients and "
+                f"optimizer state {format_bytes(held)} (no fully_shard: ZeRO-3's bounds do not apply)"
+            ]
         return [
             f"  ZeRO-3 per rank: weights + gradients + Adam state 4P/N = {format_bytes(summary.zero3_state_bytes)} "
             f"(here {format_bytes(held)}); sent 3P(N-1)/N = {format_bytes(summary.zero3_sent_bytes)} "

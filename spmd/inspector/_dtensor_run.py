@@ -20,6 +20,7 @@ from pathlib import Path
 from spmd.inspector._dtensor_params import ParameterSummary
 from spmd.inspector._dtensor_placeholders import Placeholders, user_line
 from spmd.inspector._dtensor_record import Recorder, StepRecord, StopScript
+from spmd.inspector._dtensor_shards import noting_shard_shapes
 from spmd.inspector._dtensor_world import fake_world
 
 __all__ = ["RankRun", "run_rank"]
@@ -37,9 +38,12 @@ class RankRun:
             placeholder.
         failure: why the script stopped before its steps were recorded ('' if it did not).
         failing_line: the script's line that raised (``script.py:42``), or ''.
-        root: the class of the root ``fully_shard``-ed module followed ('' if none was found).
+        root: the class of the root module followed ('' if none was found).
         parameters: its parameters summed, if one was found.
         seconds: wall time of the run.
+        fsdp: whether the root is ``fully_shard``-ed (ZeRO's bounds apply to it).
+        groups: the ranks of the world grouped by the local shapes of their shards (one group
+            when every split is even; `spmd.inspector._dtensor_shards`), if asked for, else ().
     """
 
     rank: int
@@ -51,6 +55,8 @@ class RankRun:
     root: str = ""
     parameters: ParameterSummary | None = None
     seconds: float = 0.0
+    fsdp: bool = False
+    groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -65,8 +71,11 @@ def _failure_of(error: BaseException) -> tuple[str, str]:
     return text.splitlines()[0] if text else type(error).__name__, user_line(list(frames))
 
 
-def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, steps: int) -> RankRun:
-    """Run ``script script_args`` as rank ``rank`` of ``world`` for ``steps`` steps."""
+def run_rank(
+    script: Path, script_args: list[str], *, world: int, rank: int, steps: int, group_ranks: bool = False
+) -> RankRun:
+    """Run ``script script_args`` as rank ``rank`` of ``world`` for ``steps`` steps;
+    ``group_ranks``: also group the world's ranks by the shapes of their shards."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
@@ -76,8 +85,15 @@ def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, ste
     failure = failing_line = ""
     recorder = Recorder(steps)
     placeholders = Placeholders()
+    groups: tuple[tuple[int, ...], ...] = ()
     try:
-        with fake_world(world, rank), FakeTensorMode(allow_non_fake_inputs=True), placeholders, recorder:
+        with (
+            fake_world(world, rank),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            placeholders,
+            noting_shard_shapes(group_ranks) as shapes,
+            recorder,
+        ):
             try:
                 runpy.run_path(str(script), run_name="__main__")
             except StopScript:
@@ -85,14 +101,16 @@ def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, ste
             except SystemExit as e:
                 if e.code not in (0, None):
                     failure, failing_line = f"the script exited with code {e.code}", ""
+        groups = shapes.groups(world) if shapes is not None else ()
     except Exception as e:  # noqa: BLE001 - the script raised: report the steps before it
         failure, failing_line = _failure_of(e)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     if not failure and not recorder.steps:
         failure = (
-            "no training step was seen: the inspector follows the first optimizer built over the parameters "
-            "of a fully_shard-ed (FSDP2) module, and its steps; this script built none"
+            "no training step was seen: the inspector follows the module an optimizer trains (a step ends at "
+            "the optimizer's step), or with no optimizer the first module called that has parameters (a step "
+            "ends at its backward); this script called no module with parameters"
         )
     return RankRun(
         rank,
@@ -104,4 +122,6 @@ def run_rank(script: Path, script_args: list[str], *, world: int, rank: int, ste
         recorder.root,
         recorder.parameters,
         time.perf_counter() - started,
+        recorder.fsdp,
+        groups,
     )

@@ -9,6 +9,7 @@ group, in one process, with no devices.
   copying as if every rank sent what this one does).
 - Device meshes are built outside the fake tensor mode: a mesh's rank ids are topology that
   ``DeviceMesh`` reads back (``tolist``), not data a rank holds, and a fake tensor has no values.
+- ``model.to(device)`` works on a model built in the mode (`_swap_fake`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def _keep_fake_group(original: Any) -> Any:
 # Collectives of Python objects pickle them into tensors and read the bytes back: real tensors
 # there, which the fake group (every rank as this one) copies as a real group would.
 _OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")
+# Likewise spmd's check that every rank called mark_sharding (and the others) alike: the ranks
+# exchange digests of their arguments and compare them. On fake tensors the digests read back
+# as placeholders, listed as the script's own reads of a value, which they are not.
+_OUR_EXCHANGES = (("spmd._backend.dtensor_processes", "all_process_values"),)
 
 
 class _Chunks(Sequence):
@@ -117,6 +122,42 @@ def _chunk_with_empty(tensor: Any, num_chunks: int, dim: int) -> _Chunks:
     return _Chunks(tensor, num_chunks, dim)
 
 
+def _swap_fake(original: Any) -> Any:
+    """``torch.utils.swap_tensors`` that can swap fake tensors.
+
+    ``Module._apply`` (``.to``, ``.cuda``, ``.float``) swaps every fake parameter in place, and
+    ``swap_tensors`` refuses any tensor something holds a weak reference to; the fake mode's own
+    memo (``MetaConverter.tensor_memo``, a ``WeakValueDictionary``) holds one to every fake tensor
+    it made. So in torch 2.15 ``nn.Linear(4, 4).to("cpu")`` fails inside any ``FakeTensorMode``
+    ("Couldn't swap Linear.weight"; pytorch/pytorch#148977, #170781; the fixes proposed upstream
+    are not merged). The memo only caches the conversion of a tensor that is gone (the meta
+    tensor it was made from), so its entries for the two tensors are dropped before the swap;
+    any other weak reference is still refused, as a real run refuses it."""
+
+    @functools.wraps(original)
+    def swap_tensors(t1: Any, t2: Any) -> None:
+        for tensor in (t1, t2):
+            _forget_in_fake_memo(tensor)
+        original(t1, t2)
+
+    return swap_tensors
+
+
+def _forget_in_fake_memo(tensor: Any) -> None:
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(tensor, FakeTensor):
+        return
+    memo = tensor.fake_mode.fake_tensor_converter.tensor_memo
+    # Keys only: a list of the references themselves would keep them alive through the swap.
+    keys = [ref.key for ref in weakref.getweakrefs(tensor) if isinstance(ref, weakref.KeyedRef)]
+    for key in keys:
+        if memo.get(key) is tensor:
+            del memo[key]
+
+
 def _fsdp_patches() -> list[tuple[Any, str, Any]]:
     """`_chunk_with_empty` where FSDP2 looks it up (each module imported it by name)."""
     import importlib
@@ -131,12 +172,15 @@ def _fsdp_patches() -> list[tuple[Any, str, Any]]:
 
 def _patches() -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for each function the dry run replaces."""
+    import importlib
+
     import torch.distributed as dist
     import torch.distributed.device_mesh as device_mesh
+    import torch.utils
     from torch.distributed import distributed_c10d
 
     mesh_class = device_mesh.DeviceMesh
-    found = []
+    found = [(torch.utils, "swap_tensors", _swap_fake(torch.utils.swap_tensors))]
     for owner in (dist, distributed_c10d):
         found.append((owner, "init_process_group", _keep_fake_group(owner.init_process_group)))
         for name in _OBJECT_COLLECTIVES:
@@ -145,6 +189,12 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (device_mesh, "init_device_mesh", _real_tensors(device_mesh.init_device_mesh)),
         (mesh_class, "__init__", _real_tensors(mesh_class.__init__)),
     ]
+    for module_name, name in _OUR_EXCHANGES:
+        owner = importlib.import_module(module_name)
+        found.append((owner, name, _real_tensors(getattr(owner, name))))
+    ranks = mesh_class.__dict__.get("mesh")
+    if isinstance(ranks, property):  # torch 2.15 makes a mesh's rank tensor anew at each read
+        found.append((mesh_class, "mesh", property(_real_tensors(ranks.fget))))
     for name in ("_concatenate", "_flatten", "_unflatten"):  # build new meshes from old ones
         static = mesh_class.__dict__.get(name)
         if isinstance(static, staticmethod):

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
             "as a rank of an N-rank DTensor job on the fake process group and report that rank's memory by "
             "category and collectives per step."
         ),
+        # The script's own flags follow it; a prefix of ours among them (--d for --devices) would be refused.
+        allow_abbrev=False,
     )
     parser.add_argument("script", type=input_file, help="the Python script to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")

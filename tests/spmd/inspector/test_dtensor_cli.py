@@ -59,3 +59,22 @@ def test_a_failing_script_exits_1_with_a_partial_report(tmp_path):
     assert f"KeyError: 'late' at {script}:{line}" in run.stderr
     data = json.loads(out.read_text())
     assert data["partial"].startswith("rank 0: KeyError") and data["ranks"][0]["steps"]
+
+
+def test_ranks_worst_names_the_rank_and_peak_of_the_highest_of_all(tmp_path):
+    """Uneven shards: 9 rows of a tensor parallel weight over 6 ranks, on a mesh whose coordinate 0
+    (the largest shards) is rank 2: ranks 2..5 hold 2 rows, rank 0 one, rank 1 none. ``--ranks
+    worst`` runs one rank per set of shard shapes (3 of the 6) and names what ``--ranks all``
+    finds by running every rank."""
+    script = [ROOT / "tests" / "data" / "tensor_parallel.py", "--hidden", 9, "--d", 256, "--first-rank", 2]
+    every, worst = tmp_path / "all.json", tmp_path / "worst.json"
+    run_all = inspector("--world", 6, "--ranks", "all", "--json", every, *script)
+    run_worst = inspector("--world", 6, "--ranks", "worst", "--json", worst, *script)
+    assert run_all.returncode == 0 and run_worst.returncode == 0, run_all.stderr[-2000:] + run_worst.stderr[-2000:]
+    peaks = {r["rank"]: max(s["peak_bytes"] for s in r["steps"]) for r in json.loads(every.read_text())["ranks"]}
+    assert len(peaks) == 6 and len(set(peaks.values())) == 3  # the ranks differ: the test can tell them apart
+    top = max(peaks.values())
+    first_top = min(rank for rank, peak in peaks.items() if peak == top)
+    (chosen,) = json.loads(worst.read_text())["ranks"]
+    assert (chosen["rank"], max(s["peak_bytes"] for s in chosen["steps"])) == (first_top, top) == (2, top)
+    assert "(0 | 1 | 2..5)" in run_worst.stdout and "--ranks worst: ran ranks 0, 1, 2;" in run_worst.stdout

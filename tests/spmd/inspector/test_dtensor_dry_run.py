@@ -16,16 +16,27 @@ from tests.torchrun import ROOT, torchrun  # noqa: E402
 WORLD, STEPS = 4, 2
 BARE = ROOT / "tests" / "data" / "fully_shard_tp.py"
 OURS = ROOT / "examples" / "train_fsdp.py"
+TP = ROOT / "tests" / "data" / "tensor_parallel.py"  # a plan, no fully_shard: torch's MemTracker
 SMALL_GPT = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "16", "--batch", "8"]
-# Gloo's worker threads drop their references to a collective's tensors a moment after the
-# collective completes, so in a real run a buffer the collective used sometimes outlives its last
-# use and lifts its category's maximum and that step's peak (measured: 1 to 2 of 8 rank-steps,
-# +2 % to +19 %; the fake group completes at once). FSDP's collectives run in backward on
-# buffers that end as temporaries; tensor parallelism's also run in forward, on activations
-# (measured: +2,048 B, one all-reduced activation, on 1 of 8 rank-steps). The other categories
-# must agree to the byte.
+# Gloo's worker thread keeps a collective's work, and so its tensors, until its loop comes round
+# after the collective completed; when the training thread has dropped them first, the worker
+# frees them, so in a real run a buffer a collective used can outlive its last use and lift its
+# category's maximum and the tracker's peak (the fake group completes at once). FSDP's
+# collectives run in backward on buffers that end as temporaries; tensor parallelism's also run
+# in forward, on activations. Measured with the worker's waits untracked (gloo's
+# reduce-scatter copy seen there was most of it): equal in every category on 24 of 24
+# rank-steps; a gathered buffer held by gloo's worker past the peak on 1 of 48 rank-steps of
+# earlier runs. Those categories may only be higher in the real run; the others must agree to
+# the byte.
 LATE_FREED = {"temporaries"}
 LATE_FREED_TP = LATE_FREED | {"activations"}
+# The real allocator's peak (every thread; tests/allocator_timeline.py), gloo's staging buffers
+# left out, against the dry peak. Measured: equal (bare fully_shard), +8 B (our FSDP) and +20 B
+# (2x2, step 0) on every rank-step; with gloo's staging in, up to +19 % (our FSDP: a 199,936 B
+# all-gather or reduce-scatter copy at the peak). Where gloo's worker held a gathered buffer
+# past its last use (1 of 48 rank-steps measured: +8.6 %) the excess is at most that buffer,
+# named.
+PEAK_BAND = 0.05
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor lane (torch 2.15)")
 
@@ -36,6 +47,7 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor 
         pytest.param(OURS, SMALL_GPT, LATE_FREED, id="fsdp_xla-1d"),
         pytest.param(BARE, ["--tp", "1"], LATE_FREED, id="fully_shard-1d"),
         pytest.param(BARE, ["--tp", "2"], LATE_FREED_TP, id="fully_shard-tp-2x2"),
+        pytest.param(TP, ["--hidden", "256"], LATE_FREED_TP, id="tensor-parallel-no-fsdp"),
     ],
 )
 def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args, late_freed):
@@ -53,16 +65,27 @@ def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args, late_free
             where = f"rank {rank} step {p['step']}"
             assert p["collectives"] == m["collectives"], where
             for category, size in p["category_max"].items():
-                if category not in late_freed:
+                if category in late_freed:
+                    assert size <= m["category_max"][category], f"{where}: {category}"
+                else:
                     assert size == m["category_max"][category], f"{where}: {category}"
             assert p["peak_bytes"] <= m["peak_bytes"], where  # late frees only add
-            # The allocator (the profiler's events, every thread) holds at least what the dry run
-            # says; more where gloo's threads free late (measured: equal on 4 of 8 rank-steps of
-            # bare fully_shard, +3 % to +19 % on the others: one gather buffer of a small model).
-            assert m["allocator_peak_bytes"] >= p["peak_bytes"], where
+            _assert_allocator_peak_near(p["peak_bytes"], m, where)
             ratios.append(m["peak_bytes"] / p["peak_bytes"])
         assert predicted[-1]["category_max"]["optimizer_state"] > 0  # the steady step holds Adam's state
     assert statistics.median(ratios) < 1.01, ratios
+
+
+def _assert_allocator_peak_near(dry_peak: int, real: dict, where: str) -> None:
+    """The real allocator's peak without gloo's staging is within `PEAK_BAND` of the dry peak,
+    above it by at most the band plus what gloo's worker was still holding at that peak."""
+    real_peak = real["allocator_peak_without_staging_bytes"]
+    held_by_gloo = real["released_by_gloo_at_peak_bytes"]
+    assert real_peak >= (1 - PEAK_BAND) * dry_peak, f"{where}: real {real_peak} B, dry {dry_peak} B"
+    assert real_peak <= (1 + PEAK_BAND) * dry_peak + held_by_gloo, (
+        f"{where}: real {real_peak} B (of which gloo's worker held {held_by_gloo} B), dry {dry_peak} B"
+    )
+    assert real["allocator_peak_bytes"] >= real_peak  # the staging only adds
 
 
 def test_ranks_run_one_after_another_in_one_process():

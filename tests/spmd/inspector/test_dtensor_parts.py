@@ -36,7 +36,7 @@ def test_ignore_leaves_out_a_warning_code():
     assert DryRunReport("train.py", 4, (run,), frozenset({"data-dependent-call"})).warnings() == []
 
 
-def test_worst_runs_the_first_middle_and_last_ranks():
+def test_worst_starts_with_rank_0():
     import argparse
 
     from spmd.inspector._dtensor_cli import chosen_ranks
@@ -44,7 +44,79 @@ def test_worst_runs_the_first_middle_and_last_ranks():
     def ranks(**flags):
         return chosen_ranks(argparse.Namespace(**{"world": 1024, "rank": None, "ranks": None, **flags}))
 
-    assert ranks(ranks="worst") == [0, 512, 1023] and ranks() == [0] and ranks(rank=7) == [7]
-    assert ranks(ranks="all", world=3) == [0, 1, 2] and ranks(ranks="worst", world=1) == [0]
+    assert ranks(ranks="worst") == [0] and ranks() == [0] and ranks(rank=7) == [7]
+    assert ranks(ranks="all", world=3) == [0, 1, 2]
     with pytest.raises(SystemExit):
         ranks(rank=1024)
+
+
+class _Mesh:
+    """What `ShardShapes` reads of a DeviceMesh: its ranks and shape."""
+
+    def __init__(self, ranks):
+        self.mesh, self.shape = torch.tensor(ranks), tuple(torch.tensor(ranks).shape)
+
+
+class _Layout:
+    def __init__(self, shape, placements, mesh):
+        self.shape, self.placements, self.device_mesh = torch.Size(shape), placements, mesh
+
+
+def test_ranks_are_grouped_by_the_local_shapes_of_their_shards():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from spmd.inspector._dtensor_shards import ShardShapes
+
+    mesh = _Mesh([[3, 2], [1, 0]])  # rank 3 at (0, 0), rank 0 at (1, 1)
+    shapes = ShardShapes()
+    shapes._note(_Layout((4, 6), (Shard(0), Shard(1)), mesh))  # even: every rank (2, 3)
+    assert shapes.groups(4) == ((0, 1, 2, 3),)
+    shapes._note(_Layout((3, 6), (Shard(0), Replicate()), mesh))  # 2 rows at mesh row 0 (ranks 3, 2), 1 at row 1
+    assert shapes.groups(4) == ((0, 1), (2, 3))
+    shapes._note(_Layout((5,), (Replicate(), Shard(0)), mesh))  # 3 at mesh column 0 (ranks 3, 1), 2 at column 1
+    assert shapes.groups(4) == ((0,), (1,), (2,), (3,))
+    assert shapes.groups(6)[-1] == (4, 5)  # ranks outside the mesh hold none of it
+
+
+def test_a_model_built_in_the_fake_world_moves_with_to():
+    """``model.to(device)`` on fake parameters: torch 2.15 refuses the swap (the fake mode's memo
+    holds a weak reference to each); in the dry run's world it swaps, and other weak references
+    are still refused."""
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from spmd.inspector._dtensor_world import fake_world
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with pytest.raises(RuntimeError, match="Couldn't swap"):
+            torch.nn.Linear(4, 3).to("cpu")  # torch's own behaviour, outside the dry run's world
+    with fake_world(2, 1), FakeTensorMode(allow_non_fake_inputs=True):
+        model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 3))
+        weight = model[1].weight
+        model.to("cpu", dtype=torch.float64)
+        assert model[1].weight is weight and isinstance(weight, FakeTensor) and weight.dtype == torch.float64
+        held = torch.nn.Linear(2, 2)
+        kept = weakref.ref(held.bias)
+        with pytest.raises(RuntimeError, match="Couldn't swap Linear.bias"):
+            held.double()
+        assert kept() is held.bias
+
+
+def test_a_device_meshs_ranks_read_back_real_in_the_fake_world():
+    """A DeviceMesh's rank tensor (made anew at each read in torch 2.15) is topology: code that
+    converts a mesh reads its real ids, and no placeholder is listed against the script."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from mesh import Mesh
+    from spmd.inspector._dtensor_placeholders import Placeholders
+    from spmd.inspector._dtensor_world import fake_world
+
+    placeholders = Placeholders()
+    with fake_world(4, 2), FakeTensorMode(allow_non_fake_inputs=True), placeholders:
+        device_mesh = DeviceMesh("cpu", [[3, 2], [1, 0]], mesh_dim_names=("a", "b"))
+        ours = Mesh.from_device_mesh(device_mesh)
+        fake_value = torch.ones(2).sum().item()  # a fake tensor's value: a placeholder, listed
+    assert ours.device_ids.tolist() == [3, 2, 1, 0] and dict(ours.shape()) == {"a": 2, "b": 2}
+    assert fake_value == 0.0 and sum(placeholders.lines.values()) == 1

@@ -1,0 +1,81 @@
+"""The dry run of scripts that never call ``fully_shard``: a tensor parallel plan in plain torch
+(with an optimizer, and updating its weights by hand), and our examples that shard with
+`spmd.mark_sharding` / `spmd.shard_parameters` or DTensor's vocabulary. Steps come from the
+optimizer's step, or from backward where there is none."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
+
+from spmd.inspector._dtensor_run import run_rank  # noqa: E402
+from tests.torchrun import ROOT  # noqa: E402
+
+TP = ROOT / "tests" / "data" / "tensor_parallel.py"
+D, HIDDEN, WORLD, BATCH = 64, 256, 4, 8
+# Rank 1's parameters under the plan: fc1's rows and bias split 4 ways, fc2's columns split, its
+# bias replicated; float32.
+LOCAL_PARAMETER_BYTES = 4 * (HIDDEN // WORLD * D + HIDDEN // WORLD + D * HIDDEN // WORLD + D)
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor lane (torch 2.15)")
+
+
+def _tp_run(*flags):
+    args = ["--d", str(D), "--hidden", str(HIDDEN), "--batch", str(BATCH), *flags]
+    run = run_rank(TP, args, world=WORLD, rank=1, steps=2)
+    assert not run.failure, run.failure
+    assert [s.complete for s in run.steps] == [True, True] and run.root == "Sequential" and not run.fsdp
+    return run
+
+
+def test_a_tensor_parallel_plan_steps_at_its_optimizer():
+    run = _tp_run()
+    last = run.steps[-1]
+    assert last.category_max["sharded_parameters"] == LOCAL_PARAMETER_BYTES
+    assert last.category_max["sharded_gradients"] == LOCAL_PARAMETER_BYTES
+    # AdamW's state: two moments per parameter and a step count (a 0-d float32) for each of the
+    # 4, with what its step allocates while it runs (torch's tracker files that under the
+    # optimizer too; test_dtensor_dry_run holds the amount to a real run's). Made in step 0's step.
+    assert run.steps[0].category_max["optimizer_state"] == last.category_max["optimizer_state"]
+    assert last.category_max["optimizer_state"] >= 2 * LOCAL_PARAMETER_BYTES + 4 * 4
+    (reduce,) = [c for c in last.collectives if c.phase == "forward"]
+    # RowwiseParallel sums fc2's partial outputs over the 4 ranks, in fc2's output hook: after
+    # the module tracker has left fc2 ("2"), so it is filed under the root.
+    assert (reduce.op, reduce.ranks, reduce.bytes_in) == ("all-reduce", (0, 1, 2, 3), BATCH * D * 4)
+    assert reduce.module == "Sequential"
+
+
+def test_without_an_optimizer_backward_ends_the_step():
+    run = _tp_run("--no-optimizer")
+    assert all(s.category_max["optimizer_state"] == 0 for s in run.steps)
+    assert run.steps[-1].category_max["sharded_gradients"] == LOCAL_PARAMETER_BYTES
+    assert len(run.steps[0].collectives) == len(run.steps[1].collectives) == 1
+
+
+def test_micro_batches_stay_in_their_step():
+    """Gradient accumulation: two forwards and backwards per optimizer step are one step."""
+    run = _tp_run("--accumulate", "2")
+    assert [[c.phase for c in s.collectives] for s in run.steps] == [["forward", "forward"]] * 2
+
+
+@pytest.mark.parametrize(
+    "script,args,groups",
+    [
+        # mark_sharding and shard_parameters on a (4, 2) ('data', 'model') mesh: rank 3 is (1, 1).
+        pytest.param("train_spmd.py", [], {(2, 3), (1, 3, 5, 7)}, id="train_spmd"),
+        # DTensor's vocabulary through spmd (init_device_mesh, distribute_module, distribute_tensor)
+        # on a (2, 4) mesh: rank 3 is (0, 3).
+        pytest.param("one_script.py", [], {(3, 7), (0, 1, 2, 3)}, id="one_script"),
+    ],
+)
+def test_our_examples_without_fully_shard(script, args, groups):
+    path = ROOT / "examples" / script
+    run = run_rank(path, ["--backend", "dtensor", *args], world=8, rank=3, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and not run.fsdp
+    assert {c.ranks for c in run.steps[-1].collectives} <= groups | {tuple(range(8))}
+    assert {c.ranks for c in run.steps[-1].collectives} & groups
+    assert run.steps[-1].category_max["optimizer_state"] > 0
+    # The only values read are the script's own (its logged loss), not spmd's checks or meshes.
+    assert all(line.startswith(f"{path}:") for line in run.placeholders), run.placeholders
