@@ -131,7 +131,7 @@ PUBLISHED: tuple[Published, ...] = (
         "input and q/k/v/out projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
         # at MaxText's 4 sequences a chip the planner's step needs 33.6 GiB (the budget is 29.8 GiB):
-        # MaxText offloads the q/k/v/out projections too, `offload` only the layer input
+        # its largest buffers are the fp32 logits, 7.83 GiB each at 2 sequences (16384 x 128256)
         Recipe("v6e-256", "fsdp", (("fsdp", 256),), 4, 8192, "offload", planned_batch_per_shard=2),
     ),
     Published(
@@ -139,7 +139,9 @@ PUBLISHED: tuple[Published, ...] = (
         "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
-        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 5, 8192, "offload"),
+        # planned at 2 a chip, as the 8B: at MaxText's 5 one fp32 logits buffer alone would be
+        # 5 x 8192 x 128256 x 4 bytes, 19.6 GiB of the 29.8 GiB budget
+        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 5, 8192, "offload", planned_batch_per_shard=2),
     ),
     Published(
         "llama2-70b", "TPU v5p", 256, 0.654,
