@@ -19,7 +19,8 @@ the device until it ends; collectives on one link run one after another; host tr
 (``copy-start`` to host memory) run on their own link. A ``while`` loop (the scanned layers) costs
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
-The few figures the model cannot derive are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
+The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency,
+host bandwidth) are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class _Program:
         self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
         self.target, self.cal = target, calibration
         chip = target.chip
+        self.matmul_efficiency, self.attention_efficiency = calibration.efficiencies(chip.libtpu_name)
         self.peak = chip.device_peak_flops
         self.hbm = chip.device_hbm_bytes_per_second or math.inf
         self.totals = _Totals()
@@ -170,7 +172,7 @@ class _Program:
             if inst.opcode in ("dot", "convolution"):
                 f, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
                 flops += f
-                seconds += f / (self.peak * self.cal.matmul_efficiency * fill) if f else 0.0
+                seconds += f / (self.peak * self.matmul_efficiency * fill) if f else 0.0
             for callee in inst.callees:
                 f, s = self._matmul_seconds(callee)
                 flops, seconds = flops + f, seconds + s
@@ -230,10 +232,10 @@ class _Program:
         it ``scale`` times (the loops around it)."""
         if inst.opcode == "custom-call":
             flops = self._kernel_flops(inst)
-            matmul = flops / (self.peak * self.cal.attention_efficiency)
+            matmul = flops / (self.peak * self.attention_efficiency)
         elif inst.opcode in ("dot", "convolution"):
             flops, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
-            matmul = flops / (self.peak * self.cal.matmul_efficiency * fill) if flops else 0.0
+            matmul = flops / (self.peak * self.matmul_efficiency * fill) if flops else 0.0
         elif inst.opcode == "fusion":
             flops, matmul = self._matmul_seconds((inst.attribute("calls") or "").lstrip("%"))
         else:

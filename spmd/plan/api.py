@@ -48,6 +48,7 @@ __all__ = [
     "default_seq_len",
     "param_spec_for",
     "plan",
+    "plan_program",
     "plan_with",
     "resolve_seq_len",
     "tpu_devices",
@@ -154,6 +155,20 @@ def plan_with(
     tensor: int = 4, param_spec: SpecFn | None = None,
 ) -> PlanReport:  # fmt: skip
     """`plan` with its shared settings as one checked value (what the advisor runs per candidate)."""
+    return plan_program(
+        model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
+        param_spec=param_spec,
+    )[0]  # fmt: skip
+
+
+def plan_program(
+    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = "fsdp",
+    mesh: Mapping[str, int] | None = None, global_batch: int | None = None, remat: str | Remat = "dots",
+    tensor: int = 4, param_spec: SpecFn | None = None,
+) -> tuple[PlanReport, str]:  # fmt: skip
+    """`plan_with`'s report and the optimized HLO it was read from (empty when the program does not
+    fit): what a calibration keeps, to predict the step again with other constants
+    (`spmd.plan._step_time.predict_step`) without compiling again."""
     req = _request(settings, strategy, mesh, global_batch, remat, tensor)
     module, hf_config = build_meta_model(model)
     seq = resolve_seq_len(settings.seq_len, hf_config)
@@ -165,7 +180,7 @@ def plan_with(
     moments = settings.moment_bytes
     predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments)
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
-    return _report(name, req, seq, hf_config, lowered, compiled, predicted, tools)
+    return _report(name, req, seq, hf_config, lowered, compiled, predicted, tools), compiled.hlo_text
 
 
 def _lower(

@@ -3,7 +3,8 @@ or a ``module:function`` factory.
 
 Built-in configs are the published shapes (Hugging Face configs of ``gpt2`` ... ``gpt2-xl``,
 ``meta-llama/Llama-2-7b-hf`` / 13b / 70b, ``meta-llama/Meta-Llama-3-8B`` / 70B,
-``meta-llama/Llama-3.1-8B`` / 70B / 405B), written out so no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
+``meta-llama/Llama-3.1-8B`` / 70B / 405B) and MaxText's ``global_parameter_scale`` models (``maxtext-16b`` ...
+``maxtext-128b``, the shapes of its published v5e and v5p runs), written out so no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
 computed from the config), so a 70 B model costs this machine nothing but its Python objects.
 """
 
@@ -77,6 +78,18 @@ def _llama31(d: int, layers: int, heads: int, ff: int) -> dict[str, Any]:
     return {**_llama(d, layers, heads, 8, ff, 128256, 131072, 500000.0), "rope_scaling": rope}
 
 
+def _maxtext(scale: int) -> dict[str, Any]:
+    """MaxText's ``global_parameter_scale`` models (``MaxText/configs/base.yml``, ``pyconfig.py``
+    ``get_individual_scales``): a Llama-2 decoder of width 2048, 16 heads of 128 (no grouped K/V),
+    MLP 7168, 16 layers and a 32000-token vocabulary, its dims doubled in turn as the scale doubles
+    (heads and MLP, then width, then layers). The head width stays 128, so heads x 128 can differ
+    from the width (16B: width 4096, 64 heads)."""
+    base, rem = divmod(scale.bit_length() - 1, 3)
+    heads = 16 * 2 ** (base + (rem > 0))
+    config = _llama(2048 * 2 ** (base + (rem > 1)), 16 * 2**base, heads, heads, 7168 * heads // 16, 32000, 2048)
+    return {**config, "head_dim": 128}
+
+
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),
@@ -90,6 +103,10 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3.1-8b": _llama31(4096, 32, 32, 14336),
     "llama3.1-70b": _llama31(8192, 80, 64, 28672),
     "llama3.1-405b": _llama31(16384, 126, 128, 53248),
+    "maxtext-16b": _maxtext(16),
+    "maxtext-32b": _maxtext(32),
+    "maxtext-64b": _maxtext(64),
+    "maxtext-128b": _maxtext(128),
 }
 
 

@@ -23,8 +23,8 @@ from spmd.plan.models import BUILTIN_CONFIGS
 from spmd.plan.report import GIB, PlanReport
 from spmd.plan.settings import PlanSettings
 
-__all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "default_cache_dir", "model_key",
-           "run_candidate"]  # fmt: skip
+__all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "default_cache_dir", "entry_path",
+           "model_key", "run_candidate", "write_entry"]  # fmt: skip
 
 _MAX_ENTRY_BYTES = 64 * 2**20  # an entry is a few KiB of JSON
 # Bump when PlanReport's JSON or the compiled program changes (2: remat, attention, devices,
@@ -72,7 +72,8 @@ def _plan_kwargs(c: Candidate) -> dict[str, Any]:
     return dict(strategy=c.strategy, mesh=c.mesh_shape, global_batch=c.global_batch, remat=c.remat)
 
 
-def _cache_path(c: Candidate, s: Settings) -> Path | None:
+def entry_path(c: Candidate, s: Settings) -> Path | None:
+    """Where ``c``'s report is cached (``None``: caching off, or a model that is never cached)."""
     if s.cache_dir is None or s.model_key is None:
         return None
     what = {**s.plan.cache_key(), **_plan_kwargs(c)}
@@ -93,7 +94,8 @@ def _read_cached(path: Path, s: Settings, log: Callable[[str], None]) -> PlanRep
         return None
 
 
-def _write_cached(path: Path, report: PlanReport, log: Callable[[str], None]) -> None:
+def write_entry(path: Path, report: PlanReport, log: Callable[[str], None]) -> None:
+    """Cache ``report`` at ``path`` (atomically); a failed write is logged, never raised."""
     try:
         with atomic_write(path) as tmp:
             tmp.write_text(json.dumps(report.to_dict()))
@@ -103,7 +105,7 @@ def _write_cached(path: Path, report: PlanReport, log: Callable[[str], None]) ->
 
 def cached_outcome(c: Candidate, s: Settings, log: Callable[[str], None]) -> Outcome | None:
     """``c``'s outcome from the cache, or ``None`` (not cached, caching off, or a damaged entry)."""
-    path = _cache_path(c, s)
+    path = entry_path(c, s)
     cached = _read_cached(path, s, log) if path is not None else None
     if cached is None:
         return None
@@ -121,9 +123,9 @@ def compile_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str]
     except PlanError as e:
         log(f"  {c.strategy} {c.label()}: not compiled: {e}")
         return Outcome(c, skipped=f"not compiled: {e}")
-    path = _cache_path(c, s)
+    path = entry_path(c, s)
     if path is not None:
-        _write_cached(path, report, log)
+        write_entry(path, report, log)
     log(
         f"  {c.strategy} {c.label()}: {report.memory.total_bytes / GIB:.2f} GiB/device, {_verdict(report)}, "
         f"compiled in {report.compile_seconds:.0f} s (planned in {time.perf_counter() - wall:.0f} s wall, "

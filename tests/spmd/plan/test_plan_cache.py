@@ -5,7 +5,7 @@ import pytest
 import spmd.plan.api
 from spmd.plan.advice import Candidate
 from spmd.plan.errors import PlanError
-from spmd.plan.plan_cache import Settings, _cache_path, model_key, run_candidate
+from spmd.plan.plan_cache import Settings, entry_path, model_key, run_candidate
 from spmd.plan.settings import PlanSettings
 
 CANDIDATE = Candidate("fsdp", (("fsdp", 4),), 1)
@@ -22,7 +22,7 @@ CANDIDATE = Candidate("fsdp", (("fsdp", 4),), 1)
 )
 def test_a_damaged_cache_entry_is_compiled_afresh(tmp_path, monkeypatch, damage):
     settings = Settings(PlanSettings("v5e-4", 1, 32, "bfloat16", "dot", 16 * 2**30), tmp_path, model_key("gpt2"))
-    path = _cache_path(CANDIDATE, settings)
+    path = entry_path(CANDIDATE, settings)
     damage(path)
     compiled = []
 

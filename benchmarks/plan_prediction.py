@@ -1,0 +1,220 @@
+"""The planner's predicted step against published training runs (issue 29, docs/plan.md "Calibration").
+
+Plans every published run that has a recipe (`spmd.plan.published.PUBLISHED`) with the recipe's
+shape, through the planner's API, on this machine (libtpu compiles for the run's slice), and
+prints a table: run, chips, published TFLOP/s per chip, predicted, error, and whether the run is
+one the step-time model was fitted on (`spmd.plan._calibration.CALIBRATION_RUNS`) or held out.
+
+Each compile is cached in the planner's compile cache (``~/.cache/xla-spmd/plan``, or
+``--cache``): the report as the advisor caches it, with the optimized HLO beside it
+(``<entry>.hlo.gz``), so a rerun compiles nothing and can predict again with other constants.
+For every run the step is predicted at a grid of matmul efficiencies; the script refits the
+efficiency on the calibration runs (minimax, `fit_efficiency`) and reports it beside the shipped
+constant. ``--record`` writes those per-run grids (tests/data/plan_calibration.json), from which
+``tests/spmd/plan/test_calibration.py`` refits and checks the constant.
+
+    python benchmarks/plan_prediction.py                          # every run; compiles what is not cached
+    python benchmarks/plan_prediction.py --runs maxtext-16b@v5e-256
+    python benchmarks/plan_prediction.py --cached-only --record tests/data/plan_calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from spmd._util.atomic_file import atomic_write
+from spmd.plan._calibration import CALIBRATION, CALIBRATION_RUNS, CalibrationPoint, fit_efficiency
+from spmd.plan._step_time import predict_step
+from spmd.plan.advice import Candidate
+from spmd.plan.api import plan_program
+from spmd.plan.plan_cache import Settings, cached_outcome, default_cache_dir, entry_path, model_key, write_entry
+from spmd.plan.published import PUBLISHED, Published, published_run, run_name
+from spmd.plan.report import GIB, PlanReport
+from spmd.plan.settings import PlanSettings
+from spmd.plan.topology import CHIP_SPECS
+
+# Efficiencies each run's step is predicted at (the fit interpolates between them).
+GRID = tuple(round(0.50 + 0.02 * k, 2) for k in range(26))
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _candidate(p: Published) -> tuple[Candidate, Settings]:
+    r = p.recipe
+    assert r is not None  # only runs with a recipe get here (`main`)
+    settings = PlanSettings(r.topology, seq_len=r.seq_len, attention=r.attention, moment_dtype=r.moment_dtype)
+    return Candidate(r.strategy, r.mesh, r.batch_per_shard, r.remat), Settings(settings, None, model_key(p.model))
+
+
+def compiled_run(p: Published, cache_dir: Path, compile_missing: bool) -> tuple[PlanReport, str] | None:
+    """``p``'s report and optimized HLO: from the cache, else compiled (and cached); ``None`` when
+    not cached and ``compile_missing`` is false."""
+    candidate, settings = _candidate(p)
+    settings = dataclasses.replace(settings, cache_dir=cache_dir)
+    path = entry_path(candidate, settings)
+    assert path is not None  # built-in models are always cached
+    hlo_path = path.with_name(path.stem + ".hlo.gz")
+    cached = cached_outcome(candidate, settings, _log) if hlo_path.exists() else None
+    if cached is not None and cached.report is not None:
+        return cached.report, gzip.decompress(hlo_path.read_bytes()).decode()
+    if not compile_missing:
+        return None
+    _log(f"{run_name(p)}: compiling {candidate.label()} for {p.recipe.topology} ...")  # type: ignore[union-attr]
+    report, hlo = plan_program(
+        p.model, settings.plan, strategy=candidate.strategy, mesh=candidate.mesh_shape,
+        global_batch=candidate.global_batch, remat=candidate.remat,
+    )  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(hlo_path) as tmp:
+        tmp.write_bytes(gzip.compress(hlo.encode(), compresslevel=6))
+    write_entry(path, report, _log)
+    _log(f"{run_name(p)}: compiled in {report.compile_seconds:.0f} s")
+    return report, hlo
+
+
+def calibration_point(p: Published, report: PlanReport, hlo: str) -> CalibrationPoint:
+    """The run's predicted step at every `GRID` efficiency (matmuls and attention alike)."""
+    target = PlanSettings(p.recipe.topology).target  # type: ignore[union-attr]
+    seconds = []
+    for e in GRID:
+        calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=())
+        seconds.append(predict_step(hlo, target, calibration).seconds)
+    flops = report.estimate.model_flops_per_step / report.chips
+    return CalibrationPoint(run_name(p), published_tflops(p), flops, GRID, tuple(seconds))
+
+
+def published_tflops(p: Published) -> float:
+    """The TFLOP/s per chip the run published, or its MFU times the chip's peak (a source that gives MFU only)."""
+    if p.tflops_per_chip:
+        return p.tflops_per_chip
+    peak = next(c.peak_flops for c in CHIP_SPECS.values() if c.name == p.chip)
+    return p.mfu * peak / 1e12
+
+
+def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
+    """One table row: the shipped calibration's prediction, and what the program is."""
+    step = predict_step(hlo, PlanSettings(p.recipe.topology).target)  # type: ignore[union-attr]
+    predicted = report.estimate.model_flops_per_step / report.chips / step.seconds / 1e12
+    return {
+        "run": point.run, "source": p.source, "chip": p.chip, "chips": p.chips, "model": p.model,
+        "recipe": dataclasses.asdict(p.recipe),  # type: ignore[arg-type]
+        "role": "calibration" if point.run in CALIBRATION_RUNS else "held-out",
+        "published_tflops_per_chip": point.published_tflops, "published_mfu": p.mfu,
+        "published_from_mfu": not p.tflops_per_chip,
+        "predicted_tflops_per_chip": predicted, "predicted_mfu": report.estimate.predicted_mfu,
+        "error": predicted / point.published_tflops - 1,
+        "predicted_seconds": step.seconds, "op_seconds": step.op_seconds, "exposed_seconds": step.exposed_seconds,
+        "program_flops_over_model": step.hardware_flops * report.devices / report.estimate.model_flops_per_step,
+        "hbm_gib_per_device": report.memory.total_bytes / GIB, "fits": report.fits,
+        "compile_seconds": report.compile_seconds,
+    }  # fmt: skip
+
+
+def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
+    """The minimax efficiency on the calibration runs, all together and per chip."""
+    chosen = [pt for pt in points if pt.run in CALIBRATION_RUNS]
+    if not chosen:
+        return {}
+    by_chip: dict[str, list[CalibrationPoint]] = {}
+    for pt in chosen:
+        by_chip.setdefault(_chip_of(pt.run), []).append(pt)
+    fitted = fit_efficiency(chosen)
+    per_chip = {chip: fit_efficiency(pts) for chip, pts in by_chip.items()}
+    return {
+        "runs": [pt.run for pt in chosen], "efficiency": fitted,
+        "errors": {pt.run: pt.error(fitted) for pt in chosen},
+        "per_chip": per_chip,
+        "per_chip_errors": {pt.run: pt.error(per_chip[_chip_of(pt.run)]) for pt in chosen},
+    }  # fmt: skip
+
+
+def _chip_of(run: str) -> str:
+    return PlanSettings(published_run(run).recipe.topology).target.chip.libtpu_name  # type: ignore[union-attr]
+
+
+def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
+    own = ", ".join(f"{chip} {e}" for chip, e in CALIBRATION.chip_efficiency)
+    print(f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}")
+    print(f"{'run':28s} {'chips':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  {'role':11s} program/model")
+    for r in rows:
+        err = f"{r['error']:+.1%}"
+        pub = f"{r['published_tflops_per_chip']:.0f}" + ("*" if r["published_from_mfu"] else "")
+        print(
+            f"{r['run']:28s} {r['chips']:5d} {pub:>9s} {r['predicted_tflops_per_chip']:9.0f} {err:>7s}  "
+            f"{r['role']:11s} {r['program_flops_over_model']:.2f}"
+        )
+    if fits:
+        errors = ", ".join(f"{k} {v:+.1%}" for k, v in fits["errors"].items())
+        print(f"refit on {len(fits['runs'])} calibration runs: efficiency {fits['efficiency']:.3f} ({errors})")
+        print("per chip: " + ", ".join(f"{k} {v:.3f}" for k, v in fits["per_chip"].items()))
+        print("  errors: " + ", ".join(f"{k} {v:+.1%}" for k, v in fits["per_chip_errors"].items()))
+
+
+def _runs(names: str | None) -> list[Published]:
+    runs = [p for p in PUBLISHED if p.recipe is not None]
+    if names is None:
+        return runs
+    wanted = names.split(",")
+    unknown = sorted(set(wanted) - {run_name(p) for p in runs})
+    if unknown:
+        raise SystemExit(f"unknown runs {unknown}; known: {[run_name(p) for p in runs]}")
+    return [p for p in runs if run_name(p) in wanted]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--runs", help="comma-separated run names (default: every run with a recipe)")
+    parser.add_argument("--cache", type=Path, default=default_cache_dir(), help="the planner's compile cache")
+    parser.add_argument("--cached-only", action="store_true", help="compile nothing; skip runs not cached")
+    parser.add_argument("--json", type=Path, default=Path("runs") / "plan_prediction.json")
+    parser.add_argument("--record", type=Path, help="write the calibration points (per-run grids) here")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows, points, missing, refused = [], [], [], {}
+    for p in _runs(args.runs):
+        found = compiled_run(p, args.cache, not args.cached_only)
+        if found is None:
+            missing.append(run_name(p))
+            continue
+        if not found[1]:  # the compiler refused it (out of memory): no program to predict
+            refused[run_name(p)] = found[0].memory.total_bytes / GIB
+            continue
+        point = calibration_point(p, *found)
+        points.append(point)
+        rows.append(run_row(p, *found, point))
+    fits = _fits(points)
+    print_table(rows, fits)
+    if any(r["published_from_mfu"] for r in rows):
+        print("* the source gives MFU only: published TFLOP/s per chip = MFU x the chip's peak")
+    if missing:
+        print(f"not compiled (not in the cache): {', '.join(missing)}")
+    for name, gib in refused.items():
+        print(f"{name}: libtpu refused the program, out of memory ({gib:.1f} GiB a device)")
+    out = {
+        "rows": rows, "fit": fits, "not_compiled": missing, "out_of_memory_gib": refused, "grid": GRID,
+        "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+    _write(args.json, out)
+    if args.record:
+        _write(
+            args.record, {"calibration_runs": list(CALIBRATION_RUNS), "points": [dataclasses.asdict(p) for p in points]}
+        )
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

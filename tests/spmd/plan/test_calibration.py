@@ -1,0 +1,155 @@
+"""The step-time model's calibration (docs/plan.md, "Calibration"): the published runs it is fitted
+on are recorded as their sources give them, the fit does what it says, and the shipped efficiency
+is the one the recorded per-run predictions give (tests/data/plan_calibration.json, written by
+``benchmarks/plan_prediction.py --record``). Pure Python: nothing compiles."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spmd.plan._calibration import CALIBRATION, CALIBRATION_RUNS, Calibration, CalibrationPoint, fit_efficiency
+from spmd.plan._step_time import predict_step
+from spmd.plan.models import BUILTIN_CONFIGS, build_meta_model
+from spmd.plan.published import PUBLISHED, published_run, run_name
+from spmd.plan.topology import CHIP_SPECS, parse_slice
+
+RECORD = Path(__file__).resolve().parents[2] / "data" / "plan_calibration.json"
+PEAK = {spec.name: spec.peak_flops for spec in CHIP_SPECS.values()}
+
+
+@pytest.mark.parametrize("p", [p for p in PUBLISHED if p.tflops_per_chip], ids=lambda p: f"{p.model}-{p.chip}")
+def test_a_published_runs_tflops_and_mfu_agree_against_its_chips_peak(p):
+    # the sources give both (MaxText's READMEs and tpu-recipes round them): 120 TFLOP/s on v5e is 61.1 %
+    assert p.tflops_per_chip * 1e12 / PEAK[p.chip] == pytest.approx(p.mfu, abs=0.003)
+
+
+# Each source's figures, as published (MaxText configs/v5e/README.md and configs/v5p/README.md,
+# 1x v5e-256 and 1x v5p-128; tpu-recipes training/ironwood/README.md and training/trillium/*/v6e-256).
+SOURCES = {
+    ("maxtext-16b", "TPU v5e"): (120, 0.6110, 256),
+    ("maxtext-32b", "TPU v5e"): (132, 0.6686, 256),
+    ("maxtext-64b", "TPU v5e"): (118, 0.5990, 256),
+    ("maxtext-128b", "TPU v5e"): (110, 0.5606, 256),
+    ("maxtext-32b", "TPU v5p"): (328, 0.7147, 64),
+    ("maxtext-64b", "TPU v5p"): (323, 0.7031, 64),
+    ("llama3.1-70b", "TPU7x"): (1207, 0.523, 64),
+    ("llama3.1-405b", "TPU7x"): (1261, 0.547, 256),
+    ("llama3.1-8b", "TPU v6e"): (417.4, 0.455, 256),  # tpu-recipes trillium README's step log: 417.397
+    ("llama3.1-70b", "TPU v6e"): (462.3, 0.503, 256),  # 462.297
+}
+
+
+def test_the_published_records_hold_their_sources_figures():
+    found = {(p.model, p.chip): (p.tflops_per_chip, p.mfu, p.chips) for p in PUBLISHED if p.tflops_per_chip}
+    assert found == SOURCES
+
+
+# MaxText's global_parameter_scale models (pyconfig.get_individual_scales over base.yml's width
+# 2048, 16 heads, MLP 7168, 16 layers): width, layers, heads, MLP, and the size their names give.
+MAXTEXT = {
+    "maxtext-16b": (4096, 32, 64, 28672, 16e9),
+    "maxtext-32b": (8192, 32, 64, 28672, 32e9),
+    "maxtext-64b": (8192, 64, 64, 28672, 64e9),
+    "maxtext-128b": (8192, 64, 128, 57344, 128e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAXTEXT))
+def test_maxtexts_scaled_models_have_its_dims_and_their_named_size(name):
+    d, layers, heads, ff, size = MAXTEXT[name]
+    c = BUILTIN_CONFIGS[name]
+    dims = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"])
+    assert dims == (d, layers, heads, ff)
+    assert c["head_dim"] == 128 and c["num_key_value_heads"] == heads and c["vocab_size"] == 32000
+    module, _ = build_meta_model(name)
+    n = sum(p.numel() for p in module.parameters())
+    assert n == pytest.approx(size, rel=0.03)  # 15.83 B, 31.66 B, 62.80 B, 125.08 B
+
+
+def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
+    v5p = published_run("maxtext-32b@v5p-128").recipe
+    assert v5p.global_batch == 7 * 64  # per_device_batch_size=7 on 64 chips, FSDP 16 x tensor 4
+    assert v5p.global_batch // 16 == 28  # 448 sequences over the 16 FSDP shards ...
+    assert v5p.batch_per_shard == 14  # ... planned at half (docs/plan.md: the 2-D plan's residual stream)
+    ironwood = published_run("llama3.1-405b@tpu7x-512").recipe
+    assert (ironwood.global_batch, ironwood.batch_per_shard) == (1536, 3)
+
+
+def test_every_calibration_run_is_a_published_run_with_a_recipe():
+    for name in CALIBRATION_RUNS:
+        assert run_name(published_run(name)) == name
+    with pytest.raises(KeyError, match="known: "):
+        published_run("maxtext-128b@v5e-256")  # no recipe: its remat (every projection offloaded) is not lowered
+
+
+def _point(run, published, slope):
+    """A run whose step is ``slope`` / efficiency seconds for 1e12 FLOPs a chip."""
+    grid = tuple(round(0.5 + 0.05 * k, 2) for k in range(11))
+    return CalibrationPoint(run, published, 1e12, grid, tuple(slope / e for e in grid))
+
+
+def test_the_fit_makes_the_largest_error_smallest():
+    # predicted TFLOP/s = e / slope: one run wants e = 0.6, the other e = 0.8; minimax meets between,
+    # where the two errors are equal and opposite: e / 0.6 - 1 = 1 - e / 0.8 -> e = 2 / (1/0.6 + 1/0.8)
+    points = [_point("a", 1.0, 0.6), _point("b", 1.0, 0.8)]
+    fitted = fit_efficiency(points, resolution=0.0001)
+    assert fitted == pytest.approx(2 / (1 / 0.6 + 1 / 0.8), abs=1e-4)
+    assert points[0].error(fitted) == pytest.approx(-points[1].error(fitted), abs=2e-4)
+    assert fit_efficiency(points[:1]) == pytest.approx(0.6)
+
+
+def test_a_point_interpolates_in_one_over_efficiency_and_refuses_outside_its_grid():
+    p = _point("a", 1.0, 0.7)
+    assert p.predicted_tflops(0.733) == pytest.approx(0.733 / 0.7)  # exact for a step linear in 1 / e
+    with pytest.raises(ValueError, match="outside"):
+        p.predicted_tflops(0.3)
+
+
+def _chip(run: str) -> str:
+    return parse_slice(published_run(run).recipe.topology).chip.libtpu_name
+
+
+def _recorded() -> tuple[dict, list[CalibrationPoint]]:
+    data = json.loads(RECORD.read_text())
+    points = [CalibrationPoint(**{**p, "efficiencies": tuple(p["efficiencies"]), "seconds": tuple(p["seconds"])})
+              for p in data["points"]]  # fmt: skip
+    return data, points
+
+
+def test_the_shipped_efficiency_is_the_fit_of_the_recorded_calibration_runs():
+    data, points = _recorded()
+    assert tuple(data["calibration_runs"]) == CALIBRATION_RUNS
+    chosen = [p for p in points if p.run in CALIBRATION_RUNS]
+    assert {p.run for p in chosen} == set(CALIBRATION_RUNS)  # every run fitted on is recorded
+    # the default serves chips with no fit of their own: every calibration run together
+    assert fit_efficiency(chosen) == pytest.approx(CALIBRATION.matmul_efficiency, abs=0.0005)
+    assert CALIBRATION.attention_efficiency == CALIBRATION.matmul_efficiency
+    for chip, value in CALIBRATION.chip_efficiency:  # a generation fitted on its own runs alone
+        own = [p for p in chosen if _chip(p.run) == chip]
+        assert own and fit_efficiency(own) == pytest.approx(value, abs=0.0005)
+    for p in points:  # each recorded run's published figure is its source's (or its MFU x the chip's peak)
+        published = published_run(p.run)
+        expected = published.tflops_per_chip or published.mfu * PEAK[published.chip] / 1e12
+        assert p.published_tflops == pytest.approx(expected, rel=1e-9)
+
+
+DOT = """HloModule jit_step, is_scheduled=true, num_partitions=4
+
+ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %b = bf16[4096,4096]{1,0} parameter(1)
+  ROOT %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_a_generation_fitted_on_its_own_gets_its_efficiency_and_the_others_the_default():
+    cal = Calibration(0.8, 0.7, 1e-6, 16e9, chip_efficiency=(("v5e", 0.9),))
+    assert cal.efficiencies("v5e") == (0.9, 0.9)
+    assert cal.efficiencies("tpu7x") == (0.8, 0.7)
+    default = Calibration(0.8, 0.7, 1e-6, 16e9)
+    # a 4096^3 dot is matmul-bound on both chips (0.70 ms of FLOPs on v5e, 0.12 ms of HBM)
+    v5e, tpu7x = parse_slice("v5e:2x2"), parse_slice("tpu7x:2x2x1")
+    assert predict_step(DOT, v5e, cal).seconds == pytest.approx(predict_step(DOT, v5e, default).seconds * 0.8 / 0.9)
+    assert predict_step(DOT, tpu7x, cal).seconds == predict_step(DOT, tpu7x, default).seconds
