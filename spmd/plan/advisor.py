@@ -113,7 +113,7 @@ def _searches(
     searches, dropped, leader = [], [], Leader()  # one leader: a plan of any mesh can beat another's policy
 
     def ceiling(remat: str) -> float | None:
-        return mfu_ceiling(shape, Remat(remat), settings.seq_len)  # type: ignore[arg-type]
+        return mfu_ceiling(shape, Remat(remat), settings.seq_len, target.chip.libtpu_name)  # type: ignore[arg-type]
 
     def counted(outcome: Outcome) -> bool:
         return runs_its_floor(outcome.report, shape)

@@ -8,7 +8,8 @@ times the calibrated efficiency (times a matrix-unit fill of at most 1). So
 
     predicted MFU <= efficiency x model FLOPs / program matmul FLOPs,
 
-with ``efficiency`` the larger of the calibration's matmul and attention efficiencies. The
+with ``efficiency`` the larger of the calibration's matmul and attention efficiencies on the
+plan's chip (`Calibration.efficiencies`). The
 program's matmul FLOPs are at least the model's (`spmd.mfu.flops`: every matmul of forward and
 backward, causal attention halved; the splash kernel's backward runs more, the dot attention's
 the whole square) plus the forward of what the policy cannot keep and backward reads again:
@@ -67,13 +68,15 @@ def recompute_floor(shape: Any, remat: Remat, seq_len: int) -> float:
     return 1.0 + again / (3.0 * forward)  # the model's FLOPs: forward and backward, 3 x the forward
 
 
-def mfu_ceiling(shape: Any, remat: Remat, seq_len: int, calibration: Calibration = CALIBRATION) -> float | None:
-    """The highest predicted MFU a plan of ``shape`` with ``remat`` can reach (module docstring);
-    ``None`` for a model of no known shape (nothing is ruled out)."""
+def mfu_ceiling(
+    shape: Any, remat: Remat, seq_len: int, chip: str, calibration: Calibration = CALIBRATION
+) -> float | None:
+    """The highest predicted MFU a plan of ``shape`` with ``remat`` can reach on ``chip`` (a
+    `ChipSpec.libtpu_name`, whose calibrated efficiencies the step-time model uses; module
+    docstring); ``None`` for a model of no known shape (nothing is ruled out)."""
     if shape is None:
         return None
-    efficiency = max(calibration.matmul_efficiency, calibration.attention_efficiency)
-    return efficiency / recompute_floor(shape, remat, seq_len)
+    return max(calibration.efficiencies(chip)) / recompute_floor(shape, remat, seq_len)
 
 
 def runs_its_floor(report: Any, shape: Any) -> bool:
