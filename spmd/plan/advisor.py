@@ -13,7 +13,8 @@ Candidates are (strategy, mesh) x remat policy x per-device batch:
 Not every candidate is compiled. A mesh whose parameters and AdamW state alone exceed the budget
 is dropped unseen; on the others each policy's largest fitting batch is searched as MaxText's
 ``estimator.py`` does, with our memory math (`spmd.plan.memory`) ruling out what cannot fit and
-choosing the first batch to compile (`spmd.plan.search`). The searches of different meshes
+choosing the first batch to compile (`spmd.plan.search`); a remat policy whose MFU ceiling
+(`spmd.plan.ceiling`) is below a plan already compiled that fits is not compiled. The searches of different meshes
 compile in parallel, in as many worker processes as this machine's cores and free memory allow
 (`spmd.plan.compile_pool`), with progress on stderr; Ctrl-C leaves a partial ranking. Compiles
 are cached on disk by everything that determines them (`spmd.plan.plan_cache`), so a second
@@ -34,6 +35,7 @@ import torch
 from mesh._checks import is_int
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
+from spmd.plan.ceiling import mfu_ceiling, runs_its_floor
 from spmd.plan.compile_pool import default_jobs, run_searches
 from spmd.plan.errors import PlanError
 from spmd.plan.lowering import find_layer_stack
@@ -43,7 +45,7 @@ from spmd.plan.models import build_meta_model, resolve_seq_len
 from spmd.plan.plan_cache import Settings, default_cache_dir, model_key
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
-from spmd.plan.search import MeshSearch
+from spmd.plan.search import Leader, MeshSearch
 from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
 from spmd.plan.topology import TpuSlice
@@ -108,7 +110,14 @@ def _searches(
     devices = tpu_devices(target)
     params = {n: tuple(p.shape) for n, p in module.named_parameters()}
     shape = model_shape(hf_config, sum(math.prod(s) for s in params.values()))
-    searches, dropped = [], []
+    searches, dropped, leader = [], [], Leader()  # one leader: a plan of any mesh can beat another's policy
+
+    def ceiling(remat: str) -> float | None:
+        return mfu_ceiling(shape, Remat(remat), settings.seq_len, target.chip.libtpu_name)  # type: ignore[arg-type]
+
+    def counted(outcome: Outcome) -> bool:
+        return runs_its_floor(outcome.report, shape)
+
     for strategy, mesh in meshes:
         our_mesh = build_mesh(mesh, target, devices)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
@@ -128,7 +137,9 @@ def _searches(
             log(f"  {strategy} {dict(mesh)}: {why}")
             continue
         predict = _predictor(shape, settings, mesh, state, param_bytes(params, spec_fn, our_mesh))
-        searches.append(MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict))
+        searches.append(
+            MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict, ceiling, leader, counted)
+        )
     return searches, dropped
 
 

@@ -4,7 +4,10 @@ Each mesh's search (`spmd.plan.search.MeshSearch`) asks for one compile at a tim
 of different meshes run side by side in spawned worker processes (a forked child of a process
 with libtpu loaded aborts), which stay up for the whole advice so each pays jax's and torch's
 imports once. A candidate in the compile cache is read here, in the main process, and never
-reaches a worker: a warm advice starts no process at all.
+reaches a worker: a warm advice starts no process at all. Every search ready for its next
+compile reads the cache first; only then are the candidates left checked against the best plan
+those reads found (`MeshSearch.withdraw_if_beaten`), so a warm advice does not compile a plan
+that a cold one, whose compiles finished in another order, ruled out as unable to win.
 
 How many workers (`default_jobs`): one per core, and no more than the memory this machine has
 free allows, at `COMPILE_HOST_BYTES` each (a Llama-3.1-70B compile peaks near 2 GiB of host
@@ -127,9 +130,11 @@ def _run_in_pool(model: Any, searches: list[MeshSearch], settings: Settings, job
     ready = list(searches)
     try:
         while ready or started:
-            for search in ready:
-                c = _from_cache(search, settings, progress, log)
-                if c is None:
+            # Every ready search reads what it can from the cache first, then the candidates left
+            # are checked against the leader those reads gave: a warm advice compiles nothing.
+            pending = [(s, c) for s in ready if (c := _from_cache(s, settings, progress, log)) is not None]
+            for search, c in pending:
+                if search.withdraw_if_beaten():
                     continue
                 if pool is None:
                     log(f"advisor: compiling in {jobs} worker processes")

@@ -9,6 +9,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,7 @@ def compile_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str]
     """``c`` compiled (and cached); a `PlanError` is an outcome that says why it was not compiled."""
     from spmd.plan.api import plan_with
 
+    wall, cpu = time.perf_counter(), time.process_time()  # CPU too: wall time is shared with other work
     try:
         report = plan_with(model, s.plan, **_plan_kwargs(c))
     except PlanError as e:
@@ -126,7 +128,8 @@ def compile_candidate(model: Any, c: Candidate, s: Settings, log: Callable[[str]
         write_entry(path, report, log)
     log(
         f"  {c.strategy} {c.label()}: {report.memory.total_bytes / GIB:.2f} GiB/device, {_verdict(report)}, "
-        f"compiled in {report.compile_seconds:.0f} s"
+        f"compiled in {report.compile_seconds:.0f} s (planned in {time.perf_counter() - wall:.0f} s wall, "
+        f"{time.process_time() - cpu:.0f} s CPU)"
     )
     return Outcome(c, report)
 

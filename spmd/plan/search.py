@@ -13,6 +13,14 @@ MaxText's ``estimator.py`` walks its Pareto frontier of batch against policy. Wi
 
 A model of no known shape has no math: every batch is a candidate and the first probe is the
 smallest.
+
+Across meshes, a policy that cannot win is not compiled: every mesh's search shares a `Leader`,
+the best predicted MFU of a compiled plan that fits so far, and a policy whose MFU ceiling
+(`spmd.plan.ceiling`, known before compiling) is below it ends the search, with every heavier
+policy (their ceilings are no higher). A search rules out nothing so until a plan of its own mesh
+has been compiled and every one compiled so far counts at least its floor of matmul FLOPs (where
+the step-time model misses matmuls, a prediction can pass the ceiling). The winner is then the
+same as with every plan of the search compiled.
 """
 
 from __future__ import annotations
@@ -27,6 +35,33 @@ from spmd.plan.memory import MARGIN, MemoryMath
 __all__ = ["MeshSearch"]
 
 Predict = Callable[[str, int], "MemoryMath | None"]
+Ceiling = Callable[[str], "float | None"]
+Counted = Callable[[Outcome], bool]
+
+
+def _no_ceiling(remat: str) -> float | None:
+    return None
+
+
+def _counted(outcome: Outcome) -> bool:
+    return True
+
+
+@dataclass
+class Leader:
+    """The best predicted MFU of a compiled plan that fits, shared by every mesh's search."""
+
+    mfu: float = 0.0
+    label: str = ""
+
+    def offer(self, outcome: Outcome) -> None:
+        if outcome.fits and outcome.report.mfu > self.mfu:  # type: ignore[union-attr]
+            c = outcome.candidate
+            self.mfu, self.label = outcome.report.mfu, f"{c.strategy} {c.label()}"  # type: ignore[union-attr]
+
+    def beats(self, ceiling: float | None) -> bool:
+        """A plan already compiled beats every plan of this ceiling (``None``: no ceiling known)."""
+        return ceiling is not None and ceiling < self.mfu
 
 
 @dataclass
@@ -53,11 +88,15 @@ class MeshSearch:
     remats: tuple[str, ...]
     budget: int
     predict: Predict
+    ceiling: Ceiling = _no_ceiling
+    leader: Leader = field(default_factory=Leader)
+    counted: Counted = _counted  # a compiled plan's matmul count reaches its floor (`spmd.plan.ceiling`)
     outcomes: list[Outcome] = field(default_factory=list)
     _index: int = -1
     _best: int = 0
     _policy: _Policy | None = None
     _waiting: Candidate | None = None
+    _floor_holds: bool | None = None  # None: no plan of this mesh compiled with a prediction yet
 
     def candidate(self, remat: str, batch: int) -> Candidate:
         return Candidate(self.strategy, self.mesh, batch, remat)
@@ -68,6 +107,8 @@ class MeshSearch:
             raise RuntimeError("MeshSearch.next: the previous candidate's outcome was not recorded")
         while True:
             p = self._policy
+            if p is not None and p.lo <= p.hi and self._beaten(p.remat):
+                return None
             if p is not None and p.lo <= p.hi:
                 probe = min(max(p.guess, p.lo), p.hi)
                 self._waiting = self.candidate(p.remat, p.batches[probe])
@@ -84,6 +125,9 @@ class MeshSearch:
             raise RuntimeError(f"MeshSearch.record: {outcome.candidate} is not the candidate waiting ({c})")
         self._waiting = None
         self.outcomes.append(outcome)
+        self.leader.offer(outcome)
+        if outcome.fits:  # a plan that fits has a prediction: does its count reach its floor?
+            self._floor_holds = self._floor_holds is not False and self.counted(outcome)
         index = p.batches.index(c.per_device_batch)
         if outcome.fits:
             p.found, p.lo = c.per_device_batch, index + 1
@@ -99,6 +143,8 @@ class MeshSearch:
         span = 0 if self._policy is None else max(0, self._policy.hi - self._policy.lo + 1)
         likely, most = math.ceil(math.log2(span + 1)), span
         for remat in self.remats[self._index + 1 :]:
+            if self._cannot_win(remat):
+                break  # it and every heavier policy cannot win
             worth = len(self._worth(remat))
             likely, most = likely + min(worth, 1), most + worth
         return likely, most
@@ -114,6 +160,8 @@ class MeshSearch:
         while self._index + 1 < len(self.remats):
             self._index += 1
             remat = self.remats[self._index]
+            if self._beaten(remat):
+                return False
             larger = [b for b in self.batches if b > self._best]
             if not larger:
                 return False  # every batch already fits with less recomputation
@@ -128,6 +176,34 @@ class MeshSearch:
             return True
         self._policy = None
         return False
+
+    def withdraw_if_beaten(self) -> bool:
+        """Drop the candidate `next` gave, not yet compiled, if a plan found since beats its
+        policy (the search then ends); whether it did."""
+        c = self._waiting
+        if c is None or not self._cannot_win(c.remat):
+            return False
+        self._waiting = None
+        return self._beaten(c.remat)
+
+    def _cannot_win(self, remat: str) -> bool:
+        return self._floor_holds is True and self.leader.beats(self.ceiling(remat))
+
+    def _beaten(self, remat: str) -> bool:
+        """If a compiled plan beats ``remat``'s ceiling, rule out it and every heavier policy
+        (their ceilings are no higher) and end the search."""
+        if not self._cannot_win(remat):
+            return False
+        start = self.remats.index(remat)
+        for r in self.remats[start:]:
+            ceiling = self.ceiling(r)
+            why = (
+                f"not compiled: cannot win: its predicted MFU is at most {100 * ceiling:.1f} % (spmd.plan.ceiling), "  # type: ignore[operator]
+                f"below the {100 * self.leader.mfu:.1f} % of {self.leader.label}"
+            )
+            self.outcomes.append(Outcome(self.candidate(r, self.batches[0]), skipped=why))
+        self._index, self._policy = len(self.remats), None
+        return True
 
     def _rule_out(self, remat: str, batch: int) -> None:
         math = self.predict(remat, batch)

@@ -44,6 +44,8 @@ FIDELITY = {
 }
 FIDELITY_SEQ = 384
 REMATS = ("none", "dots", "offload")  # `full` is offload's program without the transfers: the slow tests plan it
+# The advisor beside every plan it could try (`every_plan`): FSDP, 2 policies x 2 batches.
+EVERY_BATCHES, EVERY_SEQ, EVERY_REMATS = (2, 8), 256, ("dots", "full")
 
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
@@ -155,6 +157,29 @@ def interrupted_advice(config: Path, out: Path, results: dict) -> None:
     results["interrupted"] = {"exit": code, "stdout": stdout, "stderr": stderr}
 
 
+def every_plan(config: Path, out: Path, results: dict) -> None:
+    """The advisor's search on one FSDP mesh (one compile at a time), and every plan it could have
+    tried, each compiled: `EVERY_REMATS` x `EVERY_BATCHES`. One compile cache serves both, so a
+    plan compiles once; the advice says which it compiled."""
+    from spmd.plan.advice import Candidate
+    from spmd.plan.advisor import advise
+    from spmd.plan.plan_cache import Settings, model_key, run_candidate
+    from spmd.plan.settings import PlanSettings
+
+    cache, quiet = out / "every_plan_cache", lambda line: None
+    advice = advise(
+        str(config), "v5e:2x2", strategies=["fsdp"], remats=EVERY_REMATS, per_device_batches=EVERY_BATCHES,
+        seq_len=EVERY_SEQ, jobs=1, cache_dir=cache, log=quiet,
+    )  # fmt: skip
+    shared = Settings(PlanSettings("v5e:2x2", 1, EVERY_SEQ), cache, model_key(str(config)))
+    every = []
+    for remat in EVERY_REMATS:
+        for batch in EVERY_BATCHES:
+            o = run_candidate(str(config), Candidate("fsdp", (("fsdp", 4),), batch, remat), shared, quiet)
+            every.append({"remat": remat, "batch": batch, "report": o.report.to_dict()})
+    results["every_plan"] = {"advice": advice.to_dict(), "every": every}
+
+
 def ironwood(config: Path, out: Path, results: dict) -> None:
     """The issue's first check: a config.json on tpu7x:2x2x1 through the CLI (the current lane),
     or the error that names the current lane (the torch_xla lane's libtpu knows no tpu7x)."""
@@ -244,6 +269,7 @@ def main(out: Path) -> None:
     errors(results)
     loop_collectives(results)
     fidelity(out, results)
+    every_plan(config, out, results)
     interrupted_advice(config, out, results)
     (out / "results.json").write_text(json.dumps(results))
 
