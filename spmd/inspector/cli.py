@@ -54,18 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="stop the script after this many steps (torch_xla: syncs, default all; --world: optimizer steps, 2)",
     )
-    dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
-    dry.add_argument(
-        "--world",
-        type=int_in(1, MAX_RANKS),
-        default=None,
-        help="run as a rank of a job of this many ranks, on the fake process group (default 8 without torch_xla)",
-    )
-    which = dry.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int_in(0, MAX_RANKS - 1), default=None, help="the rank to run as (0)")
-    which.add_argument(
-        "--ranks", choices=["all", "worst"], default=None, help="every rank, or the one with the highest peak"
-    )
+    _dry_run_flags(parser)
     parser.add_argument(
         "--json", type=output_file, default=None, help="write the report as JSON (and the HLO beside it)"
     )
@@ -90,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-collectives", type=int_in(0), default=20, help="largest collectives listed per graph (20)"
     )
     return parser
+
+
+def _dry_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the dry run on DTensor: the job's size and the ranks to run as."""
+    dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
+    dry.add_argument(
+        "--world",
+        type=int_in(1, MAX_RANKS),
+        default=None,
+        help="run as a rank of a job of this many ranks, on the fake process group (default 8 without torch_xla)",
+    )
+    which = dry.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int_in(0, MAX_RANKS - 1), default=None, help="the rank to run as (0)")
+    which.add_argument(
+        "--ranks", choices=["all", "worst"], default=None, help="every rank, or the one with the highest peak"
+    )
 
 
 def _stop_after(steps: int) -> Any:
