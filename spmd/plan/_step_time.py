@@ -316,7 +316,7 @@ class _Program:
         known = re.search(r'known_trip_count\\?"\s*:\s*\{\s*\\?"n\\?"\s*:\s*\\?"(\d+)', inst.attributes)
         if known:
             return int(known.group(1))
-        return trip_count(self.text, self.module, inst.attribute("condition") or "")
+        return trip_count(self.text, self.module, inst.attribute("condition") or "", inst)
 
     def seconds(self, computation: str, scale: float) -> float:
         """The time of one run of ``computation`` in its scheduled order (module docstring);

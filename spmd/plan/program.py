@@ -57,16 +57,64 @@ class StepCollective:
     over_dcn: bool = False
 
 
-def trip_count(hlo_text: str, module: HloModuleText, condition: str) -> int:
-    """The trip count of a counted loop whose condition is ``i < constant``; 1 if unknown."""
+def trip_count(hlo_text: str, module: HloModuleText, condition: str, loop: Instruction | None = None) -> int:
+    """The trip count of a counted loop whose condition is ``i < bound``, a constant of any integer
+    type (the TPU compiler's windowed-einsum loops count in ``u32``); 1 if unknown. With the
+    ``while`` itself (``loop``), ``i`` runs from its start (the constant its init tuple holds) by
+    its step (the body's ``i + constant``): a windowed einsum counts 0, 2, 4, ... (two shards, one
+    each way round the ring, per iteration); otherwise from 0 by 1."""
     insts = module.computations.get(condition.lstrip("%"), [])
+    by_name = {i.name: i for i in insts}
     for inst in insts:
-        if inst.opcode == "compare" and inst.attribute("direction") == "LT":
-            for operand in inst.operands:
-                m = re.search(rf"%{re.escape(operand)} = s32\[\]\S* constant\((\d+)\)", hlo_text)
-                if m:
-                    return int(m.group(1))
+        if inst.opcode != "compare" or inst.attribute("direction") != "LT" or len(inst.operands) != 2:
+            continue
+        bound = _integer_constant(hlo_text, inst.operands[1])
+        if bound is None:
+            continue
+        index = _tuple_index(inst, 0, by_name)
+        if loop is None or index is None:
+            return bound
+        start, step = _counter_start_and_step(hlo_text, module, loop, index)
+        return max(1, math.ceil((bound - start) / step)) if step > 0 else bound
     return 1
+
+
+def _integer_constant(hlo_text: str, name: str) -> int | None:
+    m = re.search(rf"%{re.escape(name)} = [su]\d+\[\]\S* constant\((-?\d+)\)", hlo_text)
+    return int(m.group(1)) if m else None
+
+
+def _tuple_index(inst: Instruction, k: int, by_name: dict[str, Instruction]) -> int | None:
+    """Which element of the loop's tuple operand ``k`` of ``inst`` reads: ``param#i`` in the
+    dump, or a ``get-tuple-element`` of the parameter."""
+    if k < len(inst.operand_outputs) and inst.operand_outputs[k] is not None:
+        return inst.operand_outputs[k]
+    source = by_name.get(inst.operands[k]) if k < len(inst.operands) else None
+    return source.argument if source is not None and source.opcode == "get-tuple-element" else None
+
+
+def _counter_start_and_step(hlo_text: str, module: HloModuleText, loop: Instruction, index: int) -> tuple[int, int]:
+    """(start, step) of tuple element ``index`` of ``loop``: the constant its init tuple holds
+    (through copies the scheduler adds), and the constant the body adds to it; 0 and 1 unknown."""
+    everywhere = {i.name: i for insts in module.computations.values() for i in insts}
+    start, init = 0, everywhere.get(loop.operands[0]) if loop.operands else None
+    if init is not None and init.opcode == "tuple" and index < len(init.operands):
+        name = init.operands[index]
+        while name in everywhere and everywhere[name].opcode in ("copy", "bitcast") and everywhere[name].operands:
+            name = everywhere[name].operands[0]
+        start = _integer_constant(hlo_text, name) or 0
+    body = module.computations.get((loop.attribute("body") or "").lstrip("%"), [])
+    in_body = {i.name: i for i in body}
+    root = next((i for i in body if i.is_root), None)
+    update = in_body.get(root.operands[index]) if root is not None and index < len(root.operands) else None
+    if update is None or update.opcode != "add" or len(update.operands) != 2:
+        return start, 1
+    steps = [
+        _integer_constant(hlo_text, o)
+        for k, o in enumerate(update.operands)
+        if _tuple_index(update, 1 - k, in_body) == index
+    ]
+    return start, next((s for s in steps if s is not None), 1)
 
 
 _DCN_KINDS = {
@@ -178,7 +226,7 @@ class _StepWalk:
     def walk(self, computation: str, multiplier: int, context: int) -> None:
         for inst in self.module.computations.get(computation, []):
             if inst.opcode == "while":
-                count = trip_count(self.text, self.module, inst.attribute("condition") or "")
+                count = trip_count(self.text, self.module, inst.attribute("condition") or "", inst)
                 self.walk((inst.attribute("body") or "").lstrip("%"), multiplier * count, id(inst))
             elif inst.opcode == "fusion" and "all-reduce-scatter" in (inst.attribute("calls") or ""):
                 self.reduce_scatter_fusion(inst, multiplier, context)

@@ -158,6 +158,40 @@ def test_a_loop_body_counts_its_trip_count_times():
     assert t.seconds == pytest.approx(5 * DOT_SECONDS + 5 * 12 / HBM)
 
 
+# The TPU compiler's windowed einsum (a matmul overlapped with its all-gather): a loop counting in
+# u32 from 0 by 2 (a shard each way round the ring per trip) to 8, through a copy of its start.
+WINDOWED_EINSUM = (
+    HEADER
+    + """%cond (p: (bf16[4096,4096], u32[])) -> pred[] {
+  %n = u32[] constant(8)
+  %p = (bf16[4096,4096]{1,0}, u32[]) parameter(0)
+  ROOT %lt = pred[] compare(%p#1, %n), direction=LT
+}
+
+%body (p: (bf16[4096,4096], u32[])) -> (bf16[4096,4096], u32[]) {
+  %two = u32[] constant(2)
+  %p = (bf16[4096,4096]{1,0}, u32[]) parameter(0)
+  %d = bf16[4096,4096]{1,0} dot(%p#0, %p#0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %next = u32[] add(%p#1, %two)
+  ROOT %t = (bf16[4096,4096]{1,0}, u32[]) tuple(%d, %next)
+}
+
+ENTRY %main (x: bf16[4096,4096]) -> (bf16[4096,4096], u32[]) {
+  %x = bf16[4096,4096]{1,0} parameter(0)
+  %zero = u32[] constant(0)
+  %start = u32[] copy(%zero)
+  %init = (bf16[4096,4096]{1,0}, u32[]) tuple(%x, %start)
+  ROOT %w = (bf16[4096,4096]{1,0}, u32[]) while(%init), condition=%cond, body=%body
+}
+"""
+)
+
+
+def test_a_windowed_einsum_loop_counts_from_its_start_by_its_step():
+    # i = 0, 2, 4, 6: four dots (not one: a u32 bound; not eight: a step of 2)
+    assert predict_step(WINDOWED_EINSUM, TARGET, CAL).hardware_flops == 4 * 2 * 4096**3
+
+
 SLICED = (
     HEADER
     + """%fused (w: bf16[80,1024,1024], i: s32[]) -> bf16[1024,1024] {
