@@ -341,6 +341,11 @@ class HloModuleText:
         """The entry computation's instructions by name (built once)."""
         return {i.name: i for i in self.entry_instructions}
 
+    @functools.cached_property
+    def instructions_by_name(self) -> dict[str, Instruction]:
+        """Every computation's instructions by name (built once; XLA names are unique in a module)."""
+        return {i.name: i for i in self.instructions()}
+
     def source_parameter(self, inst: Instruction, max_depth: int = 32) -> int | None:
         """The entry parameter whose value ``inst`` carries, if any.
 

@@ -109,7 +109,7 @@ class _Program:
             self.module = HloModuleText.parse(hlo_text)
         except (TypeError, ValueError) as e:
             raise PlanError(f"Cannot predict a step time: {e}") from None
-        self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
+        self.by_name = self.module.instructions_by_name
         self.target, self.cal = target, calibration
         chip = target.chip
         self.matmul_efficiency, self.attention_efficiency = calibration.efficiencies(chip.libtpu_name)

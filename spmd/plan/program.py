@@ -96,7 +96,7 @@ def _tuple_index(inst: Instruction, k: int, by_name: dict[str, Instruction]) -> 
 def _counter_start_and_step(hlo_text: str, module: HloModuleText, loop: Instruction, index: int) -> tuple[int, int]:
     """(start, step) of tuple element ``index`` of ``loop``: the constant its init tuple holds
     (through copies the scheduler adds), and the constant the body adds to it; 0 and 1 unknown."""
-    everywhere = {i.name: i for insts in module.computations.values() for i in insts}
+    everywhere = module.instructions_by_name
     start, init = 0, everywhere.get(loop.operands[0]) if loop.operands else None
     if init is not None and init.opcode == "tuple" and index < len(init.operands):
         name = init.operands[index]
@@ -151,7 +151,7 @@ class _StepWalk:
         self.text = hlo_text
         self.module = HloModuleText.parse(hlo_text)
         self.num_devices = self.module.num_partitions
-        self.by_name = {i.name: i for insts in self.module.computations.values() for i in insts}
+        self.by_name = self.module.instructions_by_name
         # Who runs each computation that is not a loop or a reduction: a SparseCore collective's
         # operand is a parameter of its computation, the value is its caller's operand.
         self.callers = {c: i for i in self.by_name.values() for c in i.callees if i.opcode != "while"}
