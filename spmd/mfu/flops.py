@@ -22,7 +22,13 @@ from typing import Any
 
 from mesh._checks import require_int, require_real
 
-__all__ = ["TransformerShape", "six_n_flops_per_token", "palm_flops_per_token", "matmul_flops_per_token"]
+__all__ = [
+    "TransformerShape",
+    "six_n_flops_per_token",
+    "palm_flops_per_token",
+    "matmul_flops_per_token",
+    "forward_matmul_flops_per_token",
+]
 
 
 @dataclass(frozen=True)
@@ -144,8 +150,9 @@ def palm_flops_per_token(shape: TransformerShape, seq_len: int) -> float:
     return 6.0 * n + 12.0 * shape.n_layer * shape.n_head * shape.head_dim * seq_len
 
 
-def matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool = True) -> float:
-    """Training FLOPs per token from every matmul (module docstring); backward = 2 x forward."""
+def forward_matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool = True) -> dict[str, float]:
+    """Forward FLOPs per token of every matmul, by part: the blocks' (``qkv``, ``attention``,
+    ``out``, ``mlp_in``, ``mlp_out``, each over every layer) and the ``unembedding``."""
     _check_step(shape, seq_len)
     if not isinstance(causal, bool):
         raise TypeError(f"causal takes a bool, got {causal!r:.60}.")
@@ -158,10 +165,16 @@ def matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool =
         shape.vocab,
         seq_len,
     )
-    qkv = 2 * D * (H + 2 * Hkv) * Q
-    attention = 4 * T * H * Q * (0.5 if causal else 1.0)  # scores and values over T keys
-    projection = 2 * H * Q * D
-    mlp = 2 * D * F * (3 if shape.gated_mlp else 2)
-    unembedding = 2 * D * V
-    forward = shape.n_layer * (qkv + attention + projection + mlp) + unembedding
-    return 3.0 * forward
+    block = {
+        "qkv": 2 * D * (H + 2 * Hkv) * Q,
+        "attention": 4 * T * H * Q * (0.5 if causal else 1.0),  # scores and values over T keys
+        "out": 2 * H * Q * D,
+        "mlp_in": 2 * D * F * (2 if shape.gated_mlp else 1),
+        "mlp_out": 2 * D * F,
+    }
+    return {**{part: shape.n_layer * flops for part, flops in block.items()}, "unembedding": 2 * D * V}
+
+
+def matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool = True) -> float:
+    """Training FLOPs per token from every matmul (module docstring); backward = 2 x forward."""
+    return 3.0 * sum(forward_matmul_flops_per_token(shape, seq_len, causal).values())

@@ -25,40 +25,29 @@ This is a floor under the recomputation, lower than the roofline's (`recompute_f
 counts the whole forward for ``full``): measured on Llama 3.1-70B with ``full``, the program runs
 1.28 x the model's FLOPs, the floor 1.22, the roofline 1.33.
 
-The floor holds only where the step-time model counts every matmul the program runs, and it does
-not everywhere: on Llama 3.1-70B's 2-D plans (fsdp 32 x tensor 4) it counts 0.52 x and 0.69 x the
-model's FLOPs (matmuls it does not see, such as collective matmuls' pieces), so their predicted
-MFU has no ceiling. `runs_its_floor` tells a compiled plan whose count reaches its floor; the
-advisor rules a mesh's policies out only once that mesh's compiled plans all do.
+The floor holds only where the step-time model counts every matmul the program runs. It did not
+on Llama 3.1-70B's 2-D plans (fsdp 32 x tensor 4: 0.52 x and 0.69 x the model's FLOPs) until
+loops were counted from their counter's start by its step (windowed einsums: now 1.06 x and
+1.23 x); a matmul it does not see would leave a prediction with no ceiling, so `runs_its_floor`
+tells a compiled plan whose count reaches its floor, and the advisor rules a mesh's policies out
+only once that mesh's compiled plans all do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from spmd.mfu.flops import forward_matmul_flops_per_token
 from spmd.plan._calibration import CALIBRATION, Calibration
 from spmd.plan.remat import Remat
 
 __all__ = ["mfu_ceiling", "recompute_floor", "runs_its_floor"]
 
 
-def _forward_parts(shape: Any, seq_len: int) -> tuple[float, dict[str, float]]:
-    """``(forward matmul FLOPs per token, the block parts of it)``, as `spmd.mfu.flops` counts."""
-    d, h, q, kv, f = shape.d_model, shape.n_head, shape.head_dim, shape.n_kv_head, shape.d_ff
-    parts = {
-        "qkv": 2 * d * (h + 2 * kv) * q,
-        "attention": 4 * seq_len * h * q * 0.5,  # causal: half the square, as MaxText counts
-        "out": 2 * h * q * d,
-        "mlp_in": 2 * d * f * (2 if shape.gated_mlp else 1),
-        "mlp_out": 2 * d * f,
-    }
-    forward = shape.n_layer * sum(parts.values()) + 2 * d * shape.vocab
-    return forward, {k: shape.n_layer * v for k, v in parts.items()}
-
-
 def recompute_floor(shape: Any, remat: Remat, seq_len: int) -> float:
     """The least ``program matmul FLOPs / model FLOPs`` a plan with ``remat`` runs (module docstring)."""
-    forward, parts = _forward_parts(shape, seq_len)
+    parts = forward_matmul_flops_per_token(shape, seq_len)
+    forward = sum(parts.values())
     if remat.checkpoints_block:
         again = parts["qkv"] + parts["attention"] + parts["mlp_in"]
     elif remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ):
