@@ -41,6 +41,7 @@ __all__ = [
     "commit",
     "has_checkpoint",
     "is_disk_full",
+    "lineage_record",
     "locked",
     "new_version_name",
     "prune",
@@ -143,6 +144,15 @@ def commit(root: Path, work: Path, version: str, lineage: str) -> None:
     _fsync_dir(root)
 
 
+def lineage_record(root: Path, lineage: str) -> dict[str, Any]:
+    """What a version's index records of its lineage (under the lock, before the commit): the
+    ``lineage`` and its ``sequence``, one more than the highest of that lineage's versions in
+    ``root``. `prune` orders a lineage's versions by it: file times move (a copy, a backup
+    restore, a ``touch``), a version's place in its run does not."""
+    sequences = [record[1] for record in map(_record_of, _version_dirs(root)) if record[0] == lineage]
+    return {"lineage": lineage, "sequence": max((n for n in sequences if n is not None), default=0) + 1}
+
+
 def prune(root: Path, version: str, keep: int, lineage: str) -> None:
     """Remove all but the newest ``keep`` versions of ``lineage``, and what killed saves left
     (under the lock).
@@ -152,10 +162,15 @@ def prune(root: Path, version: str, keep: int, lineage: str) -> None:
     the temp files of this lineage's killed saves (recorded in their ``.lineage``, or named by
     it). A version of another lineage, one from before lineages were recorded,
     one whose index cannot be read, and anything else in the directory stay. Versions are ordered
-    by when their index was written (several saves in one second included)."""
-    versions = [p for p in _version_dirs(root) if p.name == version or _lineage_of(p) == lineage]
-    versions.sort(key=lambda p: ((p / INDEX).stat().st_mtime_ns, p.name))
-    for old in [v for v in versions if v.name != version][: max(0, len(versions) - keep)]:
+    by the ``sequence`` their index records (`lineage_record`), never by file times; a version
+    saved before sequences were recorded comes before every sequenced one, by its name (the UTC
+    second it was saved). A version whose sequence is not a whole number is kept."""
+    ordered: list[tuple[int, str, Path]] = []
+    for path in _version_dirs(root):
+        theirs, sequence = _record_of(path)
+        if path.name != version and theirs == lineage and sequence != _UNREADABLE:
+            ordered.append((sequence or 0, path.name, path))
+    for _, _, old in sorted(ordered)[: max(0, len(ordered) + 1 - keep)]:
         shutil.rmtree(old, ignore_errors=True)
     for partial in root.glob(".v-*.partial"):  # saves of this lineage killed while writing
         if is_version_name(partial.name[1 : -len(".partial")]) and _partial_lineage(partial) == lineage:
@@ -188,12 +203,26 @@ def _version_dirs(root: Path) -> list[Path]:
 
 def _lineage_of(version: Path) -> str | None:
     """The lineage ``version``'s index records; None if it records none or cannot be read."""
+    return _record_of(version)[0]
+
+
+_UNREADABLE = -1  # a sequence that is there but not a whole number >= 1 (an edited index)
+
+
+def _record_of(version: Path) -> tuple[str | None, int | None]:
+    """(lineage, sequence) of ``version``'s index: None for what it does not record (a version
+    from before lineages or sequences), lineage None when the index cannot be read, and
+    sequence `_UNREADABLE` when it is recorded but is not a whole number >= 1."""
     try:
         meta = json.loads(_read_regular_file(version / INDEX, _MAX_INDEX_BYTES, "an index"))
     except (CheckpointError, ValueError, RecursionError):
-        return None
-    lineage = meta.get("lineage") if isinstance(meta, dict) else None
-    return lineage if is_lineage(lineage) else None
+        return None, None
+    if not isinstance(meta, dict) or not is_lineage(meta.get("lineage")):
+        return None, None
+    sequence = meta.get("sequence")
+    if sequence is not None and (type(sequence) is not int or sequence < 1):
+        sequence = _UNREADABLE
+    return meta["lineage"], sequence
 
 
 def has_checkpoint(path: str | os.PathLike[str]) -> bool:

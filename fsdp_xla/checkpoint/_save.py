@@ -19,6 +19,7 @@ from fsdp_xla.checkpoint._files import (
     LATEST,
     commit,
     is_disk_full,
+    lineage_record,
     locked,
     new_version_name,
     prune,
@@ -137,7 +138,7 @@ def save_sharded(
         version, lineage = new_version_name(), lineage_for_save(root)
         work, lineage = start_version(root, version, lineage)  # refuses another run's LATEST first
         try:
-            _write_version(work, tensors, aliases, optim_json, {"lineage": lineage, "extra": extra or {}})
+            _write_version(work, tensors, aliases, optim_json, {**lineage_record(root, lineage), "extra": extra or {}})
             commit(root, work, version, lineage)
         except BaseException as e:
             shutil.rmtree(work, ignore_errors=True)
@@ -207,7 +208,7 @@ def _save_distributed(
                 for name, t in tensors.items()
             }
             meta = {"format": FORMAT, "tensors": index, "aliases": aliases, "optimizer": optim_json}
-            write_index(work, {**meta, "lineage": lineage, "extra": extra or {}})
+            write_index(work, {**meta, **lineage_record(root, lineage), "extra": extra or {}})
             commit(root, work, version, lineage)
             prune(root, version, keep, lineage)
         dist.barrier()

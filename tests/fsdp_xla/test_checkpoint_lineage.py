@@ -5,6 +5,7 @@ The example refuses a directory holding versions but no LATEST. Host tensors: no
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,32 @@ def test_prune_removes_only_versions_whose_index_records_its_lineage(tmp_path):
     prune(tmp_path, names[6], keep=1, lineage=mine)
     assert versions(tmp_path) == [*names[1:5], names[6]]
     assert hashes(tmp_path, names[1:5]) == before
+
+
+def test_versions_are_ordered_by_their_lineage_sequence_never_by_file_times(tmp_path):
+    """A touched older index (a backup restore, a copy) made a save delete the newer version."""
+    root = tmp_path / "ck"
+    m = model()
+    first, second = (ck.save_sharded(root, m, keep=2, extra={"i": i}) for i in range(2))
+    assert [json.loads((v / "index.json").read_text())["sequence"] for v in (first, second)] == [1, 2]
+    future = (first / "index.json").stat().st_mtime + 3600
+    os.utime(first / "index.json", (future, future))  # the older version now looks the newest
+    third = ck.save_sharded(root, m, keep=2, extra={"i": 2})
+    assert json.loads((third / "index.json").read_text())["sequence"] == 3
+    assert versions(root) == sorted([second.name, third.name])  # the oldest by sequence went, not the newest
+
+
+def test_prune_orders_by_sequence_and_keeps_what_it_cannot_order(tmp_path):
+    mine = "a" * 32
+    names = [f"v-20260101T00000{i}-0000000{i}" for i in range(6)]
+    write_version(tmp_path, names[0], json.dumps({"lineage": mine, "sequence": 4}))  # named first, saved last
+    write_version(tmp_path, names[1], json.dumps({"lineage": mine}))  # before sequences: the oldest
+    write_version(tmp_path, names[2], json.dumps({"lineage": mine, "sequence": 2}))
+    write_version(tmp_path, names[3], json.dumps({"lineage": mine, "sequence": "3"}))  # edited: kept
+    write_version(tmp_path, names[4], json.dumps({"lineage": mine, "sequence": 3}))
+    write_version(tmp_path, names[5], json.dumps({"lineage": mine, "sequence": 5}))  # the save just committed
+    prune(tmp_path, names[5], keep=2, lineage=mine)
+    assert versions(tmp_path) == [names[0], names[3], names[5]]
 
 
 def test_has_checkpoint_tells_a_fresh_directory_from_one_it_must_not_train_over(tmp_path):
