@@ -15,6 +15,7 @@ a spec per key, with one exchange of shapes for the whole dict.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -111,10 +112,22 @@ def _global_shape(given: object, what: str) -> tuple[int, ...]:
     return tuple(_whole(n, f"{what}'s global_shape entry", "a dim size") for n in given)
 
 
-def _checked_flag(check: object, what: str) -> bool:
-    if not isinstance(check, bool):  # a string such as 'no' is truthy: it would turn the check on
+def _check_flag(check: object, what: str) -> None:
+    """``check`` as documented: a bool; ``False`` no longer skips the ranks' exchange.
+
+    A per-call switch that skips a collective cannot be agreed on: one rank passing ``False``
+    leaves the others in an exchange that meets its next, different collective, and gloo aborts
+    every process (SIGABRT). So every process always agrees, and ``False`` says so once.
+    """
+    if not isinstance(check, bool):  # a string such as 'no' is truthy: it would read as True
         raise SpmdTypeError(f"{what}'s check takes True or False, got {check!r:.60}.")
-    return check
+    if not check:
+        warnings.warn(
+            f"{what}(check=False) no longer skips the ranks' agreement check: one rank skipping its collective would "
+            "abort the others. It costs one small collective per call; leave check out.",
+            FutureWarning,
+            stacklevel=4,
+        )
 
 
 def _shape_text(shape: object) -> str:
@@ -152,8 +165,10 @@ def make_global_tensor(
         spec: how the global tensor is laid out.
         global_shape: the global shape; inferred when ``None`` (each split dim the processes'
             parts together).
-        check: check that every process passed the same shape (one small collective; with one
-            process, nothing).
+        check: kept for old scripts; the processes always check that they passed the same
+            mesh, spec, dtype and shapes (one small collective; with one process, nothing).
+            ``False`` warns and checks anyway: a process that skipped the collective would leave
+            the others waiting in it for a collective it never makes (gloo aborts them).
 
     Returns:
         The global tensor: on torch_xla an XLA tensor with the sharding (each device got only
@@ -182,9 +197,10 @@ def global_tensor(
     in the same exchange."""
     what = "make_global_tensor"
     tensor = _as_tensor(local, what)
-    if _checked_flag(check, what):  # first, on the arguments as given: every later check then fails alike on all
-        shape = {} if global_shape is None else {"global shape": _shape_text(global_shape)}
-        _agree(backend_for(None), what, mesh, spec, {"": tensor}, {**shape, **more})
+    _check_flag(check, what)
+    shape = {} if global_shape is None else {"global shape": _shape_text(global_shape)}
+    # First, on the arguments as given: every later check then fails alike on every rank.
+    _agree(backend_for(None), what, mesh, spec, {"": tensor}, {**shape, **more})
     runtime, mesh = _runtime(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
     return _make(runtime, mesh, spec, tensor, global_shape, what)
 
@@ -232,8 +248,8 @@ def global_batch(
     if not isinstance(batch, Mapping):
         raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
     tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
-    if _checked_flag(check, what):  # first: ranks with other keys fail together, not one with MissingSpecError
-        _agree(backend_for(None), what, mesh, specs, tensors, more)
+    _check_flag(check, what)
+    _agree(backend_for(None), what, mesh, specs, tensors, more)  # first: ranks with other keys fail together
     per_key = isinstance(specs, Mapping)
     if per_key:
         missing = sorted(k for k in batch if k not in specs)

@@ -116,6 +116,7 @@ EXPECTED = {
     ),
     "make_global_tensor spec": ("RankDisagreementError", r"spec: rank 3 P\(\), ranks 0-2 P\('x'\)"),
     "make_global_tensor dtype": ("RankDisagreementError", r"dtype: rank 3 int64, ranks 0-2 float32"),
+    "make_global_tensor check off": ("RankDisagreementError", r"spec: rank 3 P\(\), ranks 0-2 P\('x'\)"),
     "make_global_tensor shape": ("LocalShapeMismatchError", r"local shape: rank 3 \(3, 5\), ranks 0-2 \(2, 5\)"),
     "make_global_batch keys": ("RankDisagreementError", r"keys: rank 3 \['x'\], ranks 0-2 \['mask', 'x'\]"),
     "different calls": (

@@ -80,6 +80,10 @@ CASES = {
         torch.ones(2, 5, dtype=torch.int64 if ODD else torch.float32), MESH, P("x")
     ),
     "make_global_tensor shape": lambda: spmd.make_global_tensor(torch.ones(3 if ODD else 2, 5), MESH, P("x")),
+    # check=False on one rank: it still takes part in the exchange (it skipped it once, and gloo aborted the job)
+    "make_global_tensor check off": lambda: spmd.make_global_tensor(
+        torch.ones(2, 5), MESH, P() if ODD else P("x"), check=not ODD
+    ),
     "make_global_batch keys": lambda: spmd.make_global_batch(
         {"x": torch.ones(2)} if ODD else {"x": torch.ones(2), "mask": torch.ones(2)}, MESH, P("x")
     ),
@@ -131,6 +135,9 @@ def agreeing():
         "mark_sharding": torch.equal(spmd.mark_sharding(full, MESH, P(None, "x")).full_tensor(), full),
         "make_global_tensor": torch.equal(
             spmd.make_global_tensor(full[2 * rank : 2 * rank + 2], MESH, P("x")).full_tensor(), full
+        ),
+        "make_global_tensor, check off on one rank": torch.equal(
+            spmd.make_global_tensor(full[2 * rank : 2 * rank + 2], MESH, P("x"), check=rank != 3).full_tensor(), full
         ),
         "loader": torch.equal(loader_at(1).full_tensor(), _one_process_batch(1)),
         "distribute_module": spmd.distribute_module(model(), MESH) is not None,

@@ -113,3 +113,13 @@ def test_dims_counts_and_flags_are_checked(call, said):
 def test_a_float_global_shape_is_refused_not_truncated(xla):
     with pytest.raises(SpmdTypeError, match=r"global_shape entry must be a whole number >= 0 \(a dim size\), got 8.5"):
         make_global_tensor(torch.ones(8, 2), MESH, P("data"), global_shape=(8.5, 2))
+
+
+def test_check_false_warns_that_the_ranks_still_agree(xla):
+    # One rank passing check=False used to skip the exchange the others made, and gloo aborted the job.
+    local = torch.arange(16.0).reshape(8, 2)
+    with pytest.warns(FutureWarning, match=r"make_global_tensor\(check=False\) no longer skips the ranks' agreement"):
+        out = make_global_tensor(local, MESH, P("data"), check=False)
+    assert torch.equal(out.cpu(), local)
+    with pytest.warns(FutureWarning, match=r"make_global_batch\(check=False\)"):
+        make_global_batch({"x": local}, MESH, P("data"), check=False)
