@@ -23,7 +23,7 @@ from fsdp_xla._runtime import UnitRuntime
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh
+from mesh import Mesh, Role
 from spmd import PartitionSpec, with_sharding_constraint
 from spmd._backend import backend_for
 
@@ -146,7 +146,7 @@ def fully_shard(
     module: torch.nn.Module,
     *,
     mesh: Mesh | None = None,
-    fsdp_axis: str = "fsdp",
+    fsdp_axis: str = Role.FSDP.value,
     auto_wrap_policy: WrapPolicy | None = None,
     mixed_precision: MixedPrecision | torch.dtype | None = None,
     reshard_after_forward: bool = True,

@@ -13,7 +13,7 @@ import torch
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh, mesh_or_global
+from mesh import Mesh, Role, mesh_or_global
 from mesh._checks import require_bool, require_int, require_optional_bool
 from spmd import PartitionSpec
 from spmd.errors import ShardingError
@@ -69,7 +69,7 @@ class FSDPOptions:
     """
 
     mesh: Mesh | None = None
-    fsdp_axis: str = "fsdp"
+    fsdp_axis: str = Role.FSDP.value
     auto_wrap_policy: WrapPolicy | None = None
     mixed_precision: MixedPrecision | torch.dtype | None = None
     reshard_after_forward: bool = True

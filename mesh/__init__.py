@@ -1,4 +1,5 @@
-"""Logical device meshes with named axes: `Mesh`, `HybridMesh` (ICI x DCN), and the global mesh.
+"""Logical device meshes with named axes: `Mesh`, `HybridMesh` (ICI x DCN), the global mesh, and
+mesh roles (`ParallelDims`, `Role`: which axis carries data, fsdp, context or tensor parallelism).
 
 The ground floor: values only. Nothing here imports ``spmd`` or ``fsdp_xla`` or asks a runtime;
 where a runtime fact is needed (the device count, device attributes), it is handed in.
@@ -19,6 +20,7 @@ from mesh._mesh import AxisRef, Mesh
 
 # Exceptions live in mesh.errors (not star-exported); they resolve here too.
 from mesh.errors import DeviceCountError, MeshError, MeshTypeError, NoMeshError  # noqa: F401
+from mesh.roles import ParallelDims, Role
 
 __all__ = [
     "AxisRef",
@@ -26,6 +28,8 @@ __all__ = [
     "GlobalMeshFollower",
     "HybridMesh",
     "Mesh",
+    "ParallelDims",
+    "Role",
     "as_mesh",
     "follow_global_mesh",
     "get_1d_mesh",

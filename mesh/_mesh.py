@@ -153,6 +153,7 @@ class Mesh:
                         f"Mesh axis name {n!r:.60} is not a name: give a non-empty identifier (letters, digits and "
                         "'_', not starting with a digit), e.g. 'data' or 'fsdp'."
                     )
+            names = tuple(str.__str__(n) for n in names)  # a StrEnum's member (`mesh.Role`) as its plain name
             if len(names) != len(shape):
                 raise MeshError(
                     f"axis_names {names} has {len(names)} names but mesh_shape {shape} has "

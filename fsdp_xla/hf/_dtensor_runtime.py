@@ -26,12 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fsdp_xla.hf.config import HFConfigError
 from fsdp_xla.policies import MixedPrecision
-from mesh import Mesh
+from mesh import Mesh, ParallelDims
 from spmd._backend.dtensor_processes import process_count, process_index
 
 __all__ = ["DTensorRuntime", "SHARDED_DIR", "TORCHRUN_HINT"]
@@ -100,7 +99,7 @@ class DTensorRuntime:
                 "average the logged loss over the ranks. On CPU pass TrainingArguments(use_cpu=True) (--use_cpu), "
                 "which makes accelerate run one gloo process per rank (MULTI_CPU)."
             )
-        mesh = mesh or Mesh(np.arange(world), (world,), ("fsdp",))
+        mesh = mesh or ParallelDims(fsdp=world).mesh()
         per_device_batch = training_args.per_device_train_batch_size
         if per_device_batch % world:
             raise HFConfigError(

@@ -13,10 +13,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from fsdp_xla.hf.config import HFConfigError
-from mesh import Mesh, set_global_mesh
+from mesh import Mesh, ParallelDims, roles, set_global_mesh
 from spmd._backend import backend
 from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
@@ -27,7 +25,8 @@ __all__ = ["GspmdRuntime", "batch_axes", "batch_sharding"]
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
     """The mesh axes a batch is split over: ``data`` and ``fsdp``, those the mesh has, in mesh order."""
-    return tuple(a for a in mesh.axis_names or () if a in ("data", "fsdp"))
+    names = mesh.axis_names or ()
+    return tuple(a for a in names if a in roles.batch_axes(names))
 
 
 def batch_sharding(mesh: Mesh, specs: Mapping[str, Any] | None = None) -> Any:
@@ -90,7 +89,7 @@ class GspmdRuntime:
             HFConfigError: the batch does not divide by the data axes.
         """
         n = backend.device_count()
-        mesh = mesh or Mesh(np.arange(n), (n,), ("fsdp",))
+        mesh = mesh or ParallelDims(fsdp=n).mesh()
         set_global_mesh(mesh)
         ways = math.prod(mesh.axis_size(a) for a in batch_axes(mesh))
         per_device_batch = training_args.per_device_train_batch_size

@@ -23,6 +23,7 @@ import torch
 from fsdp_xla.errors import FSDPError, FSDPTypeError, WrapPolicyError
 from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
+from mesh import Role
 from mesh._checks import require_bool, require_int
 from spmd._util.regular_file import read_regular_file
 
@@ -118,7 +119,7 @@ def dim0_spec_fn(name: str, param: torch.Tensor) -> Any:
     """``shard_param_on_dim_0``: the FSDP axis on dim 0 (scalars replicated)."""
     from spmd import P
 
-    return P("fsdp") if param.dim() > 0 else P()
+    return P(Role.FSDP.value) if param.dim() > 0 else P()
 
 
 def _load(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:

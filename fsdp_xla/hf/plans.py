@@ -14,19 +14,20 @@ rules below account for.
 
 from __future__ import annotations
 
+from mesh import Role
 from spmd.logical_axes import LogicalAxisRules, ShardingPlan
 
 __all__ = ["DEFAULT_AXIS_RULES", "gpt2_plan", "llama_plan"]
 
 DEFAULT_AXIS_RULES = LogicalAxisRules(
     (
-        ("vocab", "tensor"),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("embed", "fsdp"),
-        ("vocab", "fsdp"),
-        ("heads", "fsdp"),
-        ("mlp", "fsdp"),
+        ("vocab", Role.TENSOR.value),
+        ("heads", Role.TENSOR.value),
+        ("mlp", Role.TENSOR.value),
+        ("embed", Role.FSDP.value),
+        ("vocab", Role.FSDP.value),
+        ("heads", Role.FSDP.value),
+        ("mlp", Role.FSDP.value),
         ("norm", None),
     )
 )

@@ -34,7 +34,7 @@ from fsdp_xla.errors import FSDPTypeError
 from fsdp_xla.hf._dtensor_runtime import TORCHRUN_HINT, DTensorRuntime
 from fsdp_xla.hf._gspmd_runtime import GspmdRuntime, batch_axes, batch_sharding
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
-from mesh import Mesh, as_mesh
+from mesh import Mesh, Role, as_mesh
 from spmd.logical_axes import ShardingPlan
 
 try:
@@ -98,7 +98,7 @@ def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
         HFConfigError: FSDP on without ``"xla": true``, transformers' gradient checkpointing
             (it fails on XLA; ``xla_fsdp_grad_ckpt`` is the FSDP one), or a mesh without ``fsdp``.
     """
-    if mesh is not None and "fsdp" not in (mesh.axis_names or ()):
+    if mesh is not None and Role.FSDP not in (mesh.axis_names or ()):
         raise HFConfigError(
             f"FSDPTrainer(mesh=...) shards parameters on an axis named 'fsdp', but {mesh.describe()} has none. "
             "Name one axis 'fsdp' (e.g. Mesh(ids, (n, t), ('fsdp', 'tensor')))."
@@ -106,7 +106,7 @@ def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
     if training_args is None:
         return
     config = getattr(training_args, "fsdp_config", None) or {}
-    if getattr(training_args, "fsdp", None) and isinstance(config, dict) and not config.get("xla"):
+    if training_args.fsdp and isinstance(config, dict) and not config.get("xla"):
         raise HFConfigError(
             'fsdp_config must hold "xla": true for FSDPTrainer (FSDP on XLA). Without it transformers takes its '
             'CUDA FSDP path and stops with "Using fsdp only works in distributed training". Add "xla": true '

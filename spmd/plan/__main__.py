@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from mesh import Role
 from spmd._util.atomic_file import atomic_write
 from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
@@ -179,7 +180,13 @@ _ADVISE_ONLY = (
     "no_cache",
     "fsdp_config",
 )
-_ONE_PLAN = ("strategy", "mesh", "batch", "tensor", "remat")
+_ONE_PLAN = (
+    "strategy",
+    "mesh",
+    "batch",
+    Role.TENSOR.value,
+    "remat",
+)  # flags of one plan: the --tensor flag is the axis
 
 
 def _flag(dest: str) -> str:
@@ -230,7 +237,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
     from spmd.plan.api import plan
 
     report = plan(
-        args.model, args.topology, strategy=args.strategy or "fsdp", mesh=args.mesh, global_batch=args.batch,
+        args.model, args.topology, strategy=args.strategy or Role.FSDP.value, mesh=args.mesh, global_batch=args.batch,
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
         moment_dtype=args.moment_dtype,

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh import Role
+from spmd.plan.meshes import batch_axes
 from spmd.plan.published import published_for
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB, PlanReport
@@ -31,7 +33,8 @@ class Candidate:
     @property
     def global_batch(self) -> int:
         """Per-device batch times the batch shards (every axis but ``tensor``)."""
-        return self.per_device_batch * math.prod(s for a, s in self.mesh if a != "tensor")
+        shape = dict(self.mesh)
+        return self.per_device_batch * math.prod(shape[a] for a in batch_axes(shape))
 
     def label(self) -> str:
         """One line: ``fsdp=16 × tensor=2 · batch 4 · remat full``."""
@@ -214,8 +217,8 @@ def advice_table(advice: Advice) -> str:
 def _mesh_lines(advice: Advice, shape: dict[str, int]) -> tuple[str, str]:
     names, sizes = tuple(shape), tuple(shape.values())
     if advice.slices > 1:
-        ici = tuple(s // advice.slices if a == "data" else s for a, s in shape.items())
-        dcn = tuple(advice.slices if a == "data" else 1 for a in names)
+        ici = tuple(s // advice.slices if a == Role.DATA else s for a, s in shape.items())
+        dcn = tuple(advice.slices if a == Role.DATA else 1 for a in names)
         return (
             "from mesh import HybridMesh",
             f"mesh = HybridMesh(ici_mesh_shape={ici}, dcn_mesh_shape={dcn}, axis_names={names})",
@@ -261,7 +264,7 @@ def winner_code(advice: Advice) -> str:
         return "# no candidate fits the budget"
     c = w.candidate
     shape = c.mesh_shape
-    axes = tuple(a for a in shape if a != "tensor")
+    axes = batch_axes(shape)
     third_party, ours = ["import numpy as np", "import torch"], ["from spmd import P, mark_sharding"]
     mesh_import, mesh_line = _mesh_lines(advice, shape)
     ours.append(mesh_import)

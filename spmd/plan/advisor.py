@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from mesh import Role
 from mesh._checks import is_int
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
@@ -66,28 +67,28 @@ def candidates_for(
     sizes of a ``data`` axis inside each slice for ``fsdp`` (``data`` x ``fsdp``, HSDP: the
     parameters sharded over ``fsdp`` only, the batch over both)."""
     per_slice = target.devices_per_slice
-    data = {"data": target.slices} if target.slices > 1 else {}
+    data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     out: list[tuple[str, dict[str, int]]] = []
     for strategy in strategies:
         if strategy not in STRATEGIES:
             raise PlanError(f"Unknown strategy {strategy!r}; known: {STRATEGIES}.")
-        if strategy == "fsdp":
+        if strategy == Role.FSDP:
             for d in sorted(set(datas)):
                 if 0 < d < per_slice and per_slice % d == 0:
-                    inner = {"data": target.slices * d} if target.slices * d > 1 else {}
-                    out.append(("fsdp", {**inner, "fsdp": per_slice // d}))
+                    inner = {Role.DATA.value: target.slices * d} if target.slices * d > 1 else {}
+                    out.append((Role.FSDP.value, {**inner, Role.FSDP.value: per_slice // d}))
         elif strategy == "dp":
-            out.append(("dp", {"data": target.devices}))
+            out.append(("dp", {Role.DATA.value: target.devices}))
         else:
             for t in tensors:
                 if 1 < t < per_slice and per_slice % t == 0 and (heads is None or heads % t == 0):
-                    out.append(("2d", {**data, "fsdp": per_slice // t, "tensor": t}))
+                    out.append(("2d", {**data, Role.FSDP.value: per_slice // t, Role.TENSOR.value: t}))
     return out
 
 
 def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], arguments: int, params: int) -> Any:
     """``(remat, per-device batch) -> MemoryMath`` of one mesh (``None`` for a model of no known shape)."""
-    tensor = mesh.get("tensor", 1)
+    tensor = mesh.get(Role.TENSOR.value, 1)
     tokens = 4 * settings.seq_len  # type: ignore[operator]  # the int32 batch, per sequence per device
 
     def predict(remat: str, batch: int) -> MemoryMath | None:

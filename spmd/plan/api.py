@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mesh import Mesh
+from mesh import Mesh, Role, roles
 from mesh._checks import is_int
 from spmd.plan._compat import toolchain
 from spmd.plan._step_time import predict_step
@@ -103,7 +103,7 @@ def plan(
     model: str | Path | torch.nn.Module,
     topology: str,
     *,
-    strategy: str = "fsdp",
+    strategy: str = Role.FSDP.value,
     mesh: Mapping[str, int] | None = None,
     global_batch: int | None = None,
     seq_len: int | None = None,
@@ -150,7 +150,7 @@ def plan(
 
 
 def plan_with(
-    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = "fsdp",
+    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = Role.FSDP.value,
     mesh: Mapping[str, int] | None = None, global_batch: int | None = None, remat: str | Remat = "dots",
     tensor: int = 4, param_spec: SpecFn | None = None,
 ) -> PlanReport:  # fmt: skip
@@ -162,7 +162,7 @@ def plan_with(
 
 
 def plan_program(
-    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = "fsdp",
+    model: str | Path | torch.nn.Module, settings: PlanSettings, *, strategy: str = Role.FSDP.value,
     mesh: Mapping[str, int] | None = None, global_batch: int | None = None, remat: str | Remat = "dots",
     tensor: int = 4, param_spec: SpecFn | None = None,
 ) -> tuple[PlanReport, str]:  # fmt: skip
@@ -192,7 +192,7 @@ def _lower(
     our_mesh = build_mesh(req.mesh, req.target, devices)
     spec_fn = param_spec or param_spec_for(req.strategy, our_mesh, hf_config)
     check_even_splits(req.strategy, {n: tuple(p.shape) for n, p in module.named_parameters()}, spec_fn, our_mesh)
-    gather = ("fsdp",) if "fsdp" in req.mesh else ()
+    gather = roles.param_shard_axes(tuple(req.mesh))
     st = req.settings
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]

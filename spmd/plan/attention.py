@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from mesh import Role
 from spmd.plan._compat import override_function
 from spmd.plan.errors import PlanError, TracingError
 
@@ -145,7 +146,7 @@ def _splash_sdpa(
     import jax
     from jax.sharding import PartitionSpec as JaxSpec
 
-    tensor = dict(zip(jax_mesh.axis_names, jax_mesh.devices.shape)).get("tensor", 1)
+    tensor = dict(zip(jax_mesh.axis_names, jax_mesh.devices.shape)).get(Role.TENSOR.value, 1)
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):  # noqa: ANN001, ANN202
         _check_call(query, key, attn_mask, dropout_p)
@@ -158,7 +159,7 @@ def _splash_sdpa(
                 "attention splits over it. Pick a tensor size dividing both, or --attention dot."
             )
         splash_block(seq_len)
-        spec = JaxSpec(batch_axes or None, "tensor" if tensor > 1 else None, None, None)
+        spec = JaxSpec(batch_axes or None, Role.TENSOR.value if tensor > 1 else None, None, None)
         kernel = _kernel(heads // tensor, seq_len, bool(is_causal))
         q = q * (scale if scale is not None else 1 / math.sqrt(head_dim))
 

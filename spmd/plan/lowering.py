@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mesh import Mesh
+from mesh import Mesh, Role
 from spmd.errors import ShardingError
 from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
@@ -62,8 +62,8 @@ class TrainStepConfig:
     compute_dtype: str = "bfloat16"
     remat: Remat = Remat.DOTS
     attention: Attention = Attention.DOT
-    batch_axes: tuple[str, ...] = ("fsdp",)
-    gather_axes: tuple[str, ...] = ("fsdp",)
+    batch_axes: tuple[str, ...] = (Role.FSDP.value,)
+    gather_axes: tuple[str, ...] = (Role.FSDP.value,)
     moment_dtype: str = "float32"
     learning_rate: float = 1e-4
     weight_decay: float = 0.1

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mesh import Mesh
+from mesh import Mesh, Role, roles
 from spmd.plan._compat import device_mesh, topology_devices
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
@@ -31,8 +31,8 @@ __all__ = [
     "tpu_devices",
 ]
 
-STRATEGIES = ("fsdp", "2d", "dp")
-MESH_AXES = ("data", "fsdp", "tensor")
+STRATEGIES = (Role.FSDP.value, "2d", "dp")  # fsdp: every parameter on the fsdp axis
+MESH_AXES = (Role.DATA.value, Role.FSDP.value, Role.TENSOR.value)
 
 
 def tpu_devices(target: TpuSlice) -> list[Any]:
@@ -50,19 +50,19 @@ def auto_mesh_shape(strategy: str, target: TpuSlice, tensor: int = 4) -> dict[st
     each slice's devices; 2-D splits ``tensor`` (default 4, as PyTorch/XLA's Llama 2 70B runs) off
     ``fsdp``; data parallel is one ``data`` axis over every device."""
     per_slice = target.devices_per_slice
-    data = {"data": target.slices} if target.slices > 1 else {}
+    data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     if strategy == "dp":
-        return {"data": target.devices}
+        return {Role.DATA.value: target.devices}
     if strategy == "2d":
         if per_slice % tensor:
             raise PlanError(f"tensor={tensor} does not divide the {per_slice} devices of a {target.name} slice.")
-        return {**data, "fsdp": per_slice // tensor, "tensor": tensor}
-    return {**data, "fsdp": per_slice}
+        return {**data, Role.FSDP.value: per_slice // tensor, Role.TENSOR.value: tensor}
+    return {**data, Role.FSDP.value: per_slice}
 
 
 def batch_axes(shape: Mapping[str, int]) -> tuple[str, ...]:
-    """The axes the batch splits over: every axis but ``tensor``."""
-    return tuple(a for a in shape if a != "tensor")
+    """The axes the batch splits over (`mesh.roles.batch_axes`: ``data`` and ``fsdp``)."""
+    return roles.batch_axes(tuple(shape))
 
 
 def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> None:
@@ -74,7 +74,7 @@ def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> Non
             f"Mesh {dict(shape)} has axes {unknown}; the planner's axes are {MESH_AXES} (data: batch only, fsdp: "
             "batch and parameters, tensor: the 2-D plan's heads/mlp/vocab). Rename the axes."
         )
-    needs = {"fsdp": ("fsdp",), "2d": ("fsdp", "tensor"), "dp": ()}[strategy]
+    needs = {Role.FSDP: (Role.FSDP.value,), "2d": (Role.FSDP.value, Role.TENSOR.value), "dp": ()}[strategy]
     missing = [a for a in needs if a not in shape]
     if missing or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()):
         raise PlanError(
@@ -98,8 +98,8 @@ def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -
             f"{len(devices)}. Make the axis sizes multiply to {len(devices)}."
         )
     if target.slices > 1:
-        dcn = tuple(target.slices if n == "data" else 1 for n in names)
-        if "data" not in names or shape["data"] % target.slices:
+        dcn = tuple(target.slices if n == Role.DATA else 1 for n in names)
+        if Role.DATA not in names or shape[Role.DATA] % target.slices:
             raise PlanError(f"With {target.slices} slices the mesh needs a 'data' axis divisible by {target.slices}.")
         ici = tuple(s // d for s, d in zip(sizes, dcn))
         ordered = device_mesh(ici, devices, dcn)

@@ -13,7 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mesh import Role
+from spmd.plan.meshes import batch_axes
+
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
+
+
+FSDP, TENSOR = Role.FSDP.value, Role.TENSOR.value
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,8 @@ class Recipe:
         or ``planned_batch_per_shard``."""
         if self.planned_batch_per_shard is not None:
             return self.planned_batch_per_shard
-        return self.global_batch // math.prod(s for a, s in self.mesh if a != "tensor")
+        shape = dict(self.mesh)
+        return self.global_batch // math.prod(shape[a] for a in batch_axes(shape))
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ _V5P = "MaxText, FSDP 16 x tensor 4, per-device batch {} x 2048 tokens, remat mi
 
 
 def _v5e(batch: int) -> Recipe:
-    return Recipe("v5e-256", "fsdp", (("fsdp", 256),), batch, 2048, "full")
+    return Recipe("v5e-256", FSDP, ((FSDP, 256),), batch, 2048, "full")
 
 
 def _v5p(batch: int) -> Recipe:
@@ -95,9 +102,7 @@ def _v5p(batch: int) -> Recipe:
     # budget is 88.5 GiB), where MaxText's runs in 95 GB: the planner constrains only activations'
     # batch dim, so the residual stream between blocks is whole on each tensor shard (Megatron's
     # layout), where MaxText shards it over `tensor` too (its activation_embed rule). Planned at half.
-    return Recipe(
-        "v5p-128", "2d", (("fsdp", 16), ("tensor", 4)), batch, 2048, "dots", planned_batch_per_shard=batch * 2
-    )
+    return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots", planned_batch_per_shard=batch * 2)
 
 
 PUBLISHED: tuple[Published, ...] = (
@@ -106,14 +111,14 @@ PUBLISHED: tuple[Published, ...] = (
         "MaxText, FSDP over 128 devices, per-device batch 2 x 8192 tokens, splash attention, remat saving the "
         "layer input, context and q/k/v projections on device, bf16 first moment",
         "tpu-recipes training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4", 1207.0,
-        Recipe("tpu7x-128", "fsdp", (("fsdp", 128),), 2, 8192, "full", moment_dtype="bfloat16"),
+        Recipe("tpu7x-128", FSDP, ((FSDP, 128),), 2, 8192, "full", moment_dtype="bfloat16"),
     ),
     Published(
         "llama3.1-405b", "TPU7x", 256, 0.547,
         "MaxText, pure FSDP over 512 devices, per-device batch 3 x 8192 tokens, splash attention, the layer "
         "input and MLP output offloaded to host, k/v projections kept on device, bf16 first moment",
         "tpu-recipes training/ironwood/llama3.1-405b/8k-bf16-tpu7x-4x8x8", 1261.0,
-        Recipe("tpu7x-512", "fsdp", (("fsdp", 512),), 3, 8192, "offload", moment_dtype="bfloat16"),
+        Recipe("tpu7x-512", FSDP, ((FSDP, 512),), 3, 8192, "offload", moment_dtype="bfloat16"),
     ),
     Published("maxtext-16b", "TPU v5e", 256, 0.6110, _V5E.format(6), _MAXTEXT_V5E, 120.0, _v5e(6)),
     Published("maxtext-32b", "TPU v5e", 256, 0.6686, _V5E.format(4), _MAXTEXT_V5E, 132.0, _v5e(4)),
@@ -132,7 +137,7 @@ PUBLISHED: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
         # at MaxText's 4 sequences a chip the planner's step needs 33.6 GiB (the budget is 29.8 GiB):
         # its largest buffers are the fp32 logits, 7.83 GiB each at 2 sequences (16384 x 128256)
-        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 4, 8192, "offload", planned_batch_per_shard=2),
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, "offload", planned_batch_per_shard=2),
     ),
     Published(
         "llama3.1-70b", "TPU v6e", 256, 0.503,
@@ -141,14 +146,14 @@ PUBLISHED: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
         # planned at 2 a chip, as the 8B: at MaxText's 5 one fp32 logits buffer alone would be
         # 5 x 8192 x 128256 x 4 bytes, 19.6 GiB of the 29.8 GiB budget
-        Recipe("v6e-256", "fsdp", (("fsdp", 256),), 5, 8192, "offload", planned_batch_per_shard=2),
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, "offload", planned_batch_per_shard=2),
     ),
     Published(
         "llama2-70b", "TPU v5p", 256, 0.654,
         "MaxText on v5p-512, FSDP over 256 chips, per-device batch 4 x 4096 tokens, flash attention, remat "
         "save_dot_except_mlpwi",
         "maxtext docs/reference/models/tiering.md; MaxText/configs/v5p/llama2_70b.sh", None,
-        Recipe("v5p-512", "fsdp", (("fsdp", 256),), 4, 4096, "save_dot_except_mlp"),
+        Recipe("v5p-512", FSDP, ((FSDP, 256),), 4, 4096, "save_dot_except_mlp"),
     ),
 )  # fmt: skip
 

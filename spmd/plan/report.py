@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from mesh import Role
 from spmd.plan import estimate as _estimate_module
 from spmd.plan.errors import PlanError
 from spmd.plan.estimate import StepEstimate
@@ -134,7 +135,7 @@ class PlanReport:
     @property
     def per_device_batch(self) -> float:
         """Sequences per batch shard (every mesh axis but ``tensor``)."""
-        return self.global_batch * self.mesh.get("tensor", 1) / self.devices
+        return self.global_batch * self.mesh.get(Role.TENSOR.value, 1) / self.devices
 
     @property
     def step_seconds(self) -> float:

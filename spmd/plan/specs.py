@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mesh import Mesh
+from mesh import Mesh, Role
 from spmd.plan.errors import PlanError
 from spmd.plan.meshes import STRATEGIES
 from spmd.sharding._named_sharding import resolve_spec
@@ -40,9 +40,9 @@ def param_spec_for(strategy: str, mesh: Mesh, hf_config: Any) -> SpecFn:
 
     if strategy == "dp":
         return lambda name, shape: P()
-    if strategy == "fsdp":
-        size = mesh.axis_size("fsdp")
-        return lambda name, shape: default_fsdp_spec(shape, "fsdp", size)
+    if strategy == Role.FSDP:
+        size = mesh.axis_size(Role.FSDP.value)
+        return lambda name, shape: default_fsdp_spec(shape, Role.FSDP.value, size)
     if strategy == "2d":
         from fsdp_xla.hf import plans
 
