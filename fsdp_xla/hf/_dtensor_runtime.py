@@ -134,13 +134,16 @@ class DTensorRuntime:
     # Checkpoints: called by FSDPTrainer in place of the Trainer's own.
 
     def save_model(self, trainer: Any, output_dir: str, internal: bool, default: Callable[..., None]) -> None:
-        """The model in fsdp_xla's sharded format (every rank writes its shards), the config from rank 0.
-        In a Trainer checkpoint (``internal``) the optimizer is saved with it, by
-        `save_optimizer_and_scheduler`, which the Trainer calls next."""
+        """The model in fsdp_xla's sharded format (every rank writes its shards), then the config from
+        rank 0. In a Trainer checkpoint (``internal``) the optimizer is saved in the same sharded
+        save, first: a save that is refused (another run's checkpoint in ``output_dir``) then
+        refuses before any file of the checkpoint is written, where the Trainer's order (model
+        files, then the optimizer) would have rewritten that run's ``config.json`` and
+        ``training_args.bin`` first."""
         from fsdp_xla.checkpoint import save_sharded
 
-        if not (internal and not trainer.args.save_only_model):
-            save_sharded(Path(output_dir) / SHARDED_DIR, trainer.model)
+        optimizer = trainer.optimizer if internal and not trainer.args.save_only_model else None
+        save_sharded(Path(output_dir) / SHARDED_DIR, trainer.model, None if optimizer is None else _inner(optimizer))
         if _is_main():
             config = getattr(trainer.model, "config", None)
             if config is not None:
@@ -151,10 +154,8 @@ class DTensorRuntime:
         _barrier()
 
     def save_optimizer_and_scheduler(self, trainer: Any, output_dir: str, default: Callable[..., None]) -> None:
-        """Model and optimizer sharded (one checkpoint), the scheduler from rank 0 as the Trainer does."""
-        from fsdp_xla.checkpoint import save_sharded
-
-        save_sharded(Path(output_dir) / SHARDED_DIR, trainer.model, _inner(trainer.optimizer))
+        """The scheduler from rank 0, as the Trainer does; the optimizer went into the model's
+        sharded save (`save_model`), which the Trainer calls just before."""
         if _is_main():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch's "please also save or load the state of the optimizer"

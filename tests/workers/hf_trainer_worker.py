@@ -9,9 +9,12 @@ data and the blog's fsdp_config.json through FSDPTrainer on DTensor.
 2. A new trainer, built the same way, resumes from checkpoint-5 and trains to step 10.
 3. A global batch that does not divide by the ranks is refused.
 
-Rank 0 writes OUT_DIR/results.json.
+Rank 0 writes OUT_DIR/results.json. With ``foreign`` after OUT_DIR (a second launch, after the
+first): a fresh run of another model pointed at the first run's output directory is refused at
+its first checkpoint, before it writes any file of it; rank 0 writes OUT_DIR/foreign.json.
 """
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from examples.hf_trainer_fsdp import build_trainer, parse_args
+from fsdp_xla import CheckpointError
 from fsdp_xla.hf import HFConfigError
 
 out = Path(sys.argv[1])
@@ -105,6 +109,32 @@ def gathered(value: object) -> list:
     return values
 
 
+def foreign_run() -> dict:
+    """A fresh run of another model (2 layers, not 4) pointed at the first run's output directory:
+    refused at its first checkpoint, with that run's checkpoint-5 byte for byte as it was."""
+    checkpoint = out / "train" / "checkpoint-5"
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    before = {str(p.relative_to(checkpoint)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    argv = ["--steps", "5", "--save-steps", "5", "--n-layer", "2", "--output-dir", str(out / "train")]
+    trainer = build_trainer(parse_args(argv))  # starts the process group
+    dist.barrier()  # every rank hashed the files before any trains
+    try:
+        trainer.train()
+        refusal = None
+    except CheckpointError as e:
+        refusal = str(e)
+    dist.barrier()
+    after = {str(p.relative_to(checkpoint)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
+    changed = sorted(name for name in before if after.get(name) != before[name])
+    return {"refusal": refusal, "changed": changed, "files": len(before)}
+
+
+if sys.argv[2:] == ["foreign"]:  # a fresh process: it continues no lineage of the first run's
+    foreign = gathered(foreign_run())
+    if dist.get_rank() == 0:
+        (out / "foreign.json").write_text(json.dumps(foreign))
+    dist.destroy_process_group()
+    sys.exit(0)
 first = run("train", watch=True)
 resumed = run("resume", resume=str(out / "train" / "checkpoint-5"))
 try:

@@ -53,6 +53,20 @@ def test_resuming_from_a_checkpoint_gives_the_same_losses(run):
     assert resumed[5:] == train[5:]  # steps 6-10 after loading model, optimizer, scheduler and RNG
 
 
+def test_a_run_pointed_at_another_runs_output_directory_is_refused_before_it_writes(run):
+    """It used to be refused at the optimizer's save, after the model's save had rewritten that
+    run's checkpoint-5/config.json (another model's) and training_args.bin."""
+    _, out = run
+    launch = torchrun(WORKER, 4, str(out), "foreign", timeout=600)
+    assert launch.returncode == 0, launch.stderr[-4000:]
+    foreign = json.loads((out / "foreign.json").read_text())
+    for rank in foreign:
+        assert rank["refusal"] is not None and "holds another run's checkpoint" in rank["refusal"], rank
+        assert "Nothing was written" in rank["refusal"]
+        assert rank["files"] > 5 and rank["changed"] == [], rank
+    assert len({rank["refusal"] for rank in foreign}) == 1  # the same refusal on every rank
+
+
 def test_no_rank_writes_a_parameters_unsharded_values_while_building_and_wrapping(run):
     """Deferred init: every host tensor written while the model is built on meta and wrapped is
     at most one rank's shard (each rank fills only its rows of each parameter)."""
