@@ -69,6 +69,7 @@ _moved.install()
 
 from spmd import compat  # noqa: E402 (after the hook: compat's modules import moved paths' users)
 from spmd.compat.xla_mesh import TorchXlaGlobalMesh  # noqa: E402
+from spmd.context import context_parallel as context_parallel  # noqa: E402
 
 __all__ = [
     # values and sharding math (spmd.sharding)
@@ -122,6 +123,8 @@ __all__ = [
     "make_global_tensor",
     "process_rows",
     "watch_collectives",
+    # the sequence split over a mesh axis (spmd.context)
+    "context_parallel",
 ]
 
 # torch_xla's submodule paths keep importing (``import spmd.xla_sharding``), from spmd.compat.

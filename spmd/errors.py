@@ -31,6 +31,9 @@ __all__ = [
     "PartialPlacementError",
     "UnmatchedParameterError",
     "RankDisagreementError",
+    "ContextParallelError",
+    "SequenceLengthError",
+    "UnsupportedAttentionError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -164,3 +167,16 @@ class PartialPlacementError(PlacementError, NotImplementedError):
 
 class UnmatchedParameterError(ShardingError):
     """A strict plan has no rule for a parameter."""
+
+
+class ContextParallelError(ShardingError):
+    """Context parallelism cannot run as asked (`spmd.context_parallel`); the message says why."""
+
+
+class SequenceLengthError(ContextParallelError):
+    """A sequence that does not split into the context shards' equal chunks."""
+
+
+class UnsupportedAttentionError(ContextParallelError, NotImplementedError):
+    """An attention call the context-parallel strategy cannot compute with the sequence split
+    (an explicit mask, dropout); the message names the module. Also a ``NotImplementedError``."""

@@ -37,7 +37,10 @@ collect_ignore = ["compat/torch_xla_style_script.py"]
 collect_ignore_glob = ["*_worker.py"]  # (--doctest-modules would import them, running their setup here)
 
 
-@pytest.fixture(scope="session")
+# Started before the first test on the torch_xla lane: autograd's engine sizes its per-device
+# queues once, at the first backward, from the devices there are then, so an XLA backward after a
+# CPU one run first in the session failed an internal assert (engine.cpp, torch 2.9).
+@pytest.fixture(scope="session", autouse=HAS_TORCH_XLA)
 def xla():
     """torch_xla in SPMD mode on the 8 devices; yields the XLA device."""
     import torch_xla

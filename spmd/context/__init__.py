@@ -1,0 +1,12 @@
+"""Context parallelism: the sequence of every attention split over a mesh axis (`context_parallel`).
+
+`context_parallel` makes a model's ``scaled_dot_product_attention`` calls compute over a sequence
+split across the ``context`` axis (MaxText's ``all_gather`` strategy, on both backends);
+`ContextParallel.shard_batch` splits a batch's sequences to match, in the load-balanced order of
+`SequenceOrder`. `mesh.ParallelDims` names the axes (``ParallelDims(fsdp=2, context=2).mesh()``).
+"""
+
+from spmd.context._order import SequenceOrder
+from spmd.context._parallel import STRATEGIES, ContextParallel, context_parallel
+
+__all__ = ["STRATEGIES", "ContextParallel", "SequenceOrder", "context_parallel"]
