@@ -33,6 +33,7 @@ from spmd._backend import backend_for
 from spmd._backend.dtensor_context import all_gather_dim, axis_coordinate
 from spmd.context._blockwise import span_attention
 from spmd.context._order import SequenceOrder
+from spmd.context._transformers import adapt
 from spmd.errors import ContextParallelError, SpmdTypeError, UnknownAxisError, UnsupportedAttentionError
 from spmd.mark_sharding import get_sharding, mark_sharding, with_sharding_constraint
 from spmd.multiprocess import process_rows
@@ -79,6 +80,7 @@ class ContextParallel:
         self._local = threading.local()
         self._mode = _AttentionMode(self)
         self._hooks = [h for name, m in model.named_modules() for h in self._watch(_label(name, m), m)]
+        self._restore_attention = adapt(model)  # a transformers model: no mask of its own, one SDPA call
 
     def __repr__(self) -> str:
         return (
@@ -99,6 +101,9 @@ class ContextParallel:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._restore_attention is not None:
+            self._restore_attention()
+            self._restore_attention = None
 
     # While the model runs -------------------------------------------------------------------
 

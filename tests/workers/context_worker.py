@@ -86,6 +86,39 @@ for name, dims in {"context 4": ParallelDims(context=4), "fsdp 2 x context 2": P
             record[f"{name}, load_balance={lb}, causal={causal}"] = compare(dims, lb, causal)
 record["multi-head (no grouping)"] = compare(ParallelDims(context=4), True, True, heads=2, kv_heads=2)
 
+
+def transformers_llama():
+    """A transformers LlamaForCausalLM (GQA, rotary, its own mask building) under CP: logits and
+    the gradient of the loss (labels shifted before the split, as the Trainer's shift_labels)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).double()
+    tokens = torch.randint(0, 128, (4, 33), generator=torch.Generator().manual_seed(1))
+    reference = model(input_ids=tokens[:, :-1]).logits
+    expected = torch.autograd.grad(
+        F.cross_entropy(reference.flatten(0, 1), tokens[:, 1:].flatten()), model.parameters()
+    )
+    plan = spmd.context_parallel(model, ParallelDims(fsdp=2, context=2).mesh())
+    batch = plan.shard_batch({"input_ids": tokens[:, :-1], "shift_labels": tokens[:, 1:]})
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["shift_labels"].flatten())
+    grads = torch.autograd.grad(loss, model.parameters())
+    summed = [g.clone() for g in grads]
+    for g in summed:  # every shard's gradient of its tokens' mean: their mean is the whole batch's
+        dist.all_reduce(g)
+    errors = [(logits - plan.shard_batch(reference.detach())).abs().max().item()]
+    errors += [max((g / 4 - e).abs().max().item() for g, e in zip(summed, expected))]
+    implementation = model.config._attn_implementation
+    plan.remove()
+    return errors + [int(implementation == "spmd_context_parallel" and model.config._attn_implementation == "sdpa")]
+
+
+record["transformers llama"] = transformers_llama()
 mesh = ParallelDims(context=4).mesh()
 masked = Wrapper(Attention(causal=False, mask=torch.ones(8, 8, dtype=torch.bool)))
 plan = spmd.context_parallel(masked, mesh)
