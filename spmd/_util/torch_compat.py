@@ -26,6 +26,10 @@ where only a measured bug tells them apart (measured on 2.9, 2.13 and 2.15):
   (measured on 2.9 and 2.15, gloo: a stopped peer hangs the others past 25 s with a 4 s world
   timeout). `group_timeout` reads a group's timeout and `set_group_timeout` changes it (gloo and
   NCCL; public as ``dist.set_timeout`` from 2.15).
+- The CPU's flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu`` and its
+  backward, 2.9 and 2.15) returns the log-sum-exp that ``scaled_dot_product_attention`` hides:
+  context parallelism merges attention over parts of the keys with it. `cpu_flash_attention`
+  finds the pair.
 - torch's flight recorder records gloo collectives too (2.9 and 2.15, ``TORCH_FR_BUFFER_SIZE``);
   2.9 marks a timed-out gloo collective completed, so `flight_record` callers take the last
   entries, not the state; its ``pg_config`` lists the world group only, so `group_ranks` finds
@@ -58,6 +62,7 @@ __all__ = [
     "group_ranks",
     "group_sequence_numbers",
     "flight_record",
+    "cpu_flash_attention",
 ]
 
 
@@ -211,3 +216,17 @@ def flight_record() -> dict[str, Any] | None:
     except (ImportError, RuntimeError, pickle.UnpicklingError):
         return None
     return record if record.get("entries") else None
+
+
+@functools.cache
+def cpu_flash_attention() -> tuple[Any, Any] | None:
+    """``(forward, backward)``: the CPU flash-attention kernels, ``forward(q, k, v, dropout_p,
+    is_causal, scale=) -> (out, logsumexp)`` and ``backward(grad_out, q, k, v, out, logsumexp,
+    dropout_p, is_causal, scale=) -> (dq, dk, dv)``; ``None`` on a torch without them."""
+    ops = torch.ops.aten
+    if not hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu"):
+        return None
+    return (
+        ops._scaled_dot_product_flash_attention_for_cpu.default,
+        ops._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    )
