@@ -31,12 +31,12 @@ from torch.overrides import TorchFunctionMode
 from mesh import Mesh, Role, mesh_or_global, roles
 from spmd._backend import backend_for
 from spmd._backend.dtensor_context import all_gather_dim, axis_coordinate
+from spmd.context._batch import shard_batch
 from spmd.context._blockwise import span_attention
 from spmd.context._order import SequenceOrder
 from spmd.context._transformers import adapt
 from spmd.errors import ContextParallelError, SpmdTypeError, UnknownAxisError, UnsupportedAttentionError
-from spmd.mark_sharding import get_sharding, mark_sharding, with_sharding_constraint
-from spmd.multiprocess import process_rows
+from spmd.mark_sharding import with_sharding_constraint
 from spmd.sharding import P
 
 __all__ = ["STRATEGIES", "ContextParallel", "context_parallel"]
@@ -170,8 +170,7 @@ class ContextParallel:
 
     def _local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):  # noqa: ANN202
         """This process's queries against every shard's keys (the dtensor backend)."""
-        device_mesh = self._runtime.device_mesh(self.mesh)
-        group, shard = device_mesh.get_group(self.axis), axis_coordinate(device_mesh, self.axis)
+        group, shard = self.group(), self.shard_index()
         order = self.order(q.shape[2] * self.size)
         restore = order.restore.to(k.device)
         k, v = (all_gather_dim(t, group, 2).index_select(2, restore) for t in (k, v))
@@ -204,90 +203,60 @@ class ContextParallel:
         *,
         seq_dim: int = 1,
         positions: str | None = "position_ids",
+        rows: str = "global",
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Split a global batch's sequences over the context axis (and its rows over the batch axes).
+        """Split a batch's sequences over the context axis (and, from a global batch, its rows over
+        the batch axes).
 
-        ``batch`` is the whole global batch, the same on every process (a tensor, or a dict of
-        tensors such as ``input_ids`` and ``labels``), each ``[batch, seq, ...]`` with the sequence
-        along ``seq_dim``. On the dtensor backend each process gets its block: its rows (by its
-        coordinates on the batch axes, `mesh.roles`) and its tokens in the shard order; on
-        torch_xla the whole batch in the shard order, laid out over the mesh. A dict also gets
-        ``positions`` (default ``"position_ids"``): each token's position in its sequence, which
-        a model with rotary or learned position embeddings must be given.
+        ``batch`` is a tensor or a dict of tensors (``input_ids``, ``labels``...), each ``[batch,
+        seq, ...]`` with the sequence along ``seq_dim``. ``rows="global"``: it is the whole global
+        batch, the same on every process; ``rows="local"``: it is this process's rows already (a
+        per-process loader's), whole sequences. On the dtensor backend each process gets its block:
+        its rows (by its coordinates on the batch axes, `mesh.roles`) and its tokens in the shard
+        order; on torch_xla (one process: global and local rows are one batch) the whole batch in
+        the shard order, laid out over the mesh (a batch already split over the batch axes keeps
+        that). A dict also gets ``positions`` (default ``"position_ids"``): each token's position in
+        its sequence, which a model with rotary or learned position embeddings must be given.
 
         Raises:
             SequenceLengthError: the sequence does not split into the shards' chunks.
-            ContextParallelError: tensors of different rows or sequence lengths, or a tensor
-                already laid out (a DTensor, an XLA tensor with a sharding of its own).
-            IndivisibleBatchError: the rows do not split over the batch axes.
+            ContextParallelError: tensors of different rows or sequence lengths, a tensor already
+                laid out otherwise (a DTensor, an XLA tensor split along another dim), or
+                ``rows`` other than ``"global"`` and ``"local"``.
+            IndivisibleBatchError: the global batch's rows do not split over the batch axes.
         """
-        tensors = {"": batch} if isinstance(batch, torch.Tensor) else dict(batch)
-        rows, seq_len = self._batch_shape(tensors, seq_dim)
-        order = self.order(seq_len)
-        if positions is not None and not isinstance(batch, torch.Tensor):
-            tensors[positions] = torch.arange(seq_len).expand(rows, seq_len)
-        out = {k: self._shard(t, order, seq_dim if k != positions else 1) for k, t in tensors.items()}
-        return out[""] if isinstance(batch, torch.Tensor) else out
-
-    def _batch_shape(self, tensors: dict[str, Any], seq_dim: int) -> tuple[int, int]:
-        shapes = {}
-        for key, t in tensors.items():
-            if not isinstance(t, torch.Tensor) or t.dim() <= seq_dim:
-                raise ContextParallelError(
-                    f"shard_batch: {key or 'the batch'} must be a tensor of [batch, seq, ...] with the sequence along "
-                    f"dim {seq_dim}, got {type(t).__name__} {tuple(getattr(t, 'shape', ()))}."
-                )
-            layout = _layout_of(t)
-            if layout is not None:
-                raise ContextParallelError(
-                    f"shard_batch: {key or 'the batch'} is already laid out ({layout}): pass the whole global batch as "
-                    "a plain tensor (on the host), and shard_batch splits its rows and sequence."
-                )
-            shapes[key] = (t.shape[0], t.shape[seq_dim])
-        if len(set(shapes.values())) > 1:
-            raise ContextParallelError(
-                f"shard_batch: the tensors differ in rows or sequence length: {shapes}; give every key the same "
-                "[batch, seq]."
-            )
-        return next(iter(shapes.values()))
-
-    def _shard(self, t: torch.Tensor, order: SequenceOrder, seq_dim: int) -> torch.Tensor:
-        batch_axes = roles.batch_axes(self.mesh.axis_names)
-        if self._runtime.name == "dtensor":
-            rows = process_rows(self.mesh, P(batch_axes or None), t.shape[0])
-            shard = axis_coordinate(self._runtime.device_mesh(self.mesh), self.axis)
-            local = t[rows].index_select(seq_dim, order.positions(shard))
-            return local.to(self._runtime.compute_device())
-        spec = [None] * t.dim()
-        spec[0], spec[seq_dim] = batch_axes or None, self.axis
-        placed = t.index_select(seq_dim, order.indices).to(self._runtime.compute_device())
-        mark_sharding(placed, self.mesh, P(*spec))  # in place on torch_xla: a plain tensor, as a loader gives
-        return placed
+        return shard_batch(self, batch, seq_dim, positions, rows)
 
     def unshard(self, t: torch.Tensor, *, seq_dim: int = 1) -> torch.Tensor:
         """The tokens of ``t`` (a tensor `shard_batch` split, or a model output made from one)
         back in sequence order and whole along the sequence: on the dtensor backend every
         context shard's part gathered (rows stay this process's); on torch_xla reordered."""
         if self._runtime.name == "dtensor":
-            group = self._runtime.device_mesh(self.mesh).get_group(self.axis)
-            t = all_gather_dim(t, group, seq_dim)
+            t = all_gather_dim(t, self.group(), seq_dim)
         return t.index_select(seq_dim, self.order(t.shape[seq_dim]).restore.to(t.device))
+
+    @property
+    def backend(self) -> str:
+        """The backend the plan runs on: ``"dtensor"`` or ``"torch_xla"``."""
+        return self._runtime.name
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on (``cpu`` with gloo, ``cuda:i``, ``xla:0``...)."""
+        return self._runtime.compute_device()
+
+    def group(self) -> Any:
+        """The context axis's process group (dtensor backend): this process's context peers."""
+        return self._runtime.device_mesh(self.mesh).get_group(self.axis)
+
+    def shard_index(self) -> int:
+        """This process's coordinate on the context axis (dtensor backend)."""
+        return axis_coordinate(self._runtime.device_mesh(self.mesh), self.axis)
 
 
 def _label(name: str, module: torch.nn.Module) -> str:
     """A module as an error names it: its path in the model and its class (the root: its class)."""
     return f"{name} ({type(module).__name__})" if name else type(module).__name__
-
-
-def _layout_of(t: torch.Tensor) -> str | None:
-    """How ``t`` is laid out over devices already, or ``None`` for a plain tensor."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        return f"a DTensor with placements {list(t.placements)}"
-    if t.device.type == "xla" and get_sharding(t) is not None:
-        return f"an XLA tensor sharded {get_sharding(t)}"
-    return None
 
 
 def context_parallel(
