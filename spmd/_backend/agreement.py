@@ -163,17 +163,31 @@ def _error(call: str, calls: list[list], digests: list[tuple[int, ...]], fix: st
         )
         return RankDisagreementError(text, " / ".join(groups), {"call": groups})
     differing: dict[str, dict[str, list[int]]] = {}
+    notes: dict[str, str] = {}
     for slot, name in enumerate(list(calls[0][1])[: SLOTS - 2], start=1):
         if len({d[slot] for d in digests}) > 1:
-            differing[name] = _groups([fields[name] for _, fields in calls])
+            values = [fields[name] for _, fields in calls]
+            differing[name], notes[name] = _groups(values), _how_they_differ(values)
     if not differing:  # past the last slot, or the field names differ: show every field that differs
         for name in calls[0][1]:
             values = [fields.get(name, "(absent)") for _, fields in calls]
             if len(set(values)) > 1:
-                differing[name] = _groups(values)
-    parts = [f"{name}: {_listing(groups)}" for name, groups in differing.items()]
+                differing[name], notes[name] = _groups(values), _how_they_differ(values)
+    parts = [f"{name}: {notes[name]}{_listing(groups)}" for name, groups in differing.items()]
     text = "; ".join(parts) if parts else "their arguments differ beyond what a message shows"
     return RankDisagreementError(f"{call}: the ranks passed different arguments, {text}. {fix}", call, differing)
+
+
+def _how_they_differ(values: list[str]) -> str:
+    """What a reader could not see in the values shown: that they differ only past what was
+    exchanged (their digests differ, their first `_SENT` characters do not), or only in the
+    order of their entries (a module's parameters registered in another order)."""
+    if len(set(values)) == 1:
+        return f"(equal in their first {_SENT:,} characters, different after them) "
+    entries = [sorted(v.split(", ")) for v in values]
+    if len(values[0].split(", ")) > 1 and all(e == entries[0] for e in entries):
+        return "(the same entries in another order) "
+    return ""
 
 
 def _groups(values: list[str]) -> dict[str, list[int]]:

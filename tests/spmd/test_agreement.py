@@ -82,6 +82,39 @@ def test_a_long_value_is_shown_where_it_differs():
     assert len(str(e.value)) < 600
 
 
+def test_values_that_differ_past_what_was_sent_are_not_shown_as_equal():
+    head = "x" * 20_000
+    fields = [{"extra": head + "a"}] * 3 + [{"extra": head + "b"}]
+    runtime = FourRanks(fields)
+    runtime.all_process_values = _truncating(runtime.all_process_values)
+    with pytest.raises(
+        RankDisagreementError, match=r"extra: \(equal in their first 20,000 characters, different after"
+    ):
+        agree(runtime, "op", fields[0], "fix")
+
+
+def _truncating(exchange):
+    """The exchange as `agree` sends it: texts cut at 20,000 characters."""
+
+    def values(mine, *, same_length=False):
+        out = exchange(mine, same_length=same_length)
+        if same_length:
+            return out
+        cut = []
+        for v in out:
+            call, fields = json.loads(bytes(v).decode())[0]
+            cut.append(tuple(json.dumps([[call, {k: t[:20_000] for k, t in fields.items()}]]).encode()))
+        return cut
+
+    return values
+
+
+def test_entries_in_another_order_are_named_as_such():
+    fields = [{"parameters": "a.weight (4, 4), b.weight (4,)"}] * 3 + [{"parameters": "b.weight (4,), a.weight (4, 4)"}]
+    with pytest.raises(RankDisagreementError, match=r"parameters: \(the same entries in another order\) rank 3"):
+        agree(FourRanks(fields), "shard_parameters", fields[0], "fix")
+
+
 def test_digest_has_a_fixed_size_whatever_the_fields():
     assert len(digest("a", {})) == len(digest("b", {f"f{i}": str(i) for i in range(40)})) == SLOTS
     many = {f"f{i}": "x" for i in range(40)}
