@@ -81,6 +81,12 @@ class DataPosition:
                     f"Saved data position field {name!r} is {value[name]!r:.60}, not an {wanted.__name__}: the saved "
                     "state was edited or is not ProcessSampler.state_dict()'s. Save it again from the sampler."
                 )
+        negative = [n for n in ("epoch", "batch", "seed") if int(value[n]) < 0]
+        if negative:  # numpy's generator refuses a negative seed part with a traceback of its own
+            raise DataPositionError(
+                f"Saved data position field {negative[0]!r} is {value[negative[0]]}, below 0: the saved state was "
+                "edited or is not ProcessSampler.state_dict()'s. Save it again from the sampler."
+            )
         return cls(**{n: value[n] if isinstance(value[n], bool) else int(value[n]) for n in names})  # numpy ints too
 
 

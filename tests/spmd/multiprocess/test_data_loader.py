@@ -88,6 +88,8 @@ def test_a_position_for_other_data_is_refused():
         sampler.load_state_dict(dict(other, seed=5, batch="3"))
     with pytest.raises(DataPositionError, match=r"batch 99 is outside 0..6 .* Load the position the sampler saved"):
         sampler.load_state_dict(dict(other, seed=5, batch=99))
+    with pytest.raises(DataPositionError, match=r"field 'epoch' is -1, below 0: .* Save it again from the sampler"):
+        sampler.load_state_dict(dict(other, seed=5, epoch=-1))  # numpy's generator raised its own ValueError
 
 
 def test_the_last_short_batch_and_batches_that_do_not_split():
