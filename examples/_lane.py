@@ -12,15 +12,26 @@ otherwise. `settle_backend` applies it and makes any command work as written:
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["CPU_RANKS", "default_backend", "exit_needing_torch_xla", "launch_ranks", "settle_backend", "under_torchrun"]
+__all__ = [
+    "CPU_RANKS",
+    "at_least",
+    "default_backend",
+    "exit_needing_torch_xla",
+    "launch_ranks",
+    "positive_float",
+    "settle_backend",
+    "under_torchrun",
+]
 
 CPU_RANKS = 4
 """Ranks a script launches for itself on a host without GPUs (a (2, 2) mesh for train_spmd)."""
@@ -79,3 +90,29 @@ def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> 
             return ranks.wait()
         except KeyboardInterrupt:  # torchrun got the Ctrl-C too and stops the ranks
             return ranks.wait()
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum`` (``-1`` saves-every would otherwise read as "every step")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate, a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value

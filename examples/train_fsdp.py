@@ -237,27 +237,34 @@ def check_checkpoint_dir(directory: Path) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=_lane.at_least(1), default=20)
     parser.add_argument(
-        "--batch", type=int, default=None, help="global batch (default: 16, or one row per device on more)"
+        "--batch",
+        type=_lane.at_least(1),
+        default=None,
+        help="global batch (default: 16, or one row per device on more)",
     )
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seq", type=_lane.at_least(1), default=64)
+    parser.add_argument("--vocab", type=_lane.at_least(2), default=256)
+    parser.add_argument("--layers", type=_lane.at_least(1), default=4)
+    parser.add_argument("--d-model", type=_lane.at_least(1), default=128)
+    parser.add_argument("--heads", type=_lane.at_least(1), default=4)
+    parser.add_argument("--lr", type=_lane.positive_float, default=3e-3)
     parser.add_argument("--bf16", action="store_true", help="compute in bfloat16 (fp32 sharded master weights)")
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
-    parser.add_argument("--dataset-rows", type=int, default=4096, help="rows of the synthetic dataset")
+    parser.add_argument("--dataset-rows", type=_lane.at_least(1), default=4096, help="rows of the synthetic dataset")
     parser.add_argument("--checkpoint-dir", type=Path, help="save here, and resume from the newest checkpoint")
-    parser.add_argument("--save-every", type=int, default=0, help="save every N steps (0: never)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait (dtensor)")
+    parser.add_argument("--save-every", type=_lane.at_least(0), default=0, help="save every N steps (0: never)")
+    parser.add_argument(
+        "--timeout", type=_lane.positive_float, default=600.0, help="seconds a collective may wait (dtensor)"
+    )
     args = parser.parse_args(argv)
+    if args.d_model % args.heads:
+        parser.error(f"--heads {args.heads} must divide --d-model {args.d_model}")
     if args.save_every and args.checkpoint_dir is None:
         parser.error("--save-every needs --checkpoint-dir")
     if args.checkpoint_dir is not None:

@@ -213,3 +213,19 @@ def test_readme_torchrun_command_trains(name, tmp_path):
     run = torchrun(ROOT / "examples" / f"{name}.py", 4, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--save-every", "-1"], "argument --save-every: must be at least 0, got -1"),  # was "save every step"
+        (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["--lr", "nan"], "argument --lr: must be a finite number above 0, got nan"),
+        (["--heads", "3"], "--heads 3 must divide --d-model 128"),
+    ],
+)
+def test_train_fsdp_flags_are_checked_as_documented(argv, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load("train_fsdp").parse_args(argv)
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err
