@@ -259,6 +259,20 @@ def test_redistribute_keeps_mesh_shape_and_spec(xla):
         (x + 1).redistribute(placements=[Replicate(), Replicate()])
 
 
+def test_redistribute_checks_its_flag_and_the_mesh_s_devices(xla):
+    from torch.distributed.tensor import Replicate
+
+    from mesh import DeviceCountError, Mesh
+    from spmd.errors import SpmdTypeError
+
+    x = mark_sharding(torch.randn(8, 16).to(xla), MESH, ("data", None))
+    with pytest.raises(SpmdTypeError, match=r"async_op must be True or False, got 'no'"):
+        x.redistribute(placements=[Replicate(), Replicate()], async_op="no")  # was taken as True: a copy
+    small = Mesh(np.arange(4), (4,), ("data",))
+    with pytest.raises(DeviceCountError, match=r"the mesh has 4 devices but the runtime has 8"):
+        x.redistribute(small, [Replicate()])  # reached torch_xla as a raw error
+
+
 def test_what_it_cannot_answer_is_a_typed_error(xla):
     x = mark_sharding(torch.randn(8, 4).to(xla), MESH, ("data", None))
     result = x * 2  # a result of an op: no mesh or spec of its own, as torch_xla's

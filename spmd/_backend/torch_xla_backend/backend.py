@@ -10,6 +10,7 @@ import torch
 from spmd._backend.torch_xla_backend import processes
 from spmd._backend.torch_xla_backend.dtensor_spec import xla_device_mesh
 from spmd._backend.torch_xla_backend.runtime import (
+    MORE_DEVICES,
     device_count,
     ensure_spmd,
     is_xla_tensor,
@@ -35,10 +36,7 @@ class TorchXlaBackend:
     """`ShardingBackend` on torch_xla's GSPMD: a sharding is an annotation on a lazy tensor."""
 
     name = "torch_xla"
-    more_devices = (
-        "call spmd.configure_default_devices(n) before torch_xla is imported (on CPU it sets CPU_NUM_DEVICES=n; "
-        "without it torch_xla's CPU runtime has 1 device)"
-    )
+    more_devices = MORE_DEVICES
 
     def accepts(self, t: torch.Tensor) -> bool:
         return is_xla_tensor(t)

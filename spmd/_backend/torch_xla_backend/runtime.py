@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "MORE_DEVICES",
     "is_pending",
     "checkpoint",
     "compile_count",
@@ -35,6 +36,13 @@ __all__ = [
     "tensors_hlo_text",
     "torch_xla_module",
 ]
+
+
+MORE_DEVICES = (
+    "call spmd.configure_default_devices(n) before torch_xla is imported (on CPU it sets CPU_NUM_DEVICES=n; "
+    "without it torch_xla's CPU runtime has 1 device)"
+)
+"""How to run with more devices, for error messages (`ShardingBackend.more_devices`)."""
 
 
 def require_torch_xla(feature: str) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
-from mesh._checks import require_optional_bool
+from mesh._checks import require_bool, require_optional_bool
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
 from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
@@ -269,6 +269,7 @@ class XLAShardedTensor(DTensor):
         from spmd.sharding._placements import PlacementError, spec_from_placements
 
         where = f"redistribute(tensor of shape {tuple(self.shape)})"
+        async_op = require_bool(async_op, f"{where}: async_op", SpmdTypeError)  # 'no' would have cloned
         if placements is None:
             raise PlacementError(f"{where}: give the placements, one per mesh axis (e.g. [Shard(0), Replicate()]).")
         if device_mesh is None:
@@ -276,6 +277,8 @@ class XLAShardedTensor(DTensor):
         else:
             mesh = as_mesh(device_mesh, where)
         spec = spec_from_placements(placements, mesh, self.dim(), by_index=True)
+        # A mesh over fewer devices than the runtime's reached torch_xla as a raw error.
+        mesh.check_device_count(runtime.device_count(), runtime.MORE_DEVICES)
         target = self.global_tensor.clone() if async_op else self.global_tensor
         sharding = NamedSharding(mesh, spec)
         shardings.attach_sharding_constraint(target, sharding.hlo_sharding(self.dim(), tuple(self.shape)), mesh.memo)
