@@ -237,7 +237,7 @@ def _parse_entry(key: str, entry: object, where: Path) -> TensorEntry:
     shape, dtype, blocks = entry.get("shape"), entry.get("dtype"), entry.get("blocks")
     if not isinstance(shape, list) or not all(is_int(n) and n >= 0 for n in shape) or len(shape) > 64:
         raise _fail(w, key, f"has shape {str(shape)[:100]}, not a list of at most 64 integers >= 0")
-    if dtype not in DTYPE_NAMES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:  # a list or dict is not even hashable
         raise _fail(w, key, f"has dtype {str(dtype)[:50]!r}; allowed: {sorted(DTYPE_NAMES)}")
     if not isinstance(blocks, list) or not blocks:
         raise _fail(w, key, "has no list of blocks")

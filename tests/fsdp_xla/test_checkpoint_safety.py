@@ -147,6 +147,7 @@ B0 = (*W, "blocks", 0)
     "change, message",
     [
         (set_path(*W, "dtype", "object"), r"'model/w' has dtype 'object'; allowed"),
+        (set_path(*W, "dtype", ["float32"]), r"'model/w' has dtype \"\['float32'\]\"; allowed"),  # was a TypeError
         (set_path(*W, "shape", [4, -6]), r"'model/w' has shape \[4, -6\]"),
         (set_path(*W, "shape", [4, True]), r"'model/w' has shape \[4, True\]"),
         (set_path(*B0, "index", [[0, 2], [0, 7]]), r"block 0 spans \[0, 7\) on dim 1, outside 0\.\.6"),
