@@ -1,5 +1,6 @@
 """FSDP on the dtensor backend: our units, wrap policies and deferred init, applied with torch's
-``fully_shard`` (FSDP2) over the ``fsdp`` axis of the mesh's ``DeviceMesh``.
+``fully_shard`` (FSDP2) over the FSDP axes of the mesh's ``DeviceMesh``: one axis, several
+flattened into one, and for HSDP a replicate dim before them (`fsdp_xla._dtensor_mesh`).
 
 Units are the same as on GSPMD (`plan_units`: the policy's modules, tied weights in the unit
 that holds every use). They are sharded inner first, as ``fully_shard`` requires; with deferred
@@ -15,15 +16,17 @@ sharded:
 - ``gradient_checkpointing``: torch's composable ``checkpoint`` on each non-root unit, applied
   before ``fully_shard`` (the order torchtitan uses); the module tree and its state_dict keys
   stay as they are.
-- ``param_spec_fn``: a spec with the FSDP axis on one dim becomes ``Shard(dim)`` through
-  ``fully_shard``'s ``shard_placement_fn``. FSDP2 shards every parameter over one mesh axis, so
-  a spec naming other mesh axes (tensor parallelism is torch's ``parallelize_module`` on
-  DTensor), a replicated spec, and an uneven split of a dim other than 0 (FSDP2 pads dim 0
-  only) raise `FSDPError`.
+- ``param_spec_fn``: a spec with the FSDP axes on one dim (as one entry, in mesh order) becomes
+  ``Shard(dim)`` through ``fully_shard``'s ``shard_placement_fn``. FSDP2 shards every parameter
+  over its one (flattened) shard dim, so a spec naming other mesh axes (tensor parallelism is
+  torch's ``parallelize_module`` on DTensor; a replicate axis holds copies), naming only some of
+  the FSDP axes or spreading them over several dims, a replicated spec, and an uneven split of a
+  dim other than 0 (FSDP2 pads dim 0 only) raise `FSDPError`.
 - ``shard_output``: each rank's inputs are its part of the batch, so each rank's output is its
-  part too: already the layout ``P(fsdp_axis)`` names, and that spec is accepted as is. Other
-  layouts, and functions (written for GSPMD, they would treat a rank's part as the whole
-  output), raise `FSDPError`.
+  part too: already the layout ``P(axes)`` names, ``axes`` the replicate and shard axes in mesh
+  order (``P('fsdp')`` with one axis), and that spec is accepted as is. Other layouts, and
+  functions (written for GSPMD, they would treat a rank's part as the whole output), raise
+  `FSDPError`.
 """
 
 from __future__ import annotations
@@ -33,30 +36,36 @@ from typing import Any
 
 import torch
 
+from fsdp_xla._axes import axis_entry, total_size
+from fsdp_xla._dtensor_mesh import check_fsdp_mesh, fsdp_device_mesh
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._shard_init import init_unit_into_shards, record_unit_init
-from fsdp_xla._sharding import SpecFn, spec_from_fn
+from fsdp_xla._sharding import spec_from_fn
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
-from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
+from spmd._backend.dtensor_backend import DTensorBackend, device_type_of
 from spmd.sharding._named_sharding import resolve_spec
 from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = ["DTensorEngine", "check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
 
 
-def check_output_sharding(shard_output: PartitionSpec | Callable[[Any, Mesh], Any] | None, fsdp_axis: str) -> None:
-    """Accept ``shard_output`` where the dtensor backend's outputs already have its layout.
+def check_output_sharding(
+    shard_output: PartitionSpec | Callable[[Any, Mesh], Any] | None, options: FSDPOptions
+) -> None:
+    """Accept ``shard_output`` where the dtensor backend's outputs already have its layout: the
+    batch (dim 0) split over the data-parallel axes (replicate and shard axes, in mesh order).
 
     Raises:
-        FSDPError: a function, or a spec other than the batch (dim 0) split over ``fsdp_axis``.
+        FSDPError: a function, or another spec.
     """
     if shard_output is None:
         return
-    batch_only = PartitionSpec(fsdp_axis)
+    axes = options.data_parallel_axes
+    batch_only = PartitionSpec(axis_entry(axes))
     if not isinstance(shard_output, PartitionSpec):
         raise FSDPError(
             f"shard_output={shard_output!r}: on the dtensor backend each rank's output is its own part of the batch "
@@ -66,58 +75,75 @@ def check_output_sharding(shard_output: PartitionSpec | Callable[[Any, Mesh], An
     entries = list(shard_output)
     while entries and entries[-1] is None:
         entries.pop()
-    if entries not in ([fsdp_axis], [(fsdp_axis,)]):
+    if entries not in ([axis_entry(axes)], [axes]):
         raise FSDPError(
             f"shard_output={shard_output!r}: on the dtensor backend each rank computes its own part of the batch, so "
-            f"the outputs are split on dim 0 over {fsdp_axis!r} ({batch_only!r}) and nothing else; another layout "
-            "would need the outputs as DTensors, which the loss and the labels are not. Pass "
+            f"the outputs are split on dim 0 over {axis_entry(axes)!r} ({batch_only!r}) and nothing else; another "
+            "layout would need the outputs as DTensors, which the loss and the labels are not. Pass "
             f"{batch_only!r} or leave shard_output out."
         )
 
 
-def fsdp_shard_dims(plans: list[UnitPlan], mesh: Mesh, fsdp_axis: str, spec_fn: SpecFn | None) -> dict[str, int]:
-    """``{parameter name: the dim FSDP2 shards it on}`` from ``spec_fn`` (empty without one:
-    FSDP2's default, dim 0). Every spec is checked here, before anything is sharded.
+def fsdp_shard_dims(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, int]:
+    """``{parameter name: the dim FSDP2 shards it on}`` from ``options.param_spec_fn`` (empty
+    without one: FSDP2's default, dim 0). Every spec is checked here, before anything is sharded.
 
     Raises:
         FSDPError: a spec FSDP2 cannot store (see the module docstring).
         ShardingError: a spec that does not fit its parameter or the mesh.
     """
-    if spec_fn is None:
+    if options.param_spec_fn is None:
         return {}
-    fsdp = (mesh.axis_names or ()).index(fsdp_axis)
-    size = mesh.mesh_shape[fsdp]
     dims: dict[str, int] = {}
     for plan in plans:
         for slot in plan.slots:
-            p, name = slot.param, slot.name
-            spec = spec_from_fn(spec_fn, name, p)
-            per_dim = resolve_spec(mesh, spec, p.dim(), tuple(p.shape))
-            where = f"param_spec_fn gave parameter {name!r} of shape {tuple(p.shape)} the spec {spec!r}"
-            others = sorted({mesh.axis_label(a) for axes in per_dim for a in axes if a != fsdp})
-            if others:
-                raise FSDPError(
-                    f"{where}, which names mesh axes {others} besides {fsdp_axis!r}. On the dtensor backend FSDP is "
-                    f"torch's fully_shard, which shards each parameter over {fsdp_axis!r} alone; tensor parallelism "
-                    "there is torch's parallelize_module, which FSDP does not apply. Give specs with only "
-                    f"{fsdp_axis!r} (e.g. P(None, {fsdp_axis!r})) there."
-                )
-            sharded = [d for d, axes in enumerate(per_dim) if axes]
-            if not sharded:
-                if p.dim() == 0:
-                    continue  # a scalar: FSDP2 stores it as it stores every scalar
-                raise FSDPError(
-                    f"{where}, which replicates it; FSDP2 (fully_shard) shards every parameter of a unit. Put "
-                    f"{fsdp_axis!r} on one of its dims."
-                )
-            (dim,) = sharded
-            if dim > 0 and p.shape[dim] % size:
-                raise FSDPError(
-                    f"{where}: dim {dim} ({p.shape[dim]}) does not divide by the {size} devices of {fsdp_axis!r}, and "
-                    "FSDP2 splits a dim other than 0 only evenly (GSPMD pads). Shard a dim that divides, or dim 0."
-                )
-            dims[name] = dim
+            spec = spec_from_fn(options.param_spec_fn, slot.name, slot.param)
+            dim = _shard_dim(slot.name, slot.param, spec, options)
+            if dim is not None:
+                dims[slot.name] = dim
     return dims
+
+
+def _shard_dim(name: str, p: torch.Tensor, spec: PartitionSpec, options: FSDPOptions) -> int | None:
+    """The dim ``spec`` shards ``p`` on over the shard axes; ``None`` for a scalar left whole."""
+    mesh, axis = options.mesh, options.fsdp_axis
+    shard = tuple(mesh.axis_index(a) for a in options.shard_axes)
+    per_dim = resolve_spec(mesh, spec, p.dim(), tuple(p.shape))
+    where = f"param_spec_fn gave parameter {name!r} of shape {tuple(p.shape)} the spec {spec!r}"
+    others = sorted({str(mesh.axis_label(a)) for axes in per_dim for a in axes if a not in shard})
+    if others:
+        replicas = [a for a in others if a in options.replicate_axes]
+        why = (
+            f"{replicas[0]!r} is a replicate axis, over which HSDP keeps whole copies of the shards"
+            if replicas
+            else "tensor parallelism there is torch's parallelize_module, which FSDP does not apply"
+        )
+        raise FSDPError(
+            f"{where}, which names mesh axes {others} besides {axis!r}. On the dtensor backend FSDP is torch's "
+            f"fully_shard, which shards each parameter over {axis!r} alone; {why}. Give specs with only "
+            f"{axis!r} (e.g. P(None, {axis!r})) there."
+        )
+    sharded = [d for d, axes in enumerate(per_dim) if axes]
+    if not sharded:
+        if p.dim() == 0:
+            return None  # a scalar: FSDP2 stores it as it stores every scalar
+        raise FSDPError(
+            f"{where}, which replicates it; FSDP2 (fully_shard) shards every parameter of a unit. Put {axis!r} on "
+            "one of its dims."
+        )
+    if len(sharded) > 1 or per_dim[sharded[0]] != shard:
+        raise FSDPError(
+            f"{where}: FSDP2 shards a parameter over {axis!r} as one dim of one flattened mesh, in mesh order, so "
+            f"a spec must name exactly {axis!r}, on one dim (e.g. P(None, {axis!r}))."
+        )
+    (dim,) = sharded
+    size = total_size(mesh, options.shard_axes)
+    if dim > 0 and p.shape[dim] % size:
+        raise FSDPError(
+            f"{where}: dim {dim} ({p.shape[dim]}) does not divide by the {size} devices of {axis!r}, and FSDP2 "
+            "splits a dim other than 0 only evenly (GSPMD pads). Shard a dim that divides, or dim 0."
+        )
+    return dim
 
 
 def fully_shard_on_dtensor(
@@ -125,8 +151,7 @@ def fully_shard_on_dtensor(
     plans: list[UnitPlan],
     shard_dims: dict[str, int],
     *,
-    mesh: Mesh,
-    fsdp_axis: str,
+    fsdp_mesh: Any,
     precision: MixedPrecision | None,
     reshard_after_forward: bool,
     gradient_checkpointing: bool,
@@ -135,13 +160,12 @@ def fully_shard_on_dtensor(
     device_type: str,
 ) -> torch.nn.Module:
     """Shard ``module`` in place with ``fully_shard`` per unit of ``plans`` (from `plan_units`);
-    returns it (an ``FSDPModule``). ``shard_dims`` from `fsdp_shard_dims`."""
+    returns it (an ``FSDPModule``). ``shard_dims`` from `fsdp_shard_dims`; ``fsdp_mesh`` from
+    `fsdp_xla._dtensor_mesh.fsdp_device_mesh`."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard
 
-    full = device_mesh(mesh, device_type)
-    fsdp_mesh = full[fsdp_axis] if mesh.ndim > 1 else full
     policy_mp = MixedPrecisionPolicy()
     if precision is not None:
         policy_mp = MixedPrecisionPolicy(
@@ -180,9 +204,10 @@ class DTensorEngine:
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
         """What FSDP2 cannot express (`check_output_sharding`, `fsdp_shard_dims`), deferred init's
         hooks, and the world the mesh needs; all before anything is sharded."""
-        check_output_sharding(options.shard_output, options.fsdp_axis)
+        check_output_sharding(options.shard_output, options)
+        check_fsdp_mesh(options)
         plans = plan_units(module, options.auto_wrap_policy)
-        fsdp_shard_dims(plans, options.mesh, options.fsdp_axis, options.param_spec_fn)
+        fsdp_shard_dims(plans, options)
         if needs_materialization(module):
             check_materializable(module, plans, options.param_init_fn)
         runtime = DTensorBackend()
@@ -190,17 +215,16 @@ class DTensorEngine:
 
     def apply(self, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
         plans = plan_units(module, options.auto_wrap_policy)
-        first = next(iter(module.parameters()))
+        device_type = device_type_of(next(iter(module.parameters())))
         return fully_shard_on_dtensor(
             module,
             plans,
-            fsdp_shard_dims(plans, options.mesh, options.fsdp_axis, options.param_spec_fn),
-            mesh=options.mesh,
-            fsdp_axis=options.fsdp_axis,
+            fsdp_shard_dims(plans, options),
+            fsdp_mesh=fsdp_device_mesh(options, device_type),
             precision=options.mixed_precision,
             reshard_after_forward=options.reshard_after_forward,
             gradient_checkpointing=options.gradient_checkpointing,
             param_init_fn=options.param_init_fn,
             init_seed=options.init_seed,
-            device_type=device_type_of(first),
+            device_type=device_type,
         )

@@ -8,7 +8,9 @@ redistributions), and a module tracker that knows whether backward is running. I
 them on GSPMD) and the group's ranks.
 
 Phases come from the kind and the tracker: an all-gather in forward is a forward gather, one in
-backward a backward gather, a reduce-scatter a gradient reduction, the rest `Phase.OTHER`. Units
+backward a backward gather, a reduce-scatter a gradient reduction, and so is an all-reduce in
+backward (HSDP's reduction of the shards over the replicate dim, which FSDP2 runs right after
+the reduce-scatter); the rest is `Phase.OTHER` (a loss averaged over the ranks, the optimizer's). Units
 are not named: in backward FSDP2 prefetches the next unit's all-gather inside the hooks of the
 unit before it, so the tracker's module is not the unit gathered; ``where`` keeps the module the
 tracker was in.
@@ -66,7 +68,7 @@ def _group_ranks(args: tuple) -> tuple[int, ...]:
 def _phase(kind: CollectiveKind, backward: bool) -> Phase:
     if kind is CollectiveKind.ALL_GATHER:
         return Phase.BACKWARD_GATHER if backward else Phase.FORWARD_GATHER
-    if kind is CollectiveKind.REDUCE_SCATTER:
+    if kind is CollectiveKind.REDUCE_SCATTER or (kind is CollectiveKind.ALL_REDUCE and backward):
         return Phase.GRADIENT_REDUCTION
     return Phase.OTHER
 

@@ -1,7 +1,13 @@
 """FSDP on GSPMD (the torch_xla backend): each unit's parameters stored sharded on the FSDP axis
 (annotations on the device tensors), gathered for its forward and again for its backward by
 `fsdp_xla._runtime`; `fully_shard` then swaps each unit's class for an FSDP subclass
-(`fsdp_xla._module`)."""
+(`fsdp_xla._module`).
+
+Several FSDP axes are one entry of the stored spec (``P(('fsdp', 'context'), None)``) and the
+gathered layout drops them all. HSDP needs nothing more here: a spec that does not name the
+replicate axis is replicated over it, and GSPMD reduces each gradient over every axis the batch
+was split on (the batch split over ``('data', 'fsdp')`` gives a gradient partial over both,
+reduced to the shard layout, which is whole on each replica)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fsdp_xla._axes import total_size
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import default_fsdp_spec, spec_from_fn, without_axis
@@ -89,7 +96,7 @@ def _layouts(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, _Layout]:
     """Every parameter's layout, by name, each checked against its shape, the mesh and the
     sharding it may already carry: all refusals happen here, before anything is changed."""
     mesh, axis, spec_fn = options.mesh, options.fsdp_axis, options.param_spec_fn
-    size = mesh.axis_size(axis)
+    size = total_size(mesh, options.shard_axes)
     layouts: dict[str, _Layout] = {}
     for slot in (slot for plan in plans for slot in plan.slots):
         p = slot.param
@@ -99,6 +106,7 @@ def _layouts(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, _Layout]:
             stored = hlo_sharding_for(mesh, spec, p.dim(), shape)
         except ShardingError as e:  # say which parameter
             raise type(e)(f"FSDP, parameter {slot.name!r}: {e}") from None
+        _check_not_on_replicate_axes(slot.name, shape, spec, options)
         existing = backend.sharding_of(p) if backend.is_xla_tensor(p) else None
         if existing is not None and not existing.is_replicated and existing != stored:
             raise FSDPError(
@@ -108,6 +116,25 @@ def _layouts(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, _Layout]:
             )
         layouts[slot.name] = _Layout(spec, stored, hlo_sharding_for(mesh, without_axis(spec, axis), p.dim(), shape))
     return layouts
+
+
+def _check_not_on_replicate_axes(name: str, shape: tuple[int, ...], spec: PartitionSpec, options: FSDPOptions) -> None:
+    """Refuse a ``param_spec_fn`` spec that splits a parameter over a replicate axis: HSDP keeps a
+    whole copy of the shards there, and the gathered layout (the spec without the shard axes)
+    would stay split over it.
+
+    Raises:
+        FSDPError: the spec names a replicate axis.
+    """
+    named = {a for entry in spec for a in ((entry,) if isinstance(entry, str) else (entry or ()))}
+    hit = [a for a in options.replicate_axes if a in named]
+    if hit:
+        raise FSDPError(
+            f"param_spec_fn gave parameter {name!r} of shape {shape} the spec {spec!r}, which splits it over "
+            f"{hit[0]!r}, a replicate axis (replicate_axis={options.replicate_axis!r}): HSDP keeps whole copies of "
+            f"the shards there. Shard over {options.fsdp_axis!r} only, or make {hit[0]!r} a shard axis: "
+            f"fsdp_axis={(*options.shard_axes, hit[0])!r}."
+        )
 
 
 def _place_parameters(plan: UnitPlan, mesh: Mesh, layouts: dict[str, _Layout]) -> list[tuple[HloSharding, HloSharding]]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from fsdp_xla._axes import AxisNames
 from fsdp_xla._engines import engine_for
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._rollback import ModuleSnapshot
@@ -23,7 +24,7 @@ from fsdp_xla._runtime import UnitRuntime
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh, Role
+from mesh import Mesh
 from spmd import PartitionSpec, with_sharding_constraint
 from spmd._backend import backend_for
 
@@ -35,7 +36,8 @@ function ``(output, mesh) -> output``, or ``None`` (leave it to GSPMD)."""
 
 
 class FullyShardedDataParallel(torch.nn.Module):
-    """Shard ``module``'s parameters over the ``fsdp`` mesh axis and train it as ZeRO-3.
+    """Shard ``module``'s parameters over the ``fsdp`` mesh axis (or axes) and train it as ZeRO-3
+    (HSDP where a replicate axis holds copies of the shards).
 
     ``FSDP(module, ...)`` modifies ``module`` in place and returns it (see the module
     docstring). Each unit (the root, and each submodule the auto-wrap policy picks) gathers
@@ -146,7 +148,8 @@ def fully_shard(
     module: torch.nn.Module,
     *,
     mesh: Mesh | None = None,
-    fsdp_axis: str = Role.FSDP.value,
+    fsdp_axis: AxisNames | None = None,
+    replicate_axis: AxisNames | None = None,
     auto_wrap_policy: WrapPolicy | None = None,
     mixed_precision: MixedPrecision | torch.dtype | None = None,
     reshard_after_forward: bool = True,
@@ -164,16 +167,19 @@ def fully_shard(
     The keyword arguments are the fields of `FSDPOptions`, documented there; it checks them.
 
     Raises:
-        MeshAxisError: no mesh, or the mesh has no ``fsdp_axis``.
+        MeshAxisError: no mesh; an axis of ``fsdp_axis`` or ``replicate_axis`` the mesh lacks,
+            named twice or in both; the mesh has neither ``fsdp`` nor ``context`` and no
+            ``fsdp_axis`` is given.
         WrapPolicyError: a policy that is not a single `WrapPolicy`, or names absent classes.
         FSDPError: the module is already wrapped, or a parameter carries another sharding; on
-            the dtensor backend, a ``shard_output`` or ``param_spec_fn`` spec that torch's
-            ``fully_shard`` cannot express (see `fsdp_xla._dtensor_fsdp`).
+            the dtensor backend, a ``shard_output`` or ``param_spec_fn`` spec or an axis layout
+            that torch's ``fully_shard`` cannot express (see `fsdp_xla._dtensor_fsdp`).
     """
     _check_module(module)
     options = FSDPOptions(
         mesh=mesh,
         fsdp_axis=fsdp_axis,
+        replicate_axis=replicate_axis,
         auto_wrap_policy=auto_wrap_policy,
         mixed_precision=mixed_precision,
         reshard_after_forward=reshard_after_forward,

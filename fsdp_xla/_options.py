@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+from fsdp_xla._axes import AxisNames, axis_entry, resolve_replicate_axes, resolve_shard_axes
 from fsdp_xla._sharding import SpecFn
-from fsdp_xla.errors import FSDPTypeError, MeshAxisError, WrapPolicyError
+from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
-from mesh import Mesh, Role, mesh_or_global
+from mesh import Mesh, mesh_or_global
 from mesh._checks import require_bool, require_int, require_optional_bool
 from spmd import PartitionSpec
 from spmd.errors import ShardingError
@@ -25,18 +26,30 @@ __all__ = ["FSDPOptions"]
 @dataclass(frozen=True)
 class FSDPOptions:
     """The options of `fully_shard` (and `FSDP`), checked and resolved when built: a `Mesh`
-    with the FSDP axis, one `WrapPolicy` or none, a `MixedPrecision` or none.
+    with the FSDP axes, the shard and replicate axes in mesh order (`fsdp_xla._axes`), one
+    `WrapPolicy` or none, a `MixedPrecision` or none.
 
     Raises:
-        MeshAxisError: no mesh, or the mesh has no ``fsdp_axis``.
+        MeshAxisError: no mesh; an axis of ``fsdp_axis`` or ``replicate_axis`` the mesh lacks,
+            named twice, or in both; no ``fsdp_axis`` given and the mesh has no ``fsdp`` or
+            ``context`` axis.
         WrapPolicyError: a policy that is not a single `WrapPolicy`.
         FSDPTypeError: a flag that is not a bool, a hook that is not callable, a seed that is
-            not an int, a ``mixed_precision`` or ``shard_output`` of another type.
+            not an int, an axis option that names no axes, a ``mixed_precision`` or
+            ``shard_output`` of another type.
         ShardingError: a ``shard_output`` spec that does not fit the mesh.
 
     Attributes:
         mesh: the device mesh; default the global mesh.
-        fsdp_axis: the mesh axis parameters are sharded on.
+        fsdp_axis: the mesh axis parameters are sharded on, or a tuple of axes sharded over as
+            one (flattened in mesh order, torchtitan's ``dp_shard x cp``). Default: the mesh's
+            parameter-shard axes (`mesh.roles.param_shard_axes`: ``fsdp``, then ``context``).
+            Resolved to a spec entry in mesh order: the name for one axis, the tuple for several.
+        replicate_axis: the mesh axis (or axes) holding whole replicas of the shards (HSDP):
+            gradients are all-reduced over it after the reduce-scatter over the shard axes.
+            Default: the mesh's replicate-role axes (`mesh.roles.replicate_axes`: ``data``)
+            that ``fsdp_axis`` does not shard over; ``()`` for none. Resolved like
+            ``fsdp_axis``, ``()`` when there is none.
         auto_wrap_policy: which submodules become units of their own: one
             `TransformerWrapPolicy` or `SizeWrapPolicy` (``None``: the root only, ZeRO-2-like).
         mixed_precision: a `MixedPrecision` (or a dtype, for ``MixedPrecision(dtype)``).
@@ -69,7 +82,8 @@ class FSDPOptions:
     """
 
     mesh: Mesh | None = None
-    fsdp_axis: str = Role.FSDP.value
+    fsdp_axis: AxisNames | None = None
+    replicate_axis: AxisNames | None = None
     auto_wrap_policy: WrapPolicy | None = None
     mixed_precision: MixedPrecision | torch.dtype | None = None
     reshard_after_forward: bool = True
@@ -93,9 +107,13 @@ class FSDPOptions:
         require_optional_bool(self.sync_after_backward, "FSDP: sync_after_backward", FSDPTypeError)
         for hook in ("param_spec_fn", "param_init_fn"):
             _check_hook(hook, getattr(self, hook))
-        mesh = _resolve_mesh(self.mesh, self.fsdp_axis)
+        mesh = mesh_or_global(self.mesh, "FSDP")
+        shard = resolve_shard_axes(mesh, self.fsdp_axis)
+        replicate = resolve_replicate_axes(mesh, self.replicate_axis, shard)
         _check_shard_output(self.shard_output, mesh)
         object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "fsdp_axis", axis_entry(shard))
+        object.__setattr__(self, "replicate_axis", axis_entry(replicate))
         object.__setattr__(self, "auto_wrap_policy", _resolve_policy(self.auto_wrap_policy))
         object.__setattr__(self, "mixed_precision", _resolve_precision(self.mixed_precision))
         seed = require_int(
@@ -103,16 +121,26 @@ class FSDPOptions:
         )
         object.__setattr__(self, "init_seed", seed)  # a Python int: a numpy int's arithmetic would overflow
 
+    @property
+    def shard_axes(self) -> tuple[str, ...]:
+        """The axes parameters are sharded over, in mesh order."""
+        return _axes_of(self.fsdp_axis)
 
-def _resolve_mesh(mesh: Mesh | None, fsdp_axis: str) -> Mesh:
-    mesh = mesh_or_global(mesh, "FSDP")
-    names = mesh.axis_names or ()
-    if fsdp_axis not in names:
-        raise MeshAxisError(
-            f"FSDP shards parameters on mesh axis {fsdp_axis!r}, but {mesh.describe()} has axes {tuple(names)}. "
-            f"Name one axis {fsdp_axis!r} (e.g. Mesh(ids, (n, 1), ('fsdp', 'model'))) or pass fsdp_axis=..."
-        )
-    return mesh
+    @property
+    def replicate_axes(self) -> tuple[str, ...]:
+        """The axes parameters are replicated over (HSDP), in mesh order; ``()`` for none."""
+        return _axes_of(self.replicate_axis)
+
+    @property
+    def data_parallel_axes(self) -> tuple[str, ...]:
+        """The replicate and shard axes, in mesh order: every rank along them trains on its own
+        part of the batch, and gradients are averaged over all of them."""
+        names = tuple(self.mesh.axis_names or ())
+        return tuple(sorted((*self.replicate_axes, *self.shard_axes), key=names.index))
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _resolve_precision(mixed_precision: MixedPrecision | torch.dtype | None) -> MixedPrecision | None:

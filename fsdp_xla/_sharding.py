@@ -1,9 +1,11 @@
-"""Where each parameter is stored: a PartitionSpec with the FSDP mesh axis on one dim.
+"""Where each parameter is stored: a PartitionSpec with the FSDP mesh axis (or axes) on one dim.
 
 The default puts the FSDP axis on the largest dim it divides (GPT-2's ``[vocab, d]``
 embedding: the vocab dim); a tensor with no such dim is split on its largest dim and XLA pads
-the last shard. Scalars stay replicated. The gathered (compute) layout is the same spec
-without the FSDP axis, so other mesh axes (tensor parallelism) stay in place.
+the last shard. Scalars stay replicated. Several FSDP axes go on that dim together, as one
+entry (``P(('fsdp', 'context'), None)``), and divide it by the product of their sizes. The
+gathered (compute) layout is the same spec without the FSDP axes, so other mesh axes (tensor
+parallelism) stay in place.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ SpecFn = Callable[[str, torch.Tensor], PartitionSpec]
 """``(parameter name, parameter) -> stored spec`` (must name the FSDP axis, or replicate)."""
 
 
-def default_fsdp_spec(shape: Sequence[int], axis: str, axis_size: int) -> PartitionSpec:
-    """The FSDP axis on the largest dim it divides, else on the largest dim; ``P()`` for scalars."""
+def default_fsdp_spec(shape: Sequence[int], axis: SpecEntry, axis_size: int) -> PartitionSpec:
+    """The FSDP axis (a name, or a tuple of names sharded over as one, ``axis_size`` devices in
+    all) on the largest dim it divides, else on the largest dim; ``P()`` for scalars."""
     if not shape:
         return P()
     divisible = [i for i, n in enumerate(shape) if n % axis_size == 0 and n >= axis_size]
@@ -52,14 +55,16 @@ def spec_from_fn(spec_fn: SpecFn, name: str, param: torch.Tensor) -> PartitionSp
         ) from None
 
 
-def without_axis(spec: PartitionSpec, axis: str) -> PartitionSpec:
-    """``spec`` with mesh axis ``axis`` removed (the layout after gathering over it)."""
+def without_axis(spec: PartitionSpec, axis: SpecEntry) -> PartitionSpec:
+    """``spec`` with mesh axis ``axis`` removed, or every axis of a tuple ``axis`` (the layout
+    after gathering over them)."""
+    removed = {axis} if isinstance(axis, str) else set(axis or ())
     out: list[SpecEntry] = []
     for entry in spec:
-        if entry == axis:
+        if isinstance(entry, str) and entry in removed:
             out.append(None)
         elif isinstance(entry, tuple):
-            rest = tuple(a for a in entry if a != axis)
+            rest = tuple(a for a in entry if a not in removed)
             out.append(rest if len(rest) > 1 else (rest[0] if rest else None))
         else:
             out.append(entry)

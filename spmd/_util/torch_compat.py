@@ -30,6 +30,13 @@ where only a measured bug tells them apart (measured on 2.9, 2.13 and 2.15):
   backward, 2.9 and 2.15) returns the log-sum-exp that ``scaled_dot_product_attention`` hides:
   context parallelism merges attention over parts of the keys with it. `cpu_flash_attention`
   finds the pair.
+- ``DeviceMesh._flatten`` (private, 2.9 and 2.15) makes several axes of a mesh one 1-D mesh, which
+  FSDP2 shards over as one (torchtitan's ``dp_shard x cp``); its process group orders its ranks by
+  id whatever order the mesh gives them (measured on both). `flatten_device_mesh` calls it.
+  FSDP2's HSDP mesh pairs a replicate dim with a shard dim; with a flattened dim among them torch
+  2.9 slices the root mesh by the flattened dim's name (torchtitan's way), which 2.15 warns is
+  deprecated ("Slicing a flattened dim from root mesh", since 2.11), where the private
+  ``DeviceMesh._concatenate`` joins the two meshes instead: `replicate_shard_mesh`.
 - torch's flight recorder records gloo collectives too (2.9 and 2.15, ``TORCH_FR_BUFFER_SIZE``);
   2.9 marks a timed-out gloo collective completed, so `flight_record` callers take the last
   entries, not the state; its ``pg_config`` lists the world group only, so `group_ranks` finds
@@ -50,6 +57,8 @@ import torch
 __all__ = [
     "TORCH_VERSION",
     "device_mesh_from_ids",
+    "flatten_device_mesh",
+    "replicate_shard_mesh",
     "is_shard",
     "is_strided_shard",
     "ordered_groups_supported",
@@ -130,6 +139,36 @@ def device_mesh_from_ids(device_type: str, ids: np.ndarray, names: tuple[str, ..
     if ids.ndim == 1:
         return DeviceMesh.from_group(mine[0], device_type, mesh=mesh, mesh_dim_names=names)
     return DeviceMesh.from_group(mine, device_type, mesh=mesh, mesh_dim_names=names)
+
+
+def flatten_device_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
+    """The axes ``names`` of ``device_mesh`` (a root DeviceMesh; names in its order) as one 1-D
+    DeviceMesh: the axis itself for one, ``DeviceMesh._flatten`` for several, named as torch
+    names it (``'fsdp_context'``). Flattening the same axes again returns the same mesh.
+
+    Collective the first time (a new process group), on every rank in the same order. Its group
+    orders ranks by id: flatten only axes whose ids increase in mesh order.
+    """
+    if tuple(device_mesh.mesh_dim_names or ()) == tuple(names):
+        return device_mesh if len(names) == 1 else device_mesh._flatten("_".join(names))
+    if len(names) == 1:
+        return device_mesh[names[0]]
+    return device_mesh[tuple(names)]._flatten("_".join(names))
+
+
+def replicate_shard_mesh(device_mesh: Any, replicate: tuple[str, ...], shard: tuple[str, ...]) -> Any:
+    """The 2-D (replicate, shard) DeviceMesh of FSDP2's HSDP: each dim one axis of ``device_mesh``
+    (a root DeviceMesh) or several flattened (`flatten_device_mesh`); ``replicate`` before
+    ``shard`` in the mesh. Collective as `flatten_device_mesh` is."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if len(replicate) == 1 and len(shard) == 1:
+        return device_mesh[(replicate[0], shard[0])]  # public slicing: no flattening needed
+    dims = [flatten_device_mesh(device_mesh, replicate), flatten_device_mesh(device_mesh, shard)]
+    concatenate = getattr(DeviceMesh, "_concatenate", None)
+    if concatenate is not None:  # 2.15: slicing the root by a flattened name is deprecated there
+        return concatenate(dims)
+    return device_mesh[tuple(d.mesh_dim_names[0] for d in dims)]
 
 
 # The oldest releases measured to do these right (2.13 and 2.15 do, 2.9 does not; releases between
