@@ -5,12 +5,14 @@ order (torchtitan shards parameters over its flattened ``dp_shard x cp`` mesh th
 the stored spec puts them on one dim as a tuple: ``P(('fsdp', 'context'), None)``. They may be
 given in any order, so a value derived from the mesh's roles (`mesh.roles.param_shard_axes`)
 works whatever the mesh's axis order. Left out, they are the mesh's parameter-shard axes
-(``fsdp``, then ``context``); a mesh with only ``fsdp`` therefore shards as it always did.
+(``fsdp``, then ``context``) of size above 1 (all of them where none is); a mesh with only
+``fsdp`` therefore shards as it always did.
 
 ``replicate_axis`` names the axes that hold whole replicas of the shards (HSDP, FSDP2's 2-D
 mesh): gradients are reduce-scattered over the shard axes and all-reduced over these. Left out,
 they are the mesh's replicate-role axes (``data``, `mesh.roles.replicate_axes`), as torchtitan
-turns HSDP on whenever its mesh has a replicate dim; ``()`` names none. Nothing is checked here
+turns HSDP on whenever its mesh has a replicate dim (of size above 1: one copy needs no
+reduction, which FSDP2 would still run); ``()`` names none. Nothing is checked here
 that depends on the runtime (`fsdp_xla._dtensor_fsdp` adds what FSDP2 needs).
 """
 
@@ -40,6 +42,11 @@ def axis_entry(axes: tuple[str, ...]) -> str | tuple[str, ...]:
 def total_size(mesh: Mesh, axes: tuple[str, ...]) -> int:
     """How many devices ``axes`` of ``mesh`` span together (1 for none)."""
     return math.prod(mesh.axis_size(a) for a in axes)
+
+
+def _sized(mesh: Mesh, axes: tuple[str, ...]) -> tuple[str, ...]:
+    """``axes`` without those of size 1."""
+    return tuple(a for a in axes if mesh.axis_size(a) > 1)
 
 
 def _as_tuple(value: object, option: str, default: str) -> tuple[str, ...]:
@@ -97,7 +104,9 @@ def resolve_shard_axes(mesh: Mesh, fsdp_axis: AxisNames | None) -> tuple[str, ..
                 f"{mesh.describe()} has axes {names}. Name one axis {_FSDP!r} (e.g. Mesh(ids, (n, 1), ({_FSDP!r}, "
                 "'model'))) or pass fsdp_axis=... (an axis name or a tuple of them)."
             )
-        return _checked(mesh, derived, "fsdp_axis", fsdp_axis)
+        # Axes of size 1 split nothing: left out, so (fsdp 8, context 1) shards as (fsdp 8) does
+        # (and a 1-device mesh keeps its axes: parameters need one to be stored over).
+        return _checked(mesh, _sized(mesh, derived) or derived, "fsdp_axis", fsdp_axis)
     axes = _as_tuple(fsdp_axis, "fsdp_axis", "the mesh's parameter-shard axes")
     if not axes:
         raise MeshAxisError(
@@ -120,8 +129,8 @@ def resolve_replicate_axes(
         FSDPTypeError: ``replicate_axis`` is not a name, a sequence of names, or None.
         MeshAxisError: an axis the mesh lacks, an axis twice, or an axis that is also a shard axis.
     """
-    if replicate_axis is None:
-        return tuple(a for a in replicate_axes(mesh.axis_names) if a not in shard_axes)
+    if replicate_axis is None:  # one copy on an axis of size 1: nothing to replicate or reduce over
+        return _sized(mesh, tuple(a for a in replicate_axes(mesh.axis_names) if a not in shard_axes))
     axes = _checked(
         mesh, _as_tuple(replicate_axis, "replicate_axis", "the mesh's replicate axes"), "replicate_axis", replicate_axis
     )

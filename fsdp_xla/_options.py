@@ -43,12 +43,13 @@ class FSDPOptions:
         mesh: the device mesh; default the global mesh.
         fsdp_axis: the mesh axis parameters are sharded on, or a tuple of axes sharded over as
             one (flattened in mesh order, torchtitan's ``dp_shard x cp``). Default: the mesh's
-            parameter-shard axes (`mesh.roles.param_shard_axes`: ``fsdp``, then ``context``).
+            parameter-shard axes (`mesh.roles.param_shard_axes`: ``fsdp``, then ``context``)
+            but those of size 1, unless every one is.
             Resolved to a spec entry in mesh order: the name for one axis, the tuple for several.
         replicate_axis: the mesh axis (or axes) holding whole replicas of the shards (HSDP):
             gradients are all-reduced over it after the reduce-scatter over the shard axes.
-            Default: the mesh's replicate-role axes (`mesh.roles.replicate_axes`: ``data``)
-            that ``fsdp_axis`` does not shard over; ``()`` for none. Resolved like
+            Default: the mesh's replicate-role axes (`mesh.roles.replicate_axes`: ``data``) of
+            size above 1 that ``fsdp_axis`` does not shard over; ``()`` for none. Resolved like
             ``fsdp_axis``, ``()`` when there is none.
         auto_wrap_policy: which submodules become units of their own: one
             `TransformerWrapPolicy` or `SizeWrapPolicy` (``None``: the root only, ZeRO-2-like).

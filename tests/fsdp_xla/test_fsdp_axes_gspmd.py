@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_xla import FSDP, transformer_auto_wrap_policy
+from fsdp_xla import FSDP, FSDPError, transformer_auto_wrap_policy
 from fsdp_xla.checkpoint import checkpoint_version, load_sharded, save_sharded
 from mesh import Mesh
 from spmd import P, mark_sharding
@@ -153,3 +153,26 @@ def test_a_checkpoint_moves_between_layouts(xla, reference, tmp_path):
     back_opt = torch.optim.AdamW(back.parameters(), lr=1e-3)
     load_sharded(tmp_path / "hsdp", back, back_opt)
     assert train(back, back_opt, data[2:], FSDP8, xla) == pytest.approx(uninterrupted, rel=1e-5)
+
+
+def test_a_spec_fn_may_put_the_axes_on_any_dim(xla, reference):
+    """``param_spec_fn`` names the shard axes as one entry, here on the weights' second dim: stored
+    so, gathered without them, trained as on one device."""
+    start, data, ref_losses, _ = reference
+
+    def spec(name, p):
+        return P(None, ("fsdp", "context")) if p.dim() == 2 else P(("fsdp", "context"))
+
+    model = wrapped(start, FSDP_CONTEXT, param_spec_fn=spec)
+    assert model.fsdp_param_specs()["h.0.c_fc.weight"] == P(None, ("fsdp", "context"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert step(model, optimizer, data[0], FSDP_CONTEXT, xla)[0] == pytest.approx(ref_losses[0], rel=1e-5)
+    (block,) = {b.shape for b in blocks(model.h[0].c_fc.weight).values()}
+    assert block == (256, 64 // 8)
+
+
+def test_a_spec_splitting_a_parameter_over_the_replicate_axis_is_refused(xla):
+    model = GPT(**SMALL)
+    with pytest.raises(FSDPError, match=r"splits it over 'data', a replicate axis .* fsdp_axis=\('fsdp', 'data'\)"):
+        FSDP(model, mesh=HSDP, param_spec_fn=lambda name, p: P(("fsdp", "data")))
+    assert type(model) is GPT and all(p.device.type == "cpu" for p in model.parameters())  # untouched

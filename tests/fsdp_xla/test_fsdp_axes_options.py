@@ -34,7 +34,12 @@ HSDP = mesh(("data", 2), ("fsdp", 2))
         (mesh(("context", 2), ("fsdp", 2)), {}, ("context", "fsdp"), ()),  # in mesh order
         (mesh(("context", 4)), {}, "context", ()),
         (HSDP, {}, "fsdp", "data"),  # the replicate role: HSDP, as torchtitan does
-        (mesh(("data", 2), ("fsdp", 2), ("context", 1)), {}, ("fsdp", "context"), "data"),
+        (mesh(("data", 2), ("fsdp", 2), ("context", 2)), {}, ("fsdp", "context"), "data"),
+        (mesh(("fsdp", 4), ("context", 1)), {}, "fsdp", ()),  # size 1: splits nothing, left out
+        (mesh(("data", 1), ("fsdp", 4)), {}, "fsdp", ()),  # one copy: nothing to reduce over
+        (mesh(("fsdp", 1)), {}, "fsdp", ()),  # one device: still stored over its axis
+        (mesh(("fsdp", 2), ("context", 1)), {"fsdp_axis": ("fsdp", "context")}, ("fsdp", "context"), ()),  # named
+        (mesh(("data", 1), ("fsdp", 4)), {"replicate_axis": "data"}, "fsdp", "data"),  # named: kept
         (FC, {"fsdp_axis": ("context", "fsdp")}, ("fsdp", "context"), ()),  # any order given
         (FC, {"fsdp_axis": param_shard_axes(FC.axis_names)}, ("fsdp", "context"), ()),
         (FC, {"fsdp_axis": ["fsdp"]}, "fsdp", ()),
@@ -54,7 +59,7 @@ def test_axes_resolve_to_spec_entries_in_mesh_order(on, options, shard, replicat
 
 
 def test_the_axis_sets_are_tuples_in_mesh_order():
-    resolved = FSDPOptions(mesh=mesh(("data", 2), ("fsdp", 2), ("context", 1)))
+    resolved = FSDPOptions(mesh=mesh(("data", 2), ("fsdp", 2), ("context", 2)))
     assert resolved.shard_axes == ("fsdp", "context") and resolved.replicate_axes == ("data",)
     assert resolved.data_parallel_axes == ("data", "fsdp", "context")
 

@@ -8,8 +8,9 @@ HSDP on the dtensor backend (gloo, 4 ranks).
    gradients, each rank's stored share of each parameter.
 2. HSDP on ``data x fsdp`` (2 x 2): the same, the two replicas' shards compared, and one step's
    collectives as CommDebugMode records them (with their process groups).
-3. HSDP with a flattened shard dim (``data x fsdp x context``, 2 x 2 x 1): the 2-D mesh built from
-   a flattened one (torch 2.15 joins them, 2.9 slices the root).
+3. HSDP with a flattened shard dim (``data x fsdp x context``, 2 x 2 x 1, ``fsdp_axis`` naming both:
+   the default leaves the size-1 axis out): the 2-D mesh built from a flattened one (torch 2.15
+   joins them, 2.9 slices the root).
 4. Checkpoints across layouts: saved by ``fsdp`` 4 after two steps, loaded into 1., 2. and 3.;
    saved by HSDP and loaded into ``fsdp`` 4; each continues with the uninterrupted losses.
 
@@ -108,8 +109,13 @@ def traffic(model, opt):
     ]
 
 
+# The default leaves out the size-1 context axis: name the shard axes to flatten them.
+AXES = {"hsdp_flat": {"fsdp_axis": ("fsdp", "context")}}
+
+
 def trained(mesh_name, with_traffic=False):
-    model = FSDP(copy.deepcopy(initial), mesh=LAYOUTS[mesh_name], auto_wrap_policy=policy)
+    axes = AXES.get(mesh_name, {})
+    model = FSDP(copy.deepcopy(initial), mesh=LAYOUTS[mesh_name], auto_wrap_policy=policy, **axes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     runs = [step(model, opt, tokens, grads=i == 0) for i, tokens in enumerate(data)]
     weight = model.h[0].c_fc.weight
@@ -126,9 +132,9 @@ def trained(mesh_name, with_traffic=False):
     return result
 
 
-def resumed(directory, mesh):
+def resumed(directory, mesh, **axes):
     torch.manual_seed(5)  # other weights: the load overwrites them
-    model = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=policy)
+    model = FSDP(GPT(**SMALL), mesh=mesh, auto_wrap_policy=policy, **axes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     extra = ck.load_sharded(directory, model, opt)
     return model, opt, extra
@@ -143,7 +149,7 @@ def checkpoints_across_layouts():
     ck.save_sharded(out / "ck_fsdp4", model, opt, extra={"steps": 2})
     result = {"uninterrupted": [step(model, opt, t)[0] for t in data[2:]]}
     for name, mesh in LAYOUTS.items():
-        other, other_opt, extra = resumed(out / "ck_fsdp4", mesh)
+        other, other_opt, extra = resumed(out / "ck_fsdp4", mesh, **AXES.get(name, {}))
         if name == "hsdp":  # saved again by HSDP (one copy of each replicated block), into fsdp 4
             ck.save_sharded(out / "ck_hsdp", other, other_opt, extra=extra)
         result[name] = [step(other, other_opt, t)[0] for t in data[2:]]
