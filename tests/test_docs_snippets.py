@@ -66,6 +66,9 @@ SETUP: dict[tuple[str, int], str | None] = {
     # TorchTPU's launch recipe needs a TPU (torch.tpu): compiled only.
     ("backends.md", 2): None,
     ("multiprocess.md", 1): None,  # needs a torchrun job to run in; docs/multiprocess.md's first snippet runs one
+    ("long_context.md", 0): "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    + "from examples.train_long_context import Llama, synthetic_tokens\n"
+    + "torch.manual_seed(0)\nmodel = Llama(d_model=64, layers=2)\ntokens = synthetic_tokens(0, 2, 64, 256)\n",
 }
 # Fragments run in this process; they need nothing a fresh process would give them.
 IN_PROCESS = {
@@ -80,7 +83,13 @@ IN_PROCESS = {
     ("migration.md", 0),
 }
 # Snippets that run as torchrun jobs: (name, index) -> processes.
-TORCHRUN = {("README.md", 1): 4, ("backends.md", 0): 4, ("multiprocess.md", 0): 4, ("quickstart.md", 0): 4}
+TORCHRUN = {
+    ("README.md", 1): 4,
+    ("backends.md", 0): 4,
+    ("multiprocess.md", 0): 4,
+    ("quickstart.md", 0): 4,
+    ("long_context.md", 0): 4,
+}
 
 _PRINT_CHECK = re.compile(r"^(\s*)print\((.*)\)\s*#\s*(.+)$")
 CHECKER = """

@@ -201,6 +201,7 @@ README_TORCHRUN = {  # the README's current-lane commands, small: torchrun --npr
     "train_fsdp": ["--steps", "4", "--layers", "2", "--d-model", "64", "--seq", "32", "--batch", "8"],
     "mfu_benchmark": ["--model", "gpt2-tiny", "--batch", "8", "--seq", "32", "--steps", "1", "--warmup", "1"],
     "one_script": ["--steps", "3"],
+    "train_long_context": ["--steps", "3", "--seq", "64"],
 }
 
 
