@@ -83,6 +83,41 @@ class DTensorRuntime:
             )
         training_args.accelerator_config.split_batches = True
 
+    def world(self) -> int:
+        """The processes (one per device)."""
+        return process_count()
+
+    def check_parallelism(self, dims: ParallelDims) -> None:
+        """What a ParallelismConfig may ask of this backend.
+
+        Raises:
+            HFConfigError: tensor parallelism (``tp_size > 1``): FSDPTrainer's tensor split is a
+                GSPMD ``sharding_plan``; on DTensor it is torch's ``parallelize_module``, which
+                the Trainer does not apply.
+        """
+        if dims.tensor > 1:
+            raise HFConfigError(
+                f"ParallelismConfig(tp_size={dims.tensor}): on the dtensor backend FSDPTrainer shards with FSDP2 over "
+                "data x fsdp x context and does not apply tensor parallelism (torch's parallelize_module). Use "
+                "tp_size=1 here (dp_shard_size and cp_size split the rest), or the torch_xla backend with a "
+                "sharding_plan (fsdp_xla.hf.llama_plan())."
+            )
+
+    def context_rows(self, plan: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Joins, in the context axis's order, the rows each process of a context group was given:
+        accelerate splits every global batch over all processes, and a context group shares its
+        rows (ranks ``f x context + c``, `ParallelDims`' order, hold consecutive rows)."""
+        import torch.distributed as dist
+
+        group = plan.group()
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty((dist.get_world_size(group) * t.shape[0], *t.shape[1:]))
+            dist.all_gather_into_tensor(out, t.contiguous(), group=group)
+            return out
+
+        return gather
+
     def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
         """The mesh (default: every rank on one ``fsdp`` axis); accelerate must see every rank, and
         the batch must divide by the ranks.

@@ -82,6 +82,17 @@ class GspmdRuntime:
                 "XLA device and may place tensors on it)."
             ) from e
 
+    def world(self) -> int:
+        """The devices this process drives."""
+        return backend.device_count()
+
+    def check_parallelism(self, dims: ParallelDims) -> None:
+        """Every ParallelismConfig runs here (``tp_size`` with a ``sharding_plan`` naming ``tensor``)."""
+
+    def context_rows(self, plan: Any) -> None:
+        """Nothing to join: the one process holds every row."""
+        return None
+
     def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
         """The mesh (the global one from now on); the batch must divide by its data axes.
 

@@ -22,6 +22,7 @@ there. On both it:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import warnings
 from collections.abc import Mapping
@@ -29,12 +30,14 @@ from typing import Any
 
 import torch
 
+import spmd
 from fsdp_xla.api import FSDP
 from fsdp_xla.errors import FSDPTypeError
 from fsdp_xla.hf._dtensor_runtime import TORCHRUN_HINT, DTensorRuntime
 from fsdp_xla.hf._gspmd_runtime import GspmdRuntime, batch_axes, batch_sharding
+from fsdp_xla.hf._parallelism import context_inputs, take_parallelism_config
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
-from mesh import Mesh, Role, as_mesh
+from mesh import Mesh, ParallelDims, as_mesh, roles
 from spmd.logical_axes import ShardingPlan
 
 try:
@@ -98,10 +101,11 @@ def _check_before_the_trainer(training_args: Any, mesh: Mesh | None) -> None:
         HFConfigError: FSDP on without ``"xla": true``, transformers' gradient checkpointing
             (it fails on XLA; ``xla_fsdp_grad_ckpt`` is the FSDP one), or a mesh without ``fsdp``.
     """
-    if mesh is not None and Role.FSDP not in (mesh.axis_names or ()):
+    if mesh is not None and not roles.param_shard_axes(mesh.axis_names):
         raise HFConfigError(
-            f"FSDPTrainer(mesh=...) shards parameters on an axis named 'fsdp', but {mesh.describe()} has none. "
-            "Name one axis 'fsdp' (e.g. Mesh(ids, (n, t), ('fsdp', 'tensor')))."
+            f"FSDPTrainer(mesh=...) shards parameters over the axes named 'fsdp' and 'context', but "
+            f"{mesh.describe()} has neither. Name one axis 'fsdp' (e.g. Mesh(ids, (n, t), ('fsdp', 'tensor'))), "
+            "or build the mesh with mesh.ParallelDims."
         )
     if training_args is None:
         return
@@ -161,6 +165,9 @@ class FSDPTrainer(Trainer):
         self._runtime = _runtime_for(batch_specs)
         self._runtime.before_trainer(training_args)
         mesh = _check_mesh_and_plan(mesh, sharding_plan)
+        self.parallel_dims = self._take_parallelism(training_args, mesh, sharding_plan)
+        if self.parallel_dims is not None:
+            mesh = self.parallel_dims.mesh()
         _check_before_the_trainer(training_args, mesh)
         _replace_the_fused_adamw_default(training_args)
         super().__init__(*args, **kwargs)
@@ -183,6 +190,43 @@ class FSDPTrainer(Trainer):
             )
             self.args.dataloader_drop_last = True
         self._shard_model(sharding_plan)
+        dims = self.parallel_dims
+        self.context_parallel = (
+            spmd.context_parallel(self.model, self.fsdp_mesh) if dims is not None and dims.context > 1 else None
+        )
+
+    def _take_parallelism(
+        self, training_args: Any, mesh: Mesh | None, sharding_plan: ShardingPlan | None
+    ) -> ParallelDims | None:
+        """accelerate's ParallelismConfig of ``training_args`` as the mesh's dims (`_parallelism`).
+
+        Raises:
+            HFConfigError: both a config and ``mesh``; ``tp_size > 1`` without a ``sharding_plan``
+                (nothing would be split over the tensor axis); or a config this backend cannot run.
+        """
+        if training_args is None or getattr(training_args, "parallelism_config", None) is None:
+            return None
+        if mesh is not None:
+            raise HFConfigError(
+                "FSDPTrainer got both mesh=... and TrainingArguments(parallelism_config=...), two meshes. Keep one: "
+                "the config's sizes build the mesh (mesh.ParallelDims), or pass the mesh alone."
+            )
+        dims = take_parallelism_config(training_args, self._runtime.world())
+        self._runtime.check_parallelism(dims)
+        if dims.tensor > 1 and sharding_plan is None:
+            raise HFConfigError(
+                f"ParallelismConfig(tp_size={dims.tensor}) splits the mesh's tensor axis, and no sharding_plan says "
+                "what to split over it. Pass FSDPTrainer(sharding_plan=fsdp_xla.hf.llama_plan()) (or gpt2_plan())."
+            )
+        return dims
+
+    def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        """The Trainer's hook for context parallelism: this process's block of the step's batch
+        (`fsdp_xla.hf._parallelism.context_inputs`), computed in place of accelerate's."""
+        if self.context_parallel is None:
+            return super()._prepare_context_parallel_inputs(model, inputs)
+        gather = self._runtime.context_rows(self.context_parallel)
+        return contextlib.nullcontext, context_inputs(self.context_parallel, inputs, gather)
 
     @property
     def backend(self) -> str:

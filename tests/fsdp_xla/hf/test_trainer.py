@@ -102,7 +102,7 @@ def test_fsdp_must_be_on(xla, tmp_path):
     [
         (dict(fsdp_config={"min_num_params": 1000}), None, 'fsdp_config must hold "xla": true'),
         (dict(gradient_checkpointing=True), None, '"xla_fsdp_grad_ckpt": true in fsdp_config.json'),
-        ({}, "data", "needs an axis named 'fsdp'|shards parameters on an axis named 'fsdp'"),
+        ({}, "data", "shards parameters over the axes named 'fsdp' and 'context', but mesh\\{'data': 8\\} has neither"),
     ],
 )
 def test_what_transformers_would_fail_on_obscurely_is_said_first(xla, tmp_path, overrides, mesh, says):
