@@ -129,25 +129,43 @@ def _key_parts(spans: tuple[tuple[int, int], ...], keys: int, causal: bool) -> l
     return [([(0, start, False)] if start else []) + [(start, stop, True)] for start, stop in spans]
 
 
-def _expanded(t: torch.Tensor, groups: int) -> torch.Tensor:
-    return t.repeat_interleave(groups, 1) if groups > 1 else t
+def _by_group(q: torch.Tensor, groups: int) -> list[torch.Tensor]:
+    """``q``'s heads as ``groups`` tensors of one head per key/value head each (head ``h`` of a
+    grouped-query layer reads key/value head ``h // groups``), so the kernel runs on the keys and
+    values as they are: repeated for the query heads they were ``groups`` times the memory."""
+    b, h, length, d = q.shape
+    return [q.view(b, h // groups, groups, length, d)[:, :, g].contiguous() for g in range(groups)]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The inverse of `_by_group`: per-group results back in head order."""
+    stacked = torch.stack(parts, dim=2)  # [B, Hkv, groups, ...]
+    return stacked.flatten(1, 2)
+
+
+def _attend(forward, q, k, v, causal, scale, groups):  # noqa: ANN001, ANN202
+    """One kernel call's output (float32) and log-sum-exp of ``q`` against ``k``, ``v``."""
+    results = [forward(qg, k, v, 0.0, causal, scale=scale) for qg in _by_group(q, groups)]
+    return _joined([o.to(lse.dtype) for o, lse in results]), _joined([lse for _, lse in results])
 
 
 class _FlashSpanAttention(torch.autograd.Function):
-    """`span_attention` by torch's CPU flash kernel (module docstring)."""
+    """`span_attention` by torch's CPU flash kernel (module docstring), one call per query-head
+    group of a grouped-query layer, on the keys and values as they are."""
 
     @staticmethod
     def forward(ctx: Any, q, k, v, spans, causal, scale):  # noqa: ANN001, ANN205
         forward, _ = torch_compat.cpu_flash_attention()
         groups = q.shape[1] // k.shape[1]
-        k, v = _expanded(k, groups), _expanded(v, groups)
         outs, lses, at = [], [], 0
         for (start, stop), parts in zip(spans, _key_parts(spans, k.shape[2], causal)):
             rows, at = slice(at, at + stop - start), at + stop - start
             out = lse = None
             for k0, k1, part_causal in parts:
-                part, part_lse = forward(q[:, :, rows], k[:, :, k0:k1], v[:, :, k0:k1], 0.0, part_causal, scale=scale)
-                part = part.to(part_lse.dtype)
+                keys = slice(k0, k1)
+                part, part_lse = _attend(
+                    forward, q[:, :, rows], k[:, :, keys], v[:, :, keys], part_causal, scale, groups
+                )
                 if out is None:
                     out, lse = part, part_lse
                     continue
@@ -171,17 +189,18 @@ class _FlashSpanAttention(torch.autograd.Function):
         at = 0
         for (start, stop), parts in zip(spans, _key_parts(spans, k.shape[2], causal)):
             rows, at = slice(at, at + stop - start), at + stop - start
-            for k0, k1, part_causal in parts:
-                keys = slice(k0, k1)
-                g = backward(
-                    grad_out[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows], lse[:, :, rows],
-                    0.0, part_causal, scale=scale,
-                )  # fmt: skip
-                dq[:, :, rows] += g[0]
-                dk[:, :, keys] += g[1]
-                dv[:, :, keys] += g[2]
-        b, h, s, d = dk.shape
-        dk, dv = (t.view(b, h // groups, groups, s, d).sum(2) for t in (dk, dv))
+            per_group = [_by_group(t[:, :, rows], groups) for t in (grad_out, q, out, lse[..., None])]
+            dq_groups = []
+            for go, qg, og, lg in zip(*per_group):
+                dq_g = torch.zeros_like(qg)
+                for k0, k1, part_causal in parts:
+                    keys = slice(k0, k1)
+                    g = backward(go, qg, k[:, :, keys], v[:, :, keys], og, lg[..., 0], 0.0, part_causal, scale=scale)
+                    dq_g += g[0]
+                    dk[:, :, keys] += g[1]
+                    dv[:, :, keys] += g[2]
+                dq_groups.append(dq_g)
+            dq[:, :, rows] = _joined(dq_groups)
         return dq, dk, dv, None, None, None
 
 
