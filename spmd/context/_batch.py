@@ -41,6 +41,8 @@ def shard_batch(
     tensors = {"": batch} if isinstance(batch, torch.Tensor) else dict(batch)
     count, seq_len = _batch_shape(plan, tensors, seq_dim)
     order = plan.order(seq_len)
+    if plan.backend != "dtensor":
+        plan._tokens = (count, seq_len)  # the model's activations of this batch get its layout
     if positions is not None and not isinstance(batch, torch.Tensor):
         device = next(iter(tensors.values())).device
         tensors[positions] = torch.arange(seq_len, device=device).expand(count, seq_len)

@@ -79,6 +79,7 @@ class ContextParallel:
         self._runtime = backend_for(None)
         self._local = threading.local()
         self._mode = _AttentionMode(self)
+        self._tokens: tuple[int, int] | None = None  # torch_xla: the (rows, seq) of the batch shard_batch laid out
         self._hooks = [h for name, m in model.named_modules() for h in self._watch(_label(name, m), m)]
         self._restore_attention = adapt(model)  # a transformers model: no mask of its own, one SDPA call
 
@@ -114,13 +115,26 @@ class ContextParallel:
                 self._mode.__enter__()
             stack.append(name)
 
-        def leave(*_: object) -> None:
+        def leave(module: torch.nn.Module, args: object, output: Any) -> Any:
             stack = self._stack()
             stack.pop()
             if not stack:
                 self._mode.__exit__(None, None, None)
+            return self._laid_out(output) if self._tokens is not None else None
 
         return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+
+    def _laid_out(self, output: Any) -> Any:
+        """torch_xla: a module's ``[batch, seq, ...]`` outputs annotated split over the batch axes
+        and the context axis, as MaxText's activation rules do. Without them GSPMD is free to
+        gather a block's activations along the sequence (it gathered the attention output before
+        its projection, and recomputed the projection on every context device)."""
+        if isinstance(output, tuple):
+            return tuple(self._laid_out(o) for o in output)
+        if not isinstance(output, torch.Tensor) or output.dim() < 2 or tuple(output.shape[:2]) != self._tokens:
+            return output
+        spec = [roles.batch_axes(self.mesh.axis_names) or None, self.axis] + [None] * (output.dim() - 2)
+        return with_sharding_constraint(output, self.mesh, P(*spec))
 
     def _stack(self) -> list[str]:
         if not hasattr(self._local, "stack"):
@@ -177,22 +191,29 @@ class ContextParallel:
         return span_attention(q, k, v, order.spans(shard), causal=causal, scale=scale)
 
     def _global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):  # noqa: ANN202
-        """The whole sequence's attention, annotated so that GSPMD splits the queries (torch_xla)."""
+        """The whole sequence's attention, annotated so that GSPMD splits the queries (torch_xla).
+
+        Written per query-head group rather than as ``scaled_dot_product_attention`` (which
+        repeats keys and values for every query head first): the gradients of keys and values
+        are then reduced over the context axis at their own size, not ``heads / kv_heads`` times it.
+        """
         order = self.order(q.shape[2])
         batch = roles.batch_axes(self.mesh.axis_names) or None
         tensor = roles.tensor_axes(self.mesh.axis_names)
-        heads = tensor[0] if tensor and q.shape[1] % self.mesh.axis_size(tensor[0]) == 0 else None
+        heads = tensor[0] if tensor and k.shape[1] % self.mesh.axis_size(tensor[0]) == 0 else None
         q = with_sharding_constraint(q, self.mesh, P(batch, heads, self.axis, None))
+        k, v = (with_sharding_constraint(t, self.mesh, P(batch, heads, None, None)) for t in (k, v))
         restore = order.restore.to(k.device)
-        kv_heads = heads if heads and k.shape[1] % self.mesh.axis_size(heads) == 0 else None
-        k, v = (with_sharding_constraint(t, self.mesh, P(batch, kv_heads, None, None)) for t in (k, v))
-        k, v = (t.index_select(2, restore) for t in (k, v))
-        mask = None
+        k, v = (t.index_select(2, restore) for t in (k, v))  # token order: the keys are whole here
+        b, h, s, d = q.shape
+        grouped = q.view(b, k.shape[1], h // k.shape[1], s, d)
+        scores = torch.einsum("bhgqd,bhkd->bhgqk", grouped, k).float() * scale
+        scores = with_sharding_constraint(scores, self.mesh, P(batch, heads, None, self.axis, None))
         if causal:  # query i (at position indices[i]) sees the keys at or before it, in token order
             positions = order.indices.to(q.device)
-            mask = positions[:, None] >= torch.arange(q.shape[2], device=q.device)[None, :]
-            mask = with_sharding_constraint(mask, self.mesh, P(self.axis, None))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+            mask = positions[:, None] >= torch.arange(s, device=q.device)[None, :]
+            scores = scores.masked_fill(~with_sharding_constraint(mask, self.mesh, P(self.axis, None)), float("-inf"))
+        out = torch.einsum("bhgqk,bhkd->bhgqd", scores.softmax(-1).to(v.dtype), v).reshape(b, h, s, d)
         return with_sharding_constraint(out, self.mesh, P(batch, heads, self.axis, None))
 
     # Batches --------------------------------------------------------------------------------

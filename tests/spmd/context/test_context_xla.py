@@ -48,3 +48,35 @@ def test_attention_and_gradients_equal_the_whole_sequence_s(xla, dims, load_bala
     for leaf, e in zip(leaves, expected):
         assert (leaf.grad.cpu().double() - e[:, :, order.indices]).abs().max() < 1e-5
     assert torch.allclose(cp.unshard(out.transpose(1, 2)).transpose(1, 2).cpu().double(), reference, atol=1e-5)
+
+
+def test_the_compiled_step_gathers_keys_and_values_over_the_context_axis_at_their_size(xla):
+    """The example's step (fsdp 4 x context 2, one sequence a batch shard) compiled by GSPMD: on
+    the context axis each attention gathers K and V once in forward (K as its two rotated
+    halves) and reduces their gradients once in backward, at the key/value heads' size. XLA's CPU
+    compiler keeps a gradient reduction as an all-reduce (a TPU compile makes it a reduce-scatter,
+    `spmd.plan.recompile`)."""
+    import importlib.util
+
+    from spmd.inspector import CollectiveKind, capture
+    from tests.torchrun import ROOT
+
+    spec = importlib.util.spec_from_file_location("train_long_context", ROOT / "examples" / "train_long_context.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    seq, layers, kv_heads, head_dim = 256, 2, 2, 32
+    with capture() as report:
+        example.main(["--backend", "torch_xla", "--context", "2", "--steps", "1", "--seq", str(seq), "--batch", "4"])
+    (step,) = [g for g in report.graphs if any(c.group_size == 2 for c in g.collectives)]
+    kv_bytes = 1 * kv_heads * seq * head_dim * 4  # one row a batch shard, the whole sequence, float32
+    per_layer = {}
+    for c in (c for c in step.collectives if c.group_size == 2 and ".attn" in c.op_name):
+        layer = c.op_name.split(".attn")[0].rsplit("/", 1)[-1]
+        per_layer.setdefault(layer, []).append(c)
+    assert sorted(per_layer) == [f"layers.{i}" for i in range(layers)]
+    for layer, ops in per_layer.items():
+        gathers = [c for c in ops if c.kind is CollectiveKind.ALL_GATHER]
+        assert sum(sum(a.nbytes for a in c.arrays) for c in gathers) == 2 * kv_bytes, layer  # K and V, whole
+    reductions = [c for c in step.collectives if c.group_size == 2 and c.op_type == "xla__einsum_backward"]
+    assert len(reductions) == 2 * layers  # dK and dV of each layer
+    assert all(c.kind is CollectiveKind.ALL_REDUCE and c.result_bytes == kv_bytes for c in reductions)
