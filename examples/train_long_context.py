@@ -9,8 +9,16 @@ grouped-query attention (fewer key/value heads), rotary position embeddings, RMS
 
     torchrun --nproc_per_node 4 examples/train_long_context.py                 # DTensor: fsdp 2 x context 2
     torchrun --nproc_per_node 4 examples/train_long_context.py --context 4 --seq 4096
+    torchrun --nproc_per_node 4 examples/train_long_context.py --tensor 2      # context 2 x tensor 2
     python examples/train_long_context.py                                      # torch_xla: 8 devices, fsdp 4 x context 2
+    python examples/train_long_context.py --tensor 2                           # fsdp 2 x context 2 x tensor 2
     python examples/train_long_context.py --context 1                          # the same model without CP
+
+``--tensor N`` adds Megatron tensor parallelism on a third axis: each block's attention heads and
+MLP columns split over ``tensor`` (`tensor_parallel`), before FSDP shards what each holds over
+fsdp x context. ``--checkpoint-dir`` with ``--save-every`` saves model and optimizer (each
+process its shards); started again with the same ``--checkpoint-dir``, at any ``--context`` or
+``--tensor``, the run resumes from the newest checkpoint with the losses of one never stopped.
 
 The same script runs on both backends: on torch_xla (one process, GSPMD) the batch is the global
 batch laid out over the mesh; under torchrun (DTensor) each rank computes its own block of it.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from spmd import configure_default_devices
@@ -38,7 +47,10 @@ import torch.nn.functional as F  # noqa: E402
 
 import spmd  # noqa: E402
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
-from mesh import ParallelDims  # noqa: E402
+from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded  # noqa: E402
+from fsdp_xla.hf import DEFAULT_AXIS_RULES  # noqa: E402
+from mesh import Mesh, ParallelDims  # noqa: E402
+from spmd.logical_axes import ShardingPlan  # noqa: E402
 
 
 class RMSNorm(torch.nn.Module):
@@ -138,6 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch", type=_lane.at_least(1), default=None, help="global batch (default: one sequence per fsdp shard)"
     )
     parser.add_argument("--context", type=_lane.at_least(1), default=2, help="context parallel degree (1: no CP)")
+    parser.add_argument(
+        "--tensor", type=_lane.at_least(1), default=1, help="tensor parallel degree (Megatron attention and MLP)"
+    )
     parser.add_argument("--no-load-balance", action="store_true", help="contiguous chunks instead of head-tail pairs")
     parser.add_argument("--vocab", type=_lane.at_least(2), default=256)
     parser.add_argument("--d-model", type=_lane.at_least(1), default=128)
@@ -149,9 +164,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
     parser.add_argument("--backend", choices=("dtensor", "torch_xla"), default=None)
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, help="save here, and resume from its newest checkpoint (at any --context)"
+    )
+    parser.add_argument("--save-every", type=_lane.at_least(0), default=0, help="save every N steps (0: never)")
     args = parser.parse_args(argv)
+    if args.save_every and args.checkpoint_dir is None:
+        parser.error("--save-every needs --checkpoint-dir")
     if args.heads % args.kv_heads or args.d_model % args.heads:
         parser.error("--heads must divide --d-model, and --kv-heads must divide --heads")
+    if args.kv_heads % args.tensor:  # then --heads divides too: each kv head's query heads go with it
+        parser.error(
+            f"--tensor {args.tensor} must divide --kv-heads {args.kv_heads}: each tensor shard computes whole "
+            "key/value heads and their query heads"
+        )
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 
@@ -171,12 +197,53 @@ def start_runtime(backend: str) -> tuple[int, int]:
     return xr.global_runtime_device_count(), 0
 
 
+# Megatron's split of a block (torchtitan's llama plan without its sequence parallelism): the
+# projections into heads and into the MLP split their outputs (column parallel), the projections
+# back split their inputs (row parallel), so each tensor shard computes its own heads and its own
+# part of the MLP, and one all-reduce per attention and per MLP joins them.
+COLUMN, ROW = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "gate", "up"), ("attn.o_proj", "down")
+
+# The same split as stored layouts for GSPMD: logical axes per weight ([out, in] for nn.Linear),
+# mapped by the rules to ``tensor`` (heads, mlp) and to FSDP's fsdp x context (embed).
+TENSOR_PLAN = ShardingPlan(
+    params=(
+        (r"attn\.(q|k|v)_proj\.weight$", ("heads", "embed")),
+        (r"attn\.o_proj\.weight$", ("embed", "heads")),
+        (r"\.(gate|up)\.weight$", ("mlp", "embed")),
+        (r"\.down\.weight$", ("embed", "mlp")),
+        (r"^(embed|lm_head)\.weight$", (None, "embed")),  # the vocab stays whole, as on DTensor
+        (r"norm\.weight$", ("norm",)),
+    ),
+    axes=DEFAULT_AXIS_RULES,
+    name="train_long_context",
+)
+
+
+def tensor_parallel(model: torch.nn.Module, mesh: Mesh) -> Any:
+    """Split each block over the mesh's ``tensor`` axis, before FSDP (torchtitan's order: FSDP then
+    shards the tensor-parallel weights over its own axes, FSDP2's 2-D layout). On DTensor torch's
+    ``parallelize_module`` makes the weights DTensors over the tensor axis and returns ``None``; on
+    torch_xla it returns FSDP's ``param_spec_fn``: the stored layouts name ``tensor`` and FSDP's
+    axes, and GSPMD splits the computation to match."""
+    if spmd.backend_for(None).name == "torch_xla":
+        return TENSOR_PLAN.param_spec_fn(mesh)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {**{name: ColwiseParallel() for name in COLUMN}, **{name: RowwiseParallel() for name in ROW}}
+    tensor_mesh = spmd.device_mesh(mesh)["tensor"]
+    for block in model.layers:
+        parallelize_module(block, tensor_mesh, plan)
+    return None
+
+
 def build(args: argparse.Namespace, dims: ParallelDims) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
-    """The model sharded over fsdp x context, its context-parallel plan, and AdamW."""
+    """The model (split over tensor, then sharded over fsdp x context), its context-parallel plan,
+    and AdamW."""
     torch.manual_seed(0)
     config = dict(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads)
     model = deferred_init(Llama, **config) if args.deferred_init else Llama(**config)
-    mesh = dims.mesh()
+    mesh = dims.mesh()  # one mesh object for all three: its DeviceMesh is built once
+    param_spec_fn = tensor_parallel(model, mesh) if dims.tensor > 1 else None  # before FSDP
     model = FSDP(
         model,
         mesh=mesh,
@@ -184,6 +251,7 @@ def build(args: argparse.Namespace, dims: ParallelDims) -> tuple[torch.nn.Module
         auto_wrap_policy=transformer_auto_wrap_policy({Block}),
         mixed_precision=MixedPrecision(torch.bfloat16) if args.bf16 else None,
         gradient_checkpointing=args.checkpointing,
+        param_spec_fn=param_spec_fn,
     )
     plan = spmd.context_parallel(model, mesh, load_balance=not args.no_load_balance) if dims.context > 1 else None
     return model, plan, torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -231,17 +299,36 @@ def global_loss(loss: torch.Tensor, backend: str) -> float:
     return total.item() / dist.get_world_size()
 
 
+def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """A checkpoint after ``step`` steps: the weights and AdamW's state, each process writing its
+    shards (`save_sharded`, atomic). The batches are a function of the step, so the step is all
+    the data position there is."""
+    save_sharded(directory, model, optimizer, extra={"step": step}, keep=2)
+
+
+def resume(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load the newest checkpoint in ``directory`` into the model and optimizer as they are
+    sharded now (any context, fsdp or device count: each tensor is laid out as its parameter's
+    current sharding); the step to continue from, 0 where there is none."""
+    if not has_checkpoint(directory):
+        return 0
+    return int(load_sharded(directory, model, optimizer)["step"])
+
+
 def main(argv: list[str] | None = None) -> list[float]:
-    """Train; the global batch's loss of every step."""
+    """Train; the global batch's loss of every step this run made (from the resumed step on)."""
     args = parse_args(argv)
     devices, rank = start_runtime(args.backend)
-    dims = ParallelDims.for_world(devices, context=args.context)
+    dims = ParallelDims.for_world(devices, context=args.context, tensor=args.tensor)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{devices} devices, {args.backend}: {dims.mesh().describe()}, {args.seq} tokens a sequence")
     model, plan, optimizer = build(args, dims)
+    first = resume(args.checkpoint_dir, model, optimizer) if args.checkpoint_dir else 0
+    if first:
+        say(f"resumed from {args.checkpoint_dir} at step {first}")
     batch = args.batch or dims.fsdp * max(1, dims.data)
     losses = []
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         started = time.perf_counter()
         tokens = synthetic_tokens(step, batch, args.seq, args.vocab)
         loss = train_step(model, split_batch(plan, dims, tokens), optimizer)
@@ -249,7 +336,9 @@ def main(argv: list[str] | None = None) -> list[float]:
         if step % 5 == 0 or step == args.steps - 1:
             tokens = batch * args.seq / (time.perf_counter() - started)
             say(f"step {step:3d}  loss {losses[-1]:.5f}  {tokens:,.0f} tokens/s")
-    if math.isnan(losses[-1]):
+        if args.save_every and (step + 1) % args.save_every == 0:
+            save(args.checkpoint_dir, model, optimizer, step + 1)
+    if losses and math.isnan(losses[-1]):
         raise SystemExit("the loss is NaN")
     return losses
 

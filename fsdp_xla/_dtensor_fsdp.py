@@ -13,6 +13,11 @@ there) falls back to allocating that unit whole on the host first.
 The GSPMD options map as far as FSDP2 can express them, and are checked before anything is
 sharded:
 
+- tensor parallelism: torch's ``parallelize_module`` applied before FSDP (torchtitan's order)
+  leaves DTensor parameters over the mesh's ``tensor`` axis; ``fully_shard`` shards them further
+  over the FSDP axes (FSDP2's 2-D layout, with deferred init too). `check_tensor_parallel`
+  refuses, before anything is sharded, what FSDP2 cannot join: DTensors over an axis FSDP
+  shards or replicates over, or over a DeviceMesh not cut from the one of FSDP's mesh.
 - ``gradient_checkpointing``: torch's composable ``checkpoint`` on each non-root unit, applied
   before ``fully_shard`` (the order torchtitan uses); the module tree and its state_dict keys
   stay as they are.
@@ -45,12 +50,18 @@ from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
-from mesh import Mesh
-from spmd._backend.dtensor_backend import DTensorBackend, device_type_of
+from mesh import Mesh, Role
+from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
 from spmd.sharding._named_sharding import resolve_spec
 from spmd.sharding._partition_spec import PartitionSpec
 
-__all__ = ["DTensorEngine", "check_output_sharding", "fsdp_shard_dims", "fully_shard_on_dtensor"]
+__all__ = [
+    "DTensorEngine",
+    "check_output_sharding",
+    "check_tensor_parallel",
+    "fsdp_shard_dims",
+    "fully_shard_on_dtensor",
+]
 
 
 def check_output_sharding(
@@ -82,6 +93,42 @@ def check_output_sharding(
             "layout would need the outputs as DTensors, which the loss and the labels are not. Pass "
             f"{batch_only!r} or leave shard_output out."
         )
+
+
+def check_tensor_parallel(module: torch.nn.Module, options: FSDPOptions) -> None:
+    """Accept parameters already laid out (tensor parallelism) where ``fully_shard`` can shard
+    them further: DTensors over axes of FSDP's mesh that FSDP neither shards nor replicates over,
+    on a DeviceMesh cut from the one of that mesh (FSDP2 joins the two into one,
+    ``DeviceMesh._concatenate``, which needs one root and no shared dims; torch's own errors say
+    neither which parameter nor the fix).
+
+    Raises:
+        FSDPError: a DTensor parameter over an FSDP axis, or over another DeviceMesh.
+    """
+    from torch.distributed.tensor import DTensor
+
+    mesh, tensor = options.mesh, Role.TENSOR.value
+    fsdp_axes = options.data_parallel_axes
+    for name, p in module.named_parameters():
+        if not isinstance(p, DTensor):
+            continue
+        axes = tuple(p.device_mesh.mesh_dim_names or ())
+        where = f"Parameter {name!r} is a DTensor over mesh axes {axes} (tensor parallelism, laid out before FSDP)"
+        clash = [a for a in axes if a in fsdp_axes]
+        if clash:
+            raise FSDPError(
+                f"{where}, and FSDP shards or replicates it over {clash[0]!r} too (fsdp_axis="
+                f"{options.fsdp_axis!r}, replicate_axis={options.replicate_axis!r}): an axis splits a weight one "
+                f"way. Give tensor parallelism an axis of its own ({tensor!r}: mesh.ParallelDims(..., tensor=n)) "
+                "and parallelize over it; FSDP's default axes leave it out."
+            )
+        ours = device_mesh(mesh, p.device_mesh.device_type)
+        if not axes or not set(axes) <= set(mesh.axis_names or ()) or p.device_mesh != ours[axes]:
+            raise FSDPError(
+                f"{where}, on a DeviceMesh that is not cut from FSDP's mesh {mesh.describe()}: FSDP2 joins the two "
+                "into one, which needs them cut from one DeviceMesh. Parallelize over spmd.device_mesh(mesh)"
+                f"[{tensor!r}], of the mesh object FSDP is given."
+            )
 
 
 def fsdp_shard_dims(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, int]:
@@ -116,7 +163,8 @@ def _shard_dim(name: str, p: torch.Tensor, spec: PartitionSpec, options: FSDPOpt
         why = (
             f"{replicas[0]!r} is a replicate axis, over which HSDP keeps whole copies of the shards"
             if replicas
-            else "tensor parallelism there is torch's parallelize_module, which FSDP does not apply"
+            else "tensor parallelism there is torch's parallelize_module, applied before FSDP (FSDP then shards the "
+            "DTensors it leaves over its own axes)"
         )
         raise FSDPError(
             f"{where}, which names mesh axes {others} besides {axis!r}. On the dtensor backend FSDP is torch's "
@@ -206,6 +254,7 @@ class DTensorEngine:
         hooks, and the world the mesh needs; all before anything is sharded."""
         check_output_sharding(options.shard_output, options)
         check_fsdp_mesh(options)
+        check_tensor_parallel(module, options)
         plans = plan_units(module, options.auto_wrap_policy)
         fsdp_shard_dims(plans, options)
         if needs_materialization(module):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["is_dtensor", "distributed", "dtensor_block", "agree", "broadcast", "place_dtensor"]
+__all__ = ["is_dtensor", "distributed", "dtensor_index", "first_holders", "agree", "broadcast", "place_dtensor"]
 
 
 def is_dtensor(t: object) -> bool:
@@ -37,23 +37,24 @@ def _rank() -> int:
     return dist.get_rank()
 
 
-def dtensor_block(t: torch.Tensor) -> tuple[int, tuple[tuple[int, int], ...], torch.Tensor] | None:
-    """(rank, block bounds, host data) of this rank's block of DTensor ``t``, or ``None`` when
-    another rank writes the same block (a replica)."""
-    import torch.distributed as dist
-
+def dtensor_index(t: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """The bounds of this rank's block of DTensor ``t``, from ``t``'s own DeviceMesh: under tensor
+    parallelism FSDP2 keeps a parameter it does not split over ``tensor`` on a slice of the world
+    (the FSDP axes at this rank's tensor coordinate), so the other slices hold the same blocks."""
     from spmd._backend import backend_for
 
-    rank = _rank()
     hlo = backend_for(t).sharding_of(t)
-    # Every device asked, not this rank alone: a replicated sharding numbers the copies by their
-    # place in the list asked for, so asked alone every rank was copy 0 and wrote the block
-    # (an index of overlapping blocks, which the load refuses as damaged).
-    bounds = hlo.shard_bounds(tuple(t.shape), list(range(dist.get_world_size())))[rank]
-    if bounds.replica_id != 0:
-        return None
-    index = tuple((s.start, s.stop) for s in bounds.index)
-    return rank, index, t.to_local().detach().cpu().contiguous()
+    (bounds,) = hlo.shard_bounds(tuple(t.shape), [_rank()])
+    return tuple((s.start, s.stop) for s in bounds.index)
+
+
+def first_holders(indices: dict[str, tuple[tuple[int, int], ...]]) -> set[str]:
+    """The names of ``indices`` (this rank's block bounds, by tensor) whose block no lower rank
+    holds: each distinct block is written once, by its lowest rank, whether its copies are on
+    one DeviceMesh (a replicated placement) or on slices of the world (tensor parallelism).
+    A collective: all ranks call it in the same order."""
+    lower = agree(indices)[: _rank()]
+    return {name for name, index in indices.items() if all(other.get(name) != index for other in lower)}
 
 
 def agree(value: Any) -> list[Any]:

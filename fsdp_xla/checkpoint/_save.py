@@ -14,7 +14,7 @@ import torch
 
 from fsdp_xla.checkpoint._agreement import agree_on_save
 from fsdp_xla.checkpoint._arguments import check_arguments, check_extra, check_keep
-from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_block, is_dtensor
+from fsdp_xla.checkpoint._dtensor import agree, broadcast, distributed, dtensor_index, first_holders, is_dtensor
 from fsdp_xla.checkpoint._files import (
     LATEST,
     commit,
@@ -188,7 +188,9 @@ def _save_distributed(
             raise CheckpointError(refusal)
         work = root / f".{version}.partial"
         dist.barrier()
-        reports = agree(_write_rank_blocks(work, tensors, rank))  # every rank reaches this, or the others wait
+        indices, problem = _rank_indices(tensors, rank)
+        written = first_holders(indices)  # every rank reaches the two collectives, or the others wait
+        reports = agree((problem, {}) if problem else _write_rank_blocks(work, tensors, rank, indices, written))
         errors = [e for e, _ in reports if e]
         if errors:
             if rank == 0:
@@ -225,20 +227,32 @@ def _start_on_rank_0(root: Path, lineage: str) -> tuple[str, str, str]:
     return version, lineage, ""
 
 
-def _write_rank_blocks(work: Path, tensors: dict[str, torch.Tensor], rank: int) -> tuple[str, dict[str, list]]:
-    """This rank's device file (the blocks it holds; rank 0 also the plain tensors every rank
-    holds alike) and its index entries; or the error, as text, for the ranks to agree on."""
+def _rank_indices(tensors: dict[str, torch.Tensor], rank: int) -> tuple[dict[str, tuple], str]:
+    """The bounds of this rank's block of each DTensor, or ``{}`` and why they cannot be read (as
+    `_write_rank_blocks` reports an error, for the ranks to agree on)."""
+    try:
+        return {name: dtensor_index(t) for name, t in tensors.items() if is_dtensor(t)}, ""
+    except Exception as e:
+        return {}, f"rank {rank}: {type(e).__name__}: {e}"
+
+
+def _write_rank_blocks(
+    work: Path, tensors: dict[str, torch.Tensor], rank: int, indices: dict[str, tuple], written: set[str]
+) -> tuple[str, dict[str, list]]:
+    """This rank's device file (the blocks of ``written``, those it is the first to hold, at
+    ``indices``; rank 0 also the plain tensors every rank holds alike) and its index entries; or
+    the error, as text, for the ranks to agree on."""
     mine: dict[str, torch.Tensor] = {}
     entries: dict[str, list] = {}
     try:
         for name, t in tensors.items():
             if is_dtensor(t):
-                block = dtensor_block(t)
+                block = (rank, indices[name], t.to_local().detach().cpu().contiguous()) if name in written else None
             elif rank == 0:
                 block = (0, tuple((0, n) for n in t.shape), t.detach().cpu().contiguous())
             else:
                 continue
-            if block is None:  # a replica another rank writes
+            if block is None:  # a copy another rank writes
                 continue
             mine[name] = block[2]
             entries[name] = [

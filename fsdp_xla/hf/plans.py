@@ -1,12 +1,14 @@
-"""Sharding plans for Hugging Face GPT-2 and Llama: fsdp x tensor (2-D) from parameter names.
+"""Sharding plans for Hugging Face GPT-2 and Llama: FSDP x tensor from parameter names.
 
-The logical axes follow MaxText: ``embed`` (model width) goes to the ``fsdp`` axis; ``heads``,
-``mlp`` and ``vocab`` to the ``tensor`` axis, so attention and MLP are Megatron-style:
-column-parallel in (q/k/v, up/gate, GPT-2's ``c_attn``/``c_fc``), row-parallel out
-(``o_proj``/``down_proj``, ``c_proj``). When the mesh has no ``tensor`` axis they fall back to
-``fsdp``, so the same plan is plain FSDP on a 1-D mesh. Norms (and biases added after a
-row-parallel matmul) stay replicated. This is the scheme behind PyTorch/XLA's Llama 2
-results (mesh (32, 4) on v4-256).
+The logical axes follow MaxText: ``embed`` (model width) goes to FSDP's axes, ``fsdp`` x
+``context`` (`mesh.roles.param_shard_axes`, the axes FSDP shards over by default: with context
+parallelism the weights are split over the context devices too, as torchtitan does), or those
+of them the mesh has; ``heads``, ``mlp`` and ``vocab`` to the ``tensor`` axis, so attention and
+MLP are Megatron-style: column-parallel in (q/k/v, up/gate, GPT-2's ``c_attn``/``c_fc``),
+row-parallel out (``o_proj``/``down_proj``, ``c_proj``). When the mesh has no ``tensor`` axis
+they fall back to FSDP's axes, so the same plan is plain FSDP on a mesh without one. Norms (and
+biases added after a row-parallel matmul) stay replicated. This is the scheme behind
+PyTorch/XLA's Llama 2 results (mesh (32, 4) on v4-256).
 
 GPT-2's ``Conv1D`` stores weights as ``[in, out]`` (the transpose of ``nn.Linear``), which the
 rules below account for.
@@ -14,20 +16,29 @@ rules below account for.
 
 from __future__ import annotations
 
-from mesh import Role
+from itertools import combinations
+
+from mesh import Role, roles
 from spmd.logical_axes import LogicalAxisRules, ShardingPlan
 
 __all__ = ["DEFAULT_AXIS_RULES", "gpt2_plan", "llama_plan"]
+
+_SHARD = roles.param_shard_axes(tuple(Role))  # fsdp, context
+# All of FSDP's axes together first, then fewer: a rule applies only where the mesh has every
+# axis it names, and a mesh from ParallelDims leaves out the axes of degree 1 (fsdp 1 x context 2
+# x tensor 2 has no fsdp axis). FSDP stores a parameter over the axes it shards over, so the
+# plan's FSDP entry must be those axes, as one entry in mesh order (`fsdp_xla._sharding`).
+_FSDP_GROUPS = tuple(
+    group if len(group) > 1 else group[0] for n in range(len(_SHARD), 0, -1) for group in combinations(_SHARD, n)
+)
 
 DEFAULT_AXIS_RULES = LogicalAxisRules(
     (
         ("vocab", Role.TENSOR.value),
         ("heads", Role.TENSOR.value),
         ("mlp", Role.TENSOR.value),
-        ("embed", Role.FSDP.value),
-        ("vocab", Role.FSDP.value),
-        ("heads", Role.FSDP.value),
-        ("mlp", Role.FSDP.value),
+        *(("embed", group) for group in _FSDP_GROUPS),
+        *((logical, group) for logical in ("vocab", "heads", "mlp") for group in _FSDP_GROUPS),
         ("norm", None),
     )
 )

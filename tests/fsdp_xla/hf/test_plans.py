@@ -70,6 +70,20 @@ def test_the_same_plan_is_fsdp_on_a_1d_mesh():
     assert llama_plan().spec_for("model.layers.0.mlp.down_proj.weight", (64, 128), MESH_1D) == P("fsdp")
 
 
+def test_with_context_parallelism_the_width_goes_to_fsdp_x_context():
+    """FSDP shards over fsdp x context by default (mesh.ParallelDims.param_shard_axes), so the
+    plan's FSDP entry is those axes together, or those of them the mesh has."""
+    plan, q, o = llama_plan(), "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    mesh_3d = Mesh(np.arange(8), (2, 2, 2), ("fsdp", "context", "tensor"))
+    assert plan.spec_for(q, (64, 64), mesh_3d) == P("tensor", ("fsdp", "context"))
+    assert plan.spec_for(o, (64, 64), mesh_3d) == P(("fsdp", "context"), "tensor")
+    no_fsdp_axis = Mesh(np.arange(4), (2, 2), ("context", "tensor"))  # fsdp 1 x context 2 x tensor 2
+    assert plan.spec_for(q, (64, 64), no_fsdp_axis) == P("tensor", "context")
+    no_tensor_axis = Mesh(np.arange(8), (4, 2), ("fsdp", "context"))  # heads fall back to FSDP's axes
+    assert plan.spec_for(q, (64, 64), no_tensor_axis) == P(("fsdp", "context"))
+    assert plan.spec_for("model.norm.weight", (64,), mesh_3d) == P()
+
+
 def test_strict_plans_name_unmatched_parameters():
     plan = ShardingPlan(params=((r"weight$", ("embed", None)),), axes=LogicalAxisRules((("embed", "fsdp"),)))
     with pytest.raises(UnmatchedParameterError, match=r"no rule matches parameter 'layer.bias' of shape \(4,\)"):
