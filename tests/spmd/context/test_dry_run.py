@@ -10,7 +10,12 @@ import sys
 
 import pytest
 
+from spmd._util import torch_compat
 from tests.torchrun import ROOT, child_env
+
+pytestmark = pytest.mark.skipif(
+    torch_compat.TORCH_VERSION < (2, 15), reason="the dry run (--world) needs torch 2.15's fake process group"
+)
 
 SEQ, KV_HEADS, HEAD_DIM, LAYERS = 32768, 2, 32, 2
 MODEL = ["--layers", str(LAYERS), "--d-model", "128", "--heads", "4", "--kv-heads", str(KV_HEADS), "--batch", "4"]
