@@ -64,8 +64,8 @@ class SigtermHold:
     heartbeat: no diagnosis to wait for), off the main thread, or where a handler Python cannot
     restore (one set from C) is installed.
 
-    ``on_end`` runs before a held SIGTERM is delivered to the default action (the heartbeat's
-    last beat: the others then read that this process ended, not that it stopped)."""
+    ``on_end`` runs before a SIGTERM goes to the default action (the heartbeat's last beat: the
+    others then read that this process ended, not that it stopped)."""
 
     def __init__(self, is_failure: Callable[[BaseException], bool], on_end: Callable[[], None] | None) -> None:
         self._is_failure, self._on_end = is_failure, on_end
@@ -93,11 +93,6 @@ class SigtermHold:
         if self._state == _ARMED:
             self._state = _DIAGNOSING
 
-    @property
-    def held(self) -> bool:
-        """Whether a SIGTERM came and waits for the report."""
-        return self._held is not None
-
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if self._state == _DIAGNOSING and error is not None:  # the report is on its way up
             self._state = _REPORTED
@@ -118,11 +113,16 @@ class SigtermHold:
         self._release(frame)  # armed, or the grace is over (maybe _end_grace's simulated signal)
 
     def _end_grace(self) -> None:
-        # signal.signal works on the main thread only: _thread.interrupt_main runs _handle
-        # there as if the signal came, and _handle puts the previous handler back.
         self._grace_over = True
-        if self._state == _REPORTED and signal.getsignal(signal.SIGTERM) == self._handle:
+        if self._state != _REPORTED:
+            return
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            # signal.signal works on the main thread only: _thread.interrupt_main runs _handle
+            # there as if the signal came, and _handle puts the previous handler back.
             _thread.interrupt_main(signal.SIGTERM)
+        elif self._held is not None:  # the caller installed a handler of its own meanwhile: it gets the signal
+            held, self._held, self._state = self._held, None, _DONE
+            os.kill(os.getpid(), held)
 
     def _release(self, frame: FrameType | None) -> None:
         """Put the previous handler back (unless someone replaced ours) and give it the held

@@ -35,7 +35,7 @@ try:
                 print("went on", flush=True)
             raise KeyError("the collective failed")
         except KeyError as e:
-            if mode in ("in flight", "user handler"):  # before this rank knows it will diagnose
+            if mode in ("in flight", "user handler", "replaced"):  # before this rank knows it will diagnose
                 os.kill(os.getpid(), signal.SIGTERM)
             hold.diagnosing()
             if mode == "diagnosing":
@@ -44,6 +44,9 @@ try:
             raise RuntimeError("the report") from e
 except RuntimeError as e:
     print("reported:", e, flush=True)
+    if mode == "replaced":  # the caller's own handler, installed after the report, gets the held SIGTERM
+        previous = lambda signum, frame: print("caller's handler", flush=True)
+        signal.signal(signal.SIGTERM, previous)
 for _ in range(12):  # the caller goes on; the held SIGTERM comes after the grace (0.5 s)
     time.sleep(0.1)
 print("went on, handler restored:", signal.getsignal(signal.SIGTERM) is previous, flush=True)
@@ -84,4 +87,10 @@ def test_without_a_sigterm_the_previous_handler_is_back_after_the_grace():
 def test_a_handler_of_the_user_s_gets_the_held_sigterm_after_the_report():
     code, lines = run("user handler")
     assert lines == ["reported: the report", "user handler", "went on, handler restored: True"]
+    assert code == 0
+
+
+def test_a_handler_installed_during_the_grace_gets_the_held_sigterm():
+    code, lines = run("replaced")
+    assert lines == ["reported: the report", "caller's handler", "went on, handler restored: True"]
     assert code == 0
