@@ -195,3 +195,16 @@ def test_with_the_heartbeat_other_errors_still_pass_through_unchanged_and_say_ho
     assert raised.value is error
     beat = heartbeat()
     assert Beat.decode(beat.store.get("rank0").decode()).label == "step 3, raising ValueError"
+
+
+def test_an_outer_block_passes_an_inner_block_s_report_on_and_keeps_its_label(two_ranks):
+    from spmd import PeerLostError
+    from spmd.multiprocess._process_group import Beat, heartbeat
+
+    two_ranks("after step 2")
+    with pytest.raises(PeerLostError, match=r"^step 3, save: .* rank 1: its heartbeat stopped") as raised:
+        with watch_collectives("step 3"):
+            with watch_collectives("step 3, save"):
+                raise RuntimeError(LOST["closed, torch 2.9"][0])
+    assert str(raised.value.__cause__) == LOST["closed, torch 2.9"][0]
+    assert Beat.decode(heartbeat().store.get("rank0").decode()).label == "step 3, save"
