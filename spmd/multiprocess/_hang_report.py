@@ -256,10 +256,10 @@ def watch_collectives(label: str) -> Iterator[None]:
             failure = _diagnosis(label, e, beat, hold) if isinstance(e, RuntimeError) else None
             if failure is not None:  # the label stays: the others' reports see this rank where it failed
                 raise failure from e
-            if beat is not None and not isinstance(
-                e, CollectiveTimeoutError
-            ):  # an inner block's report keeps its label
-                beat.label = f"{label}, raising {type(e).__name__}"  # if this ends the process, the others read how
+            # If this ends the process, the others' reports read how; an inner block's report keeps
+            # the inner label, where this rank failed.
+            if beat is not None and not isinstance(e, CollectiveTimeoutError):
+                beat.label = f"{label}, raising {type(e).__name__}"
             raise
     if beat is not None:  # between blocks a rank is "after" its last one, for the others' reports
         beat.label = f"after {label}"
