@@ -103,10 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
                 f: {k: (v["error"][:4], v["seconds"] and round(v["seconds"], 1)) for k, v in x.items()}
                 for f, x in r["ranks"].items()
             }
-            print(
-                f"run {i}: {'pass' if r['passed'] else 'FAIL'} {r['seconds']} s, load {r['load_before']}: {told}",
-                flush=True,
-            )
+            tests = ", ".join(f"{fault} {'pass' if ok else 'FAIL'}" for fault, ok in r["tests"].items())
+            print(f"run {i}: {tests}, {r['seconds']} s, load {r['load_before']}: {told}", flush=True)
     finally:
         for process in busy:  # only the ones this script started
             process.kill()
