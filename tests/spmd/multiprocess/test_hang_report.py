@@ -208,3 +208,18 @@ def test_an_outer_block_passes_an_inner_block_s_report_on_and_keeps_its_label(tw
                 raise RuntimeError(LOST["closed, torch 2.9"][0])
     assert str(raised.value.__cause__) == LOST["closed, torch 2.9"][0]
     assert Beat.decode(heartbeat().store.get("rank0").decode()).label == "step 3, save"
+
+
+def test_heartbeats_that_cannot_be_read_are_said_so_not_guessed(two_ranks, monkeypatch):
+    from spmd import PeerLostError
+    from spmd.multiprocess._process_group import heartbeat
+
+    def gone():
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(heartbeat(), "read", gone)
+    with pytest.raises(
+        PeerLostError, match=r"no timeout passed\): the heartbeats could not be read \(the store is gone\)"
+    ):
+        with watch_collectives("step 3"):
+            raise RuntimeError(LOST["closed, torch 2.9"][0])
