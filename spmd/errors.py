@@ -26,6 +26,7 @@ __all__ = [
     "MissingSpecError",
     "DataPositionError",
     "CollectiveTimeoutError",
+    "PeerLostError",
     "PlacementError",
     "PlacementDimError",
     "PartialPlacementError",
@@ -150,6 +151,15 @@ class DataPositionError(ValueError):
 class CollectiveTimeoutError(RuntimeError):
     """A collective did not complete within the process group's timeout: a rank stopped, hung
     or died. The message names the collective, its group and the ranks that did not answer."""
+
+
+class PeerLostError(CollectiveTimeoutError):
+    """A collective did not complete because a connection to a peer was lost (closed or reset
+    by the peer, typically because it died or its process group was closed): no timeout
+    passed. The message names the collective, its group, the peer as the process group's
+    backend names it, and what the heartbeats show (the rank whose heartbeat stopped, or
+    whose process ended). A `CollectiveTimeoutError` too: one ``except`` catches every
+    collective that could not complete."""
 
 
 class PlacementError(ShardingError):

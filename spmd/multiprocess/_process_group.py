@@ -68,21 +68,23 @@ def timeouts_for(total: float) -> Timeouts:
 @dataclass(frozen=True)
 class Beat:
     """One rank's last heartbeat: its counter, the collectives it has issued on each of its
-    groups (by group name) and its label."""
+    groups (by group name), its label, and whether its process ended (the last beat of a
+    process that exits through Python; a killed, stopped or hung one just stops beating)."""
 
     count: int
     issued: dict[str, int]
     label: str
+    ended: bool = False
 
     def encode(self) -> str:
         issued = ";".join(f"{name}={n}" for name, n in self.issued.items()) or "-"
-        return f"{self.count} {issued} {self.label}"
+        return f"{self.count} {'ended' if self.ended else 'beating'} {issued} {self.label}"
 
     @classmethod
     def decode(cls, text: str) -> Beat:
-        count, issued, label = (text.split(" ", 2) + ["", ""])[:3]
+        count, state, issued, label = (text.split(" ", 3) + ["", "", ""])[:4]
         pairs = [item.partition("=") for item in issued.split(";") if "=" in item]
-        return cls(int(count), {name: int(n) for name, _, n in pairs}, label)
+        return cls(int(count), {name: int(n) for name, _, n in pairs}, label, state == "ended")
 
 
 class Heartbeat:
@@ -94,6 +96,7 @@ class Heartbeat:
         self._label = "starting"
         self._count = 0
         self._stop, self._lock = threading.Event(), threading.Lock()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="spmd-heartbeat", daemon=True)
         self._thread.start()
         atexit.register(self.stop)  # joined before the interpreter finalizes (no C++ call mid-teardown)
@@ -108,7 +111,7 @@ class Heartbeat:
         self._label = value
         self._beat()  # now, from this thread: a rank that stops right after is seen at its new label
 
-    def _beat(self) -> bool:
+    def _beat(self, ended: bool = False) -> bool:
         """Write the next count and the label (the store client is thread-safe); False once
         the store is gone (the job is ending: nothing left to tell)."""
         with self._lock:
@@ -116,7 +119,7 @@ class Heartbeat:
             count = self._count
         from spmd._util import torch_compat
 
-        beat = Beat(count, torch_compat.group_sequence_numbers(), self._label)
+        beat = Beat(count, torch_compat.group_sequence_numbers(), self._label, ended)
         try:
             self.store.set(f"rank{self.rank}", beat.encode())
         except RuntimeError:
@@ -137,10 +140,16 @@ class Heartbeat:
         return out
 
     def stop(self) -> None:
-        """Stop beating and wait for the thread."""
+        """Stop beating, wait for the thread, and write a last beat saying this process ended:
+        the others' reports then tell a rank that exited from one that stopped or was killed
+        (whose counter just stops). Once only: atexit calls it again. Not in a forked child (a
+        DataLoader worker): its copy of the store client shares the parent's connection."""
+        if self._stop.is_set() or os.getpid() != self._pid:
+            return
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        self._beat(ended=True)
 
 
 # The process's heartbeat, like torch's own default process group: one per process, started by

@@ -8,12 +8,15 @@ FAULTS is a comma-separated plan ``KIND:RANK:STEP@ATTEMPT`` (ATTEMPT: torchrun's
 - ``killsave``: the rank SIGKILLs itself in the save after the step, right after writing its
   shard file (the version is half written: LATEST must keep the previous one);
 - ``stop``: the rank SIGSTOPs itself as the step starts (torchrun SIGKILLs it 30 s after the
-  others fail).
+  others fail);
+- ``killmid``: the rank SIGKILLs itself 2 s after the step starts, when the others wait for it
+  in the step's first collective (their connections to it close mid-collective).
 
 Every rank writes OUT_DIR/attempt<A>-rank<R>.json: the steps it ran with their losses, the step
-it resumed from, and the error that ended it (a `CollectiveTimeoutError` with the time from the
-stop to the error), or ``done``; and, for benchmarks/kill_ranks.py, its pid (pid-a<A>-rank<R>)
-and what it is doing (phase-rank<R>: ``step N`` or ``save N``).
+it resumed from, and the error that ended it (a `CollectiveTimeoutError` or `PeerLostError`
+with its time; the faulty rank the time of its fault), or ``done``; and, for
+benchmarks/kill_ranks.py, its pid (pid-a<A>-rank<R>) and what it is doing (phase-rank<R>:
+``step N`` or ``save N``).
 """
 
 import json
@@ -55,6 +58,11 @@ def hook(event, step, info):
             record["end"], record["stopped_at"] = "stopped", time.time()
             write()
             os.kill(os.getpid(), signal.SIGSTOP)
+        if ("killmid", step) in mine:
+            time.sleep(2)  # the others reach the step's first collective and wait there for this rank
+            record["end"], record["killed_at"] = "killed", time.time()
+            write()
+            os.kill(os.getpid(), signal.SIGKILL)
     elif event == "loss":
         record["losses"][step] = info["loss"]
         write()
