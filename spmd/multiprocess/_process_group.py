@@ -206,6 +206,24 @@ def _attempt_store(timeouts: Timeouts) -> dict[str, Any]:
     return {"store": dist.PrefixStore(prefix, agent), "rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"])}
 
 
+def _check_backend_name(backend: str, known: list[str]) -> None:
+    """Every backend ``backend`` names (``"gloo"``, or per device ``"cpu:gloo,cuda:nccl"``) is
+    one torch knows (registered ones included, TorchTPU's); torch's own check is an assert
+    from deep inside process-group creation.
+
+    Raises:
+        SpmdTypeError: a name torch does not know, with the names it does.
+    """
+    names = [part.split(":")[-1].strip().lower() for part in backend.split(",")]
+    unknown = [n for n in names if n not in known or n == "undefined"]
+    if unknown:
+        raise SpmdTypeError(
+            f"init_process_group: backend {backend!r:.80} names {unknown[0]!r}, which this torch does not know; it "
+            f"knows {[n for n in known if n != 'undefined']} (and devices as 'cpu:gloo,cuda:nccl'). Pass one of "
+            "them, or None: NCCL with CUDA, else gloo."
+        )
+
+
 def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **kwargs: Any) -> None:
     """``torch.distributed.init_process_group`` with a timeout that ends a hung collective.
 
@@ -228,6 +246,8 @@ def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **
             f"init_process_group's backend is a name ('gloo' on CPU, 'nccl' on GPUs) or None to pick one, got "
             f"{backend!r:.60}. The timeout is the keyword timeout= (seconds)."
         )
+    if backend is not None:
+        _check_backend_name(backend, dist.Backend.backend_list)
     timeouts = timeouts_for(timeout)
     # The flight recorder names the collective that hung; torch reads this when a group is made.
     os.environ.setdefault(_FLIGHT_RECORDER_ENV, _FLIGHT_RECORDER_ENTRIES)

@@ -51,6 +51,18 @@ def test_a_timeout_that_would_fail_inside_timedelta_or_never_end_is_refused(time
         timeouts_for(timeout)
 
 
+@pytest.mark.parametrize("backend", ["foo", "cpu:gloo,cuda:ncl", "undefined"])
+def test_a_backend_torch_does_not_know_is_refused_before_anything_starts(backend):
+    """torch's own check is an AssertionError from deep inside process-group creation."""
+    import torch.distributed as dist
+
+    from spmd import SpmdTypeError, init_process_group
+
+    with pytest.raises(SpmdTypeError, match=r"which this torch does not know; it knows \['gloo', 'nccl'"):
+        init_process_group(backend)
+    assert not dist.is_initialized()
+
+
 def test_watch_collectives_takes_a_label_not_a_timeout():
     from spmd import SpmdTypeError
 
