@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from spmd.hlo import HloModuleText
 from spmd.inspector.collectives import collectives_of
-from spmd.inspector.hlo_text import HloModuleText
 from spmd.inspector.memory import MemoryUsage
 from spmd.inspector.report import GraphReport, ParameterInfo
 

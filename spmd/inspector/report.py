@@ -18,8 +18,8 @@ from typing import Any
 
 from mesh._checks import is_int, is_real, require_int
 from spmd._util.atomic_file import atomic_write, file_to_write
+from spmd.hlo import ArrayShape
 from spmd.inspector.collectives import Collective, CollectiveKind
-from spmd.inspector.hlo_text import ArrayShape
 from spmd.inspector.memory import MemoryUsage
 
 __all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "UnknownGraphError", "format_bytes"]
