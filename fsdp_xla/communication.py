@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_xla._phases import SCOPE_PREFIX, CollectiveRecord, Phase, parse_scope
-from spmd.inspector import CollectiveKind, GraphReport, HloModuleText
-from spmd.inspector.hlo_text import Instruction, annotation_scopes
+from spmd.hlo import HloModuleText, Instruction, annotation_scopes
+from spmd.inspector import CollectiveKind, GraphReport
 
 __all__ = [
     "Phase",

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mesh import as_mesh, get_global_mesh
+from spmd._util.ranks import ranks_text
 from spmd.errors import LocalShapeMismatchError, RankDisagreementError
 from spmd.sharding._partition_spec import PartitionSpec
 from spmd.sharding._placements import is_placements
@@ -212,15 +213,3 @@ def _common_prefix(values: list[str]) -> str:
 
 def _listing(groups: dict[str, list[int]]) -> str:
     return ", ".join(f"{ranks_text(ranks)} {value}" for value, ranks in groups.items())
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """``rank 3``, ``ranks 0-2``, ``ranks 0, 2, 5-7``."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    words = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
-    return f"rank {words}" if len(ranks) == 1 else f"ranks {words}"

@@ -11,11 +11,11 @@ run of any rank of an N-rank job in one process.
 - `read_graph` / `HloModuleText` / `MemoryUsage`: read dumps you already have.
 """
 
+from spmd.hlo import ArrayShape, HloModuleText
 from spmd.inspector.capture import Capture, InspectorError, capture
 from spmd.inspector.checks import CheckOptions, find_issues
 from spmd.inspector.collectives import Collective, CollectiveKind, ring_bytes_sent
 from spmd.inspector.dump import list_modules, prepare, read_graph
-from spmd.inspector.hlo_text import ArrayShape, HloModuleText
 from spmd.inspector.memory import MemoryUsage
 from spmd.inspector.report import (
     Finding,

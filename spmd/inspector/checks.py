@@ -1,5 +1,9 @@
-"""Warnings the inspector raises about a compiled step: what is replicated that need not be,
-what is gathered whole every step, and what was compiled more than once."""
+"""Warnings the inspector raises, as `Finding` values, for both lanes.
+
+torch_xla's compiled steps (`find_issues`): what is replicated that need not be, what is
+gathered whole every step, and what was compiled more than once. A dry run's rank
+(`dry_run_issues`): parameters split unevenly and what the padding costs, and the script's lines
+that read a tensor's value the dry run does not have."""
 
 from __future__ import annotations
 
@@ -7,12 +11,16 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mesh._checks import is_int, is_real
 from spmd.inspector.collectives import CollectiveKind
 from spmd.inspector.report import Finding, GraphReport, WarningCode, format_bytes
 
-__all__ = ["CheckOptions", "find_issues", "IMPLICIT_GRAPH"]
+if TYPE_CHECKING:
+    from spmd.inspector._dtensor.run import RankRun
+
+__all__ = ["CheckOptions", "find_issues", "dry_run_issues", "IMPLICIT_GRAPH"]
 
 IMPLICIT_GRAPH = "SyncTensorsGraph"
 """The name torch_xla gives a graph nobody named."""
@@ -158,4 +166,47 @@ def find_issues(
                     "One graph per step is cheapest: each graph is another compile and device round trip.",
                 )
             )
-    return tuple(f for f in found if f.code.value not in opts.ignore)
+    return _kept(found, opts.ignore)
+
+
+def _kept(found: Iterable[Finding], ignore: frozenset[str]) -> tuple[Finding, ...]:
+    """``found`` without the ignored codes."""
+    return tuple(f for f in found if f.code.value not in ignore)
+
+
+def _uneven_shards(run: RankRun) -> Iterable[Finding]:
+    summary = run.parameters
+    if summary is None or not summary.padded:
+        return
+    pad = format_bytes(sum(p.padding_bytes for p in summary.padded))
+    first = summary.padded[0]
+    split = f"{len(summary.padded)} parameter(s) split unevenly, e.g. {first.name} {list(first.shape)} dim {first.dim} "
+    if run.fsdp:
+        cost = (
+            f"over {first.ranks} ranks: FSDP pads them, so their gathered buffers hold {pad} of padding, gathered "
+            "(and sent) every time the weights are. Fewer ranks on the FSDP axis, or dims that divide by it, remove it."
+        )
+    else:
+        cost = (
+            f"over {first.ranks} ranks: the last ranks hold fewer rows (or none), so the ranks' memory differs (--ranks "
+            f"worst runs one of each), and DTensor pads the shards to gather them ({pad} over all ranks). Dims that "
+            "divide by the ranks sharding them remove it."
+        )
+    yield Finding(WarningCode.UNEVEN_SHARD, "", split + cost)
+
+
+def dry_run_issues(run: RankRun, ignore: frozenset[str] = frozenset()) -> tuple[Finding, ...]:
+    """Every warning about a dry run's rank ``run`` (the one with the highest peak), minus the
+    ``ignore``-d codes: uneven (padded) shards with their cost, and the placeholders the script
+    read."""
+    found = list(_uneven_shards(run))
+    for line, calls in sorted(run.placeholders.items()):
+        found.append(
+            Finding(
+                WarningCode.DATA_DEPENDENT,
+                "",
+                f"{line} read a tensor's value {calls} time(s) (.item(), bool(), printing): the dry run has no "
+                "values and gave a placeholder (0); what the script did with it is not real.",
+            )
+        )
+    return _kept(found, ignore)

@@ -1,46 +1,45 @@
-"""The inspector's report: per compiled graph, memory, parameters and collectives; warnings.
+"""The inspector's report, one for both lanes: what a captured step costs each device, with
+warnings; a table, and JSON in one schema.
 
-Values only (frozen dataclasses); building them from dump files lives in `spmd.inspector.dump`,
-warnings in `spmd.inspector.checks`. A report prints as a table and saves as JSON.
+torch_xla's capture fills ``graphs`` (each compiled program, `GraphReport`); the dry run on
+DTensor fills ``ranks`` (each rank it ran as, `spmd.inspector._dtensor.run.RankRun`). The rest
+is common, and so is the JSON (`Report.to_dict`): the keys ``tool``, ``lane``, ``partial``,
+``devices``, ``platform``, ``graphs``, ``ranks``, ``steps``, ``totals``, ``warnings``, where
+each lane leaves the other's list empty, and ``steps`` holds the same `StepTotals` on both.
+
+Values only (frozen dataclasses): the captures build them (`spmd.inspector.capture`, the dry
+run), warnings come from `spmd.inspector.checks`.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mesh._checks import is_int, is_real, require_int
+from mesh._checks import is_int, require_int
 from spmd._util.atomic_file import atomic_write, file_to_write
-from spmd.inspector.collectives import Collective, CollectiveKind
-from spmd.inspector.hlo_text import ArrayShape
-from spmd.inspector.memory import MemoryUsage
+from spmd._util.memory import format_bytes
+from spmd.inspector._xla.graphs import GraphReport, ParameterInfo
 
-__all__ = ["ParameterInfo", "GraphReport", "WarningCode", "Finding", "Report", "UnknownGraphError", "format_bytes"]
+if TYPE_CHECKING:
+    from spmd.inspector._dtensor.run import RankRun
 
-
-def format_bytes(n: int | float) -> str:
-    """``1536`` -> ``'1.50 KiB'``.
-
-    Raises:
-        TypeError: ``n`` is not a number.
-    """
-    if not is_real(n):
-        raise TypeError(f"format_bytes takes a number of bytes, got {type(n).__name__} {n!r:.60}.")
-    value = float(n)
-    if not math.isfinite(value):
-        return f"{value} B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+__all__ = [
+    "ParameterInfo",
+    "GraphReport",
+    "WarningCode",
+    "Finding",
+    "StepTotals",
+    "Report",
+    "UnknownGraphError",
+    "format_bytes",
+]
 
 
 class UnknownGraphError(KeyError):
@@ -48,84 +47,6 @@ class UnknownGraphError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-@dataclass(frozen=True)
-class ParameterInfo:
-    """One argument of a compiled graph (a weight, optimizer state, an input batch...).
-
-    Attributes:
-        number: the entry parameter number.
-        shape: the per-device (partitioned) shape.
-        global_shape: the unpartitioned shape, when the pre-partitioning HLO was dumped.
-        sharding: the HLO sharding text (``{replicated}``, ``{devices=[8,1]...}``).
-        name: the tensor's name when it could be told (module path + parameter name), else ''.
-    """
-
-    number: int
-    shape: ArrayShape
-    global_shape: ArrayShape | None
-    sharding: str
-    name: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes on each device."""
-        return self.shape.nbytes
-
-    @property
-    def global_nbytes(self) -> int:
-        """Bytes of the whole tensor."""
-        return (self.global_shape or self.shape).nbytes
-
-    @property
-    def label(self) -> str:
-        """``'blocks.0.attn.qkv.weight (parameter 3)'`` or ``'parameter 3'``."""
-        return f"{self.name} (parameter {self.number})" if self.name else f"parameter {self.number}"
-
-
-@dataclass(frozen=True)
-class GraphReport:
-    """What one compiled graph costs each device.
-
-    Attributes:
-        name: XLA's module name, e.g. ``SyncTensorsGraph.412``.
-        module_id: the dump's module number (compile order within the process).
-        num_partitions: devices the graph runs on.
-        memory: per-device memory from XLA's buffer assignment; ``None`` if the backend did
-            not write one.
-        parameters: the graph's arguments, by parameter number.
-        collectives: the collectives in schedule order.
-        hlo_path: the partitioned, optimized HLO text file.
-        step: the step (count of ``torch_xla.sync()`` calls before it) that compiled it.
-    """
-
-    name: str
-    module_id: int
-    num_partitions: int
-    memory: MemoryUsage | None
-    parameters: tuple[ParameterInfo, ...]
-    collectives: tuple[Collective, ...]
-    hlo_path: str
-    step: int | None = None
-
-    @property
-    def argument_bytes(self) -> int:
-        """Bytes of all arguments on each device (from the partitioned parameter shapes)."""
-        return sum(p.nbytes for p in self.parameters)
-
-    @property
-    def bytes_sent_per_device(self) -> int:
-        """Ring-algorithm bytes each device sends in this graph, all collectives together."""
-        return sum(c.bytes_sent_per_device for c in self.collectives)
-
-    def count(self, kind: CollectiveKind) -> int:
-        """How many collectives of ``kind`` the graph runs."""
-        return sum(1 for c in self.collectives if c.kind is kind)
-
-    def parameter(self, number: int) -> ParameterInfo | None:
-        """The argument with parameter number ``number``."""
-        return next((p for p in self.parameters if p.number == number), None)
 
 
 class WarningCode(enum.Enum):
@@ -141,7 +62,13 @@ class WarningCode(enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """A warning about the sharding, with what to change."""
+    """A warning about the sharding, with what to change (either lane).
+
+    Attributes:
+        code: its kind.
+        graph: the graph(s) it is about (torch_xla), or ''.
+        message: what was found and what to change.
+    """
 
     code: WarningCode
     graph: str
@@ -151,39 +78,90 @@ class Finding:
         where = f"[{self.graph}] " if self.graph else ""
         return f"{self.code.value}: {where}{self.message}"
 
+    def to_dict(self) -> dict[str, str]:
+        """Its entry in the report's JSON ``warnings``."""
+        return {"code": self.code.value, "graph": self.graph, "message": self.message}
+
+    def __getitem__(self, key: str) -> str:
+        """A field of its JSON entry: ``finding["code"]`` is the code's value (the dry run's
+        warnings were these dicts before they were findings)."""
+        return self.to_dict()[key]
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """One step of a captured run, per device, on either lane: an entry of the JSON ``steps``.
+
+    Attributes:
+        step: the step's number (0 first).
+        graphs: the graphs compiled in it (torch_xla; none in a dry run).
+        collectives: how many of each kind (``{'all-gather': 12, ...}``).
+        bytes_sent_per_device: ring-algorithm bytes a device sends in the step.
+        peak_bytes_per_device: the step's peak.
+    """
+
+    step: int
+    graphs: tuple[str, ...]
+    collectives: dict[str, int]
+    bytes_sent_per_device: int
+    peak_bytes_per_device: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "graphs": list(self.graphs),
+            "collectives": dict(sorted(self.collectives.items())),
+            "bytes_sent_per_device": self.bytes_sent_per_device,
+            "peak_bytes_per_device": self.peak_bytes_per_device,
+        }
+
 
 @dataclass(frozen=True)
 class Report:
-    """The inspector's findings for one captured step or one script run.
+    """The inspector's findings for one captured step or one script run, on either lane.
 
     Attributes:
-        graphs: each compiled graph, in compile order.
+        graphs: torch_xla: each compiled graph, in compile order.
         warnings: the findings that were not ignored.
-        devices: the number of devices.
-        platform: the PJRT device type (``CPU``, ``TPU``).
-        steps: graphs compiled per step, ``{step: (module ids...)}``; a step ends at each
-            ``torch_xla.sync()``.
-        dump_dir: where XLA wrote its dumps.
+        devices: the number of devices (a dry run: the ranks of the job).
+        platform: the PJRT device type (``CPU``, ``TPU``), or the dry run's fake process group.
+        steps: torch_xla: graphs compiled per step, ``{step: (module ids...)}``; a step ends at
+            each ``torch_xla.sync()``.
+        dump_dir: torch_xla: where XLA wrote its dumps.
         partial: why the run stopped early (the script raised), or ``""`` for a complete run.
+        ranks: the dry run: each rank it ran as (`spmd.inspector._dtensor.run.RankRun`).
+        script: the dry run: the script it ran.
     """
 
-    graphs: tuple[GraphReport, ...]
+    graphs: tuple[GraphReport, ...] = ()
     warnings: tuple[Finding, ...] = ()
     devices: int = 0
     platform: str = ""
     steps: dict[int, tuple[int, ...]] = field(default_factory=dict)
     dump_dir: str = ""
     partial: str = ""
+    ranks: tuple[RankRun, ...] = ()
+    script: str = ""
+
+    @property
+    def lane(self) -> str:
+        """``'dtensor'`` for a dry run, else ``'torch_xla'``."""
+        return "dtensor" if self.ranks else "torch_xla"
 
     # Totals -------------------------------------------------------------------------------
     @property
     def peak_bytes(self) -> int:
-        """The largest per-device peak over the graphs (they run one after the other)."""
-        return max((g.memory.peak_bytes for g in self.graphs if g.memory), default=0)
+        """The largest per-device peak over the graphs (they run one after the other), or over
+        the ranks of a dry run."""
+        peaks = [g.memory.peak_bytes for g in self.graphs if g.memory] + [r.peak_bytes for r in self.ranks]
+        return max(peaks, default=0)
 
     @property
     def bytes_sent_per_device(self) -> int:
-        """Ring-algorithm bytes each device sends over all graphs."""
+        """Ring-algorithm bytes each device sends over all graphs (a dry run: over the steps of
+        the rank with the highest peak)."""
+        if self.ranks:
+            return sum(t.bytes_sent_per_device for t in self.step_records())
         return sum(g.bytes_sent_per_device for g in self.graphs)
 
     def step_graphs(self, step: int) -> tuple[GraphReport, ...]:
@@ -191,26 +169,46 @@ class Report:
         ids = set(self.steps.get(step, ()))
         return tuple(g for g in self.graphs if g.module_id in ids)
 
-    def step_totals(self) -> list[dict[str, Any]]:
-        """Per step: its graphs, collectives, bytes sent and peak, per device."""
+    def step_records(self) -> tuple[StepTotals, ...]:
+        """Per step: its graphs, collectives, bytes sent and peak, per device (a dry run: the
+        steps of the rank with the highest peak)."""
+        if self.ranks:
+            return self.worst_rank().step_totals()
         out = []
         for step in sorted(self.steps):
             graphs = self.step_graphs(step)
             out.append(
-                {
-                    "step": step,
-                    "graphs": [g.name for g in graphs],
-                    "collectives": dict(sorted(Counter(c.kind.value for g in graphs for c in g.collectives).items())),
-                    "bytes_sent_per_device": sum(g.bytes_sent_per_device for g in graphs),
-                    "peak_bytes_per_device": max((g.memory.peak_bytes for g in graphs if g.memory), default=0),
-                }
+                StepTotals(
+                    step,
+                    tuple(g.name for g in graphs),
+                    dict(Counter(c.kind.value for g in graphs for c in g.collectives)),
+                    sum(g.bytes_sent_per_device for g in graphs),
+                    max((g.memory.peak_bytes for g in graphs if g.memory), default=0),
+                )
             )
-        return out
+        return tuple(out)
+
+    def step_totals(self) -> list[dict[str, Any]]:
+        """`step_records` as the JSON's ``steps`` entries."""
+        return [t.to_dict() for t in self.step_records()]
 
     def collective_counts(self) -> dict[str, int]:
-        """``{'all-gather': 12, ...}`` over all graphs."""
-        counts = Counter(c.kind.value for g in self.graphs for c in g.collectives)
+        """``{'all-gather': 12, ...}`` over all graphs (a dry run: over its steps)."""
+        if self.ranks:
+            counts = sum((Counter(t.collectives) for t in self.step_records()), Counter())
+        else:
+            counts = Counter(c.kind.value for g in self.graphs for c in g.collectives)
         return dict(sorted(counts.items()))
+
+    def worst_rank(self) -> RankRun:
+        """A dry run: the rank with the highest peak (the lowest such rank).
+
+        Raises:
+            ValueError: the report has no ranks (it is torch_xla's).
+        """
+        if not self.ranks:
+            raise ValueError("worst_rank() is for a dry run's report; this one has compiled graphs, no ranks.")
+        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
 
     def graph(self, name_or_index: str | int = -1) -> GraphReport:
         """A graph by module name or position (default: the last compiled, the steady step).
@@ -231,89 +229,36 @@ class Report:
         raise UnknownGraphError(f"No graph named {name_or_index!r:.80}; graphs: {names}.")
 
     # JSON ---------------------------------------------------------------------------------
+    def _totals(self) -> dict[str, Any]:
+        if self.ranks:  # the steady step's cost: the largest step of the worst rank
+            sent = max((t.bytes_sent_per_device for t in self.step_records()), default=0)
+            return {
+                "graphs": 0,
+                "peak_bytes_per_device": self.worst_rank().peak_bytes,
+                "bytes_sent_per_device": sent,
+                "collectives": self.collective_counts(),
+            }
+        return {
+            "graphs": len(self.graphs),
+            "peak_bytes_per_device": self.peak_bytes,
+            "bytes_sent_per_device": self.bytes_sent_per_device,
+            "collectives": self.collective_counts(),
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes as ints); the DTensor lane's dry run writes the same keys."""
+        """A JSON-ready dict (bytes as ints), the same keys on both lanes (module docstring)."""
         return {
             "tool": "spmd.inspector",
-            "lane": "torch_xla",
+            "lane": self.lane,
             "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,
-            "graphs": [self._graph_dict(g) for g in self.graphs],
-            "ranks": [],  # one program for every device; the DTensor lane's dry run lists ranks here
+            "graphs": [g.to_dict() for g in self.graphs],
+            "ranks": [r.to_dict() for r in self.ranks],
             "steps": self.step_totals(),
-            "totals": {
-                "graphs": len(self.graphs),
-                "peak_bytes_per_device": self.peak_bytes,
-                "bytes_sent_per_device": self.bytes_sent_per_device,
-                "collectives": self.collective_counts(),
-            },
-            "warnings": [{"code": w.code.value, "graph": w.graph, "message": w.message} for w in self.warnings],
+            "totals": self._totals(),
+            "warnings": [w.to_dict() for w in self.warnings],
         }
-
-    def _graph_dict(self, g: GraphReport) -> dict[str, Any]:
-        memory = g.memory
-        return {
-            "name": g.name,
-            "module_id": g.module_id,
-            "step": g.step,
-            "num_partitions": g.num_partitions,
-            "memory_per_device": None
-            if memory is None
-            else {
-                "peak_bytes": memory.peak_bytes,
-                "argument_bytes": memory.argument_bytes,
-                "output_bytes": memory.output_bytes,
-                "alias_bytes": memory.alias_bytes,
-                "temp_bytes": memory.temp_bytes,
-            },
-            "argument_bytes_per_device": g.argument_bytes,
-            "parameters": [
-                {
-                    "number": p.number,
-                    "name": p.name,
-                    "shape": str(p.shape),
-                    "global_shape": None if p.global_shape is None else str(p.global_shape),
-                    "sharding": p.sharding,
-                    "bytes_per_device": p.nbytes,
-                }
-                for p in g.parameters
-            ],
-            "collectives": [self._collective_dict(g, c) for c in g.collectives],
-            "totals": {
-                "collectives": dict(sorted(Counter(c.kind.value for c in g.collectives).items())),
-                "bytes_sent_per_device": g.bytes_sent_per_device,
-            },
-            "hlo_file": g.hlo_path,
-        }
-
-    def _collective_dict(self, g: GraphReport, c: Collective) -> dict[str, Any]:
-        return {
-            "op": c.kind.value,
-            "name": c.name,
-            "shape": c.shape,
-            "dtype": sorted({a.dtype for a in c.arrays}),
-            "result_bytes": c.result_bytes,
-            "group_size": c.group_size,
-            "num_groups": c.num_groups,
-            "dimensions": list(c.dimensions),
-            "bytes_sent_per_device": c.bytes_sent_per_device,
-            "op_type": c.op_type,
-            "op_name": c.op_name,
-            "source": c.source,
-            "source_parameter": c.source_parameter,
-            "scope": c.scope,
-            "source_tensor": self._source_tensor(g, c),
-        }
-
-    @staticmethod
-    def _source_tensor(graph: GraphReport, c: Collective) -> str:
-        """The parameter the collective moves, if its input is one, else ''."""
-        if c.source_parameter is not None:
-            p = graph.parameter(c.source_parameter)
-            if p is not None:
-                return p.label
-        return ""
 
     def write_json(self, path: str | os.PathLike[str], *, save_hlo: bool = True) -> Path:
         """Write the JSON report atomically; with ``save_hlo``, copy each graph's optimized HLO
@@ -329,6 +274,7 @@ class Report:
         """
         target = file_to_write(path, "write_json")
         hlo_dir = target.with_name(target.stem + ".hlo")
+        save_hlo = save_hlo and bool(self.graphs)  # a dry run compiles nothing
         if save_hlo and hlo_dir.exists() and not hlo_dir.is_dir():
             raise ValueError(
                 f"write_json: {hlo_dir} (where the HLO files go) is a file; move it or pass save_hlo=False."
@@ -348,50 +294,33 @@ class Report:
     # Table --------------------------------------------------------------------------------
     def table(self, max_collectives: int = 20) -> str:
         """The report as a plain-text table (what the CLI prints), with at most ``max_collectives``
-        collectives per graph (the largest)."""
+        collectives per graph (the largest) or per rank's step (the first)."""
         require_int(max_collectives, "max_collectives", ValueError, minimum=0, allowed="a whole number >= 0")
-        lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
+        if self.ranks:
+            ranks = ", ".join(str(r.rank) for r in self.ranks)
+            lines = [
+                f"spmd.inspector: dry run of {self.script} as rank(s) {ranks} of {self.devices} (fake process group)"
+            ]
+            before = "the steps before it are below"
+        else:
+            lines = [f"spmd.inspector: {len(self.graphs)} compiled graph(s) on {self.devices} {self.platform} devices"]
+            before = "the graphs compiled before that are below"
         if self.partial:
-            lines.append(f"PARTIAL REPORT: {self.partial}; the graphs compiled before that are below.")
+            lines.append(f"PARTIAL REPORT: {self.partial}; {before}.")
         for g in self.graphs:
-            step = f", step {g.step}" if g.step is not None else ""
+            lines += g.table_lines(max_collectives)
+        for r in self.ranks:
+            lines += r.table_lines(max_collectives)
+        if not self.ranks:
             lines.append("")
-            lines.append(f"== {g.name} (module {g.module_id}{step}) ==")
-            if g.memory is not None:
-                m = g.memory
-                lines.append(
-                    f"  per-device peak {format_bytes(m.peak_bytes)} = arguments {format_bytes(m.argument_bytes)}"
-                    f" + outputs {format_bytes(m.output_bytes)} + temporaries {format_bytes(m.temp_bytes)}"
-                )
-            else:
-                lines.append("  per-device peak: not reported by this backend (no buffer assignment dump)")
-            lines.append(
-                f"  arguments per device: {format_bytes(g.argument_bytes)} in {len(g.parameters)} parameter(s)"
-            )
-            if not g.collectives:
-                lines.append("  collectives: none")
-                continue
-            lines.append(
-                f"  collectives: {len(g.collectives)}, each device sends {format_bytes(g.bytes_sent_per_device)}"
-                + (f"; the {max_collectives} largest:" if len(g.collectives) > max_collectives else ":")
-            )
-            header = f"    {'op':<19}{'shape':<26}{'group':>6}{'sent/device':>14}  source"
-            lines.append(header)
-            largest = sorted(g.collectives, key=lambda c: (-c.bytes_sent_per_device, c.position))
-            for c in largest[:max_collectives]:
-                lines.append(
-                    f"    {c.kind.value:<19}{c.shape:<26}{c.group_size:>6}"
-                    f"{format_bytes(c.bytes_sent_per_device):>14}  {self._source_tensor(g, c) or c.where}"
-                )
-            if len(g.collectives) > max_collectives:
-                lines.append(f"    ... {len(g.collectives) - max_collectives} more (see the JSON)")
-        lines.append("")
-        for t in self.step_totals():
-            counts = ", ".join(f"{n} {k}" for k, n in t["collectives"].items()) or "no collectives"
-            lines.append(
-                f"step {t['step']}: {len(t['graphs'])} graph(s), peak {format_bytes(t['peak_bytes_per_device'])} "
-                f"per device; {counts}; {format_bytes(t['bytes_sent_per_device'])} sent per device"
-            )
-        for w in self.warnings:
-            lines.append(f"warning {w}")
+            lines += [_step_line(t) for t in self.step_records()]
+        lines += [f"warning {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def _step_line(t: StepTotals) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(t.collectives.items())) or "no collectives"
+    return (
+        f"step {t.step}: {len(t.graphs)} graph(s), peak {format_bytes(t.peak_bytes_per_device)} "
+        f"per device; {counts}; {format_bytes(t.bytes_sent_per_device)} sent per device"
+    )

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
+
 __all__ = ["CollectiveCall", "collective_call", "is_collective"]
 
 # c10d op name -> the kind the torch_xla lane's report uses (CollectiveKind values), so both
@@ -76,6 +78,30 @@ class CollectiveCall:
     dtype: str
     phase: str
     module: str
+
+    @property
+    def bytes_sent(self) -> int:
+        """Ring-algorithm bytes the rank sends for the call (as the torch_xla lane counts them);
+        for a broadcast, send...: what the rank puts in."""
+        try:
+            kind = CollectiveKind(self.op)
+        except ValueError:
+            return self.bytes_in if len(self.ranks) > 1 else 0
+        return ring_bytes_sent(kind, self.bytes_out, len(self.ranks))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The call's entry in a step's JSON ``collectives``."""
+        return {
+            "op": self.op,
+            "torch_op": self.torch_op,
+            "ranks": list(self.ranks),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "dtype": self.dtype,
+            "phase": self.phase,
+            "module": self.module,
+            "bytes_sent": self.bytes_sent,
+        }
 
     def key(self) -> tuple[Any, ...]:
         """What must match between a dry run and a real run of the same step."""

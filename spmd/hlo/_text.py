@@ -2,7 +2,7 @@
 
 It reads what ``--xla_dump_hlo_as_text`` writes (``*before_optimizations.txt`` and the
 partitioned, scheduled ``*after_optimizations.txt``). It is not a full HLO parser: it keeps
-what the inspector needs (each instruction's name, shape, opcode, operands and attributes)
+what its readers need (each instruction's name, shape, opcode, operands and attributes)
 and follows values back through bitcasts, copies, converts, tuples and optimization barriers.
 """
 
@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from spmd.inspector.hlo_shape import DTYPE_BYTES, ArrayShape, parse_shape
+from spmd.hlo._shape import DTYPE_BYTES, ArrayShape, parse_shape
 
 __all__ = [
     "ArrayShape",

@@ -12,14 +12,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from spmd.inspector._runner import is_user_file, script_line
+
 __all__ = ["Placeholders", "user_line"]
-
-_LIBRARY_PARTS = ("/torch/", "/site-packages/", "/spmd/", "/fsdp_xla/", "/mesh/", "/importlib/", "<frozen")
-
-
-def _is_user_file(path: str) -> bool:
-    path = path.replace("\\", "/")
-    return not any(part in path for part in _LIBRARY_PARTS) and not path.startswith((sys.prefix, sys.base_prefix))
 
 
 def user_line(frames: list[traceback.FrameSummary] | None = None) -> str:
@@ -28,13 +23,10 @@ def user_line(frames: list[traceback.FrameSummary] | None = None) -> str:
     tens of thousands of placeholders (``tolist()`` of a gathered tensor), and formatting the
     whole stack for each took most of a dry run."""
     if frames is not None:
-        for summary in reversed(frames):
-            if _is_user_file(summary.filename):
-                return f"{summary.filename}:{summary.lineno}"
-        return ""
+        return script_line(frames)
     frame = sys._getframe(1)
     while frame is not None:
-        if _is_user_file(frame.f_code.co_filename):
+        if is_user_file(frame.f_code.co_filename):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""

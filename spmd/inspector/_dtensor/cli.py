@@ -1,6 +1,6 @@
 """``python -m spmd.inspector --world N [--rank r | --ranks all|worst] [--steps k] SCRIPT``: the
 dry run on the DTensor lane (no torch_xla): the script runs as each chosen rank of an N-rank job
-in this process, and the report is printed (and written with ``--json``)."""
+in this process; `spmd.inspector.cli` prints the report (and writes it with ``--json``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from spmd.inspector._dtensor_report import DryRunReport
-from spmd.inspector._dtensor_run import RankRun, run_rank
+from spmd._util.ranks import rank_ranges
+from spmd.inspector._dtensor.report import DryRunReport
+from spmd.inspector._dtensor.run import RankRun, run_rank
+from spmd.inspector._runner import Outcome
 
 __all__ = ["chosen_ranks", "dry_run"]
 
@@ -32,23 +34,15 @@ def chosen_ranks(args: argparse.Namespace) -> list[int]:
     return [0]
 
 
-def _ranks_text(groups: tuple[tuple[int, ...], ...]) -> str:
-    def span(ranks: tuple[int, ...]) -> str:
-        if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
-            return f"{ranks[0]}..{ranks[-1]}"
-        return ",".join(map(str, ranks[:8])) + (f",... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
-
-    return " | ".join(span(g) for g in groups)
-
-
 def worst_runs(args: argparse.Namespace, script: Path, first: RankRun) -> list[RankRun]:
     """``--ranks worst`` after rank 0's run (``first``, which grouped the ranks by the local
     shapes of their shards): one run per other group, its first rank; all the runs. Ranks of a
     group run the same ops on the same shapes, so the highest of these peaks is the world's."""
     runs = [first]
     others = [group[0] for group in first.groups if 0 not in group]
+    sets = " | ".join(rank_ranges(group, most=8) for group in first.groups)
     print(
-        f"--ranks worst: the ranks' shards take {len(first.groups)} set(s) of shapes ({_ranks_text(first.groups)}); "
+        f"--ranks worst: the ranks' shards take {len(first.groups)} set(s) of shapes ({sets}); "
         f"running one rank of each: {', '.join(str(r) for r in [0, *others])}"
     )
     for rank in others:
@@ -75,13 +69,9 @@ def _missing_support() -> str:
     )
 
 
-def dry_run(args: argparse.Namespace, script: Path) -> int:
-    """Run the dry runs, print the report; the exit code (1 when the script failed, 2 when this
-    torch cannot dry-run)."""
-    missing = _missing_support()
-    if missing:
-        print(f"spmd.inspector: error: {missing}", file=sys.stderr)
-        return 2
+def _runs(args: argparse.Namespace, script: Path) -> list[RankRun]:
+    """The runs ``--rank``/``--ranks`` ask for, up to the first that fails (every rank runs the
+    same program: the next would fail alike)."""
     runs: list[RankRun] = []
     worst = args.ranks == "worst"
     for rank in chosen_ranks(args):
@@ -90,22 +80,29 @@ def dry_run(args: argparse.Namespace, script: Path) -> int:
         )
         runs.append(run)
         if run.failure:
-            break  # every rank runs the same program: the next would fail alike
+            break
     if worst and not runs[0].failure:
         runs = worst_runs(args, script, runs[0])
+    return runs
+
+
+def dry_run(args: argparse.Namespace, script: Path) -> Outcome:
+    """Run the dry runs; their report, and the exit code (the failing script's, 2 when this
+    torch cannot dry-run)."""
+    missing = _missing_support()
+    if missing:
+        return Outcome(None, 2, f"error: {missing}")
+    runs = _runs(args, script)
     ignore = frozenset(args.ignore)
-    report = DryRunReport(str(script), args.world, tuple(runs), ignore)
-    if worst and not report.partial:
-        highest = report.worst()
+    dry = DryRunReport(str(script), args.world, tuple(runs), ignore)
+    if args.ranks == "worst" and not dry.partial:
+        highest = dry.worst()
         tried = ", ".join(str(r.rank) for r in runs)
         print(
             f"--ranks worst: ran ranks {tried}; rank {highest.rank} has the highest peak, {highest.peak_bytes:,} bytes"
         )
-        report = DryRunReport(str(script), args.world, (highest,), ignore)
-    print(report.table(max_collectives=args.max_collectives))
-    if args.json is not None:
-        print(f"\nJSON report: {report.write_json(args.json)}")
-    if report.partial:
-        print(f"\nspmd.inspector: {report.partial}", file=sys.stderr)
-        return 1
-    return 0
+        dry = DryRunReport(str(script), args.world, (highest,), ignore)
+    if not dry.partial:
+        return Outcome(dry.report)
+    end = runs[-1].end
+    return Outcome(dry.report, end.exit_code or 1, dry.partial, end.traceback)

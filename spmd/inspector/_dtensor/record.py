@@ -15,199 +15,22 @@ script has, so none needs a change:
 What runs after a step's end until the root's next forward (a loss all-reduced for logging)
 still belongs to that step.
 
-Two corrections to the tracker:
-
-- DTensor computes its output shapes by running the op on fake tensors
-  (``ShardingPropagator._propagate_tensor_meta_non_cached``). Under a dry run's fake mode those
-  are the same kind of tensor as the rank's own, so the tracker counted them (global shapes: the
-  optimizer state came out 36 % too high at 4 ranks, 44x at 1,024). Ops run there pass through
-  untracked.
-- The tracker's peak covers its whole life; a step's peak, each category's maximum over the
-  step, and the module and phase at the peak are kept here.
+The trackers themselves, with their two corrections, are `spmd.inspector._dtensor.tracker`.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
-from spmd.inspector._dtensor_collectives import CollectiveCall, collective_call, is_collective
-from spmd.inspector._dtensor_params import ParameterSummary, summarize_parameters
+from spmd.inspector._dtensor.params import ParameterSummary, summarize_parameters
+from spmd.inspector._dtensor.tracker import CATEGORIES, FsdpTracker, PlainTracker, Recording, StepRecord
+from spmd.inspector._runner import StopScript
 
 __all__ = ["CATEGORIES", "StepRecord", "Recorder", "StopScript"]
-
-CATEGORIES = {
-    "Sharded Param": "sharded_parameters",
-    "Unsharded Param": "unsharded_parameters",
-    "Buffer": "buffers",
-    "Sharded Grad": "sharded_gradients",
-    "Unsharded Grad": "unsharded_gradients",
-    "OptState": "optimizer_state",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "All Gather": "all_gather_buffers",
-    "Reduce Scatter": "reduce_scatter_buffers",
-    "Inputs": "inputs",
-}
-"""``FSDPMemTracker``'s category names -> the report's."""
-
-PLAIN_CATEGORIES = {
-    "Parameter": "sharded_parameters",
-    "Buffer": "buffers",
-    "Gradient": "sharded_gradients",
-    "Optstate": "optimizer_state",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Other": "inputs",
-}
-"""``MemTracker``'s (no FSDP) -> the report's: a parameter as the rank stores it (its shard of a
-tensor parallel or ``mark_sharding`` layout, a replicated one whole) is a sharded parameter;
-there is no gathered copy. "Other" holds only the root's inputs (`_Recording.track_inputs`)."""
-
-
-class StopScript(BaseException):
-    """Raised in the script when it starts the step after the last one recorded; a BaseException
-    so the script's own ``except Exception`` does not swallow it."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step of one rank.
-
-    Attributes:
-        step: 0 for the first step the recorder saw.
-        peak_bytes: the most the rank held at once during the step.
-        at_peak: bytes per category at that moment (`CATEGORIES` names).
-        category_max: each category's own maximum over the step.
-        module: the innermost module running at the peak ('' outside any).
-        phase: ``forward``, ``backward``, ``optimizer`` or ``other`` at the peak.
-        collectives: every collective of the step, in issue order.
-        complete: False when the script stopped (or failed) inside the step.
-    """
-
-    step: int
-    peak_bytes: int
-    at_peak: dict[str, int]
-    category_max: dict[str, int]
-    module: str
-    phase: str
-    collectives: tuple[CollectiveCall, ...]
-    complete: bool = True
-
-
-def _categories(snapshot: dict[str, int]) -> dict[str, int]:
-    names = PLAIN_CATEGORIES if "Parameter" in snapshot else CATEGORIES  # MemTracker's snapshot, or FSDP's
-    return {ours: int(snapshot.get(theirs, 0)) for theirs, ours in names.items()}
-
-
-class _Recording:
-    """What both trackers add to torch's: collectives and a per-step peak (a mixin before the
-    tracker class: ``_PlainTracker``, ``_Tracker``)."""
-
-    categories = CATEGORIES
-
-    def start_recording(self) -> None:
-        self.propagating = 0
-        self.units: list[str] = []  # the FSDP unit gathering or reducing now, innermost last
-        self.collectives: list[CollectiveCall] = []
-        self.start_step()
-
-    def start_step(self) -> None:
-        self.collectives = []
-        self.step_peak, self.step_at_peak, self.step_where = -1, {}, ("", "other")
-        self.category_max: dict[str, int] = {}
-
-    def where(self) -> tuple[str, str]:
-        """(innermost module, phase) now."""
-        tracker = self._mod_tracker
-        names = [p for p in tracker.parents if p != "Global"]
-        module = max(names, key=lambda n: (n.count("."), len(n)), default="")
-        # ModTracker names modules from the root's class (FSDPGPT.h.0): the path from the root reads better.
-        root = type(self._root_mod).__name__
-        module = module.removeprefix(root + ".") if module != root else root.removeprefix("FSDP")
-        if self._in_opt:
-            return module, "optimizer"
-        if tracker.is_bw:
-            return module, "backward"
-        return module, "forward" if names else "other"
-
-    def _update_peak_stats(self, peak_state: Any) -> None:
-        super()._update_peak_stats(peak_state)
-        self.note_memory()
-
-    def note_memory(self) -> None:
-        # One device per rank here (each rank's own); the largest if a script uses more.
-        snap = max(self._curr_mem_snap.values(), key=lambda s: s[_TOTAL_KEY], default=None)
-        if snap is None:
-            return
-        for theirs, ours in self.categories.items():
-            self.category_max[ours] = max(self.category_max.get(ours, 0), int(snap.get(theirs, 0)))
-        if snap[_TOTAL_KEY] > self.step_peak:
-            self.step_peak, self.step_at_peak, self.step_where = snap[_TOTAL_KEY], _categories(snap), self.where()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if self.propagating:  # DTensor's shape propagation, not the rank's memory
-            return func(*args, **(kwargs or {}))
-        result = super().__torch_dispatch__(func, types, args, kwargs)
-        if result is not NotImplemented and is_collective(func):
-            module, phase = self.where()
-            module = self.units[-1] if self.units else module
-            call = collective_call(
-                func, args, kwargs or {}, result, position=len(self.collectives), phase=phase, module=module
-            )
-            self.collectives.append(call)
-        return result
-
-    def finish_step(self, step: int, complete: bool) -> StepRecord:
-        self.note_memory()  # a step with no op since its start still has what it holds
-        module, phase = self.step_where
-        record = StepRecord(
-            step,
-            max(self.step_peak, 0),
-            dict(self.step_at_peak),
-            dict(self.category_max),
-            module,
-            phase,
-            tuple(self.collectives),
-            complete,
-        )
-        self.start_step()
-        self.reset_mod_stats()  # the tracker refuses a module's second call without it
-        return record
-
-
-class _Tracker(_Recording, FSDPMemTracker):
-    """``FSDPMemTracker`` that also records collectives and a per-step peak."""
-
-    def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        FSDPMemTracker.__init__(self, root, optimizer)
-        self.start_recording()
-
-
-class _PlainTracker(_Recording, MemTracker):
-    """``MemTracker`` (a model with no ``fully_shard``) that also records collectives and a
-    per-step peak; the root's parameters, buffers and the optimizer's state made before it
-    started are counted from the start."""
-
-    categories = PLAIN_CATEGORIES
-
-    def __init__(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        MemTracker.__init__(self)
-        self._root_mod = root
-        self.track_external(root, *([optimizer] if optimizer is not None else []))
-        self.start_recording()
-
-    def track_inputs(self, inputs: Any) -> None:
-        """Count the root's input tensors as inputs (``FSDPMemTracker.track_inputs``'s job)."""
-        from torch.utils._pytree import tree_map_only
-
-        tree_map_only(torch.Tensor, lambda t: self._update_and_maybe_create_winfos(t, _MemRefType.OTH), inputs)
 
 
 def _outermost(modules: list[torch.nn.Module], params: set[int]) -> list[torch.nn.Module]:
@@ -232,10 +55,10 @@ def _root_of(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     return found[0] if found else None
 
 
-def _tracker_for(root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> _Recording:
+def _tracker_for(root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Recording:
     from torch.distributed.fsdp import FSDPModule
 
-    kind = _Tracker if issubclass(type(root), FSDPModule) else _PlainTracker
+    kind = FsdpTracker if issubclass(type(root), FSDPModule) else PlainTracker
     return kind(root, optimizer)
 
 
@@ -257,7 +80,7 @@ class Recorder:
         self.root = ""
         self.fsdp = False
         self.parameters: ParameterSummary | None = None
-        self._tracker: _Recording | None = None
+        self._tracker: Recording | None = None
         self._root: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None  # the one whose step ends a step
         self._step_done = False
@@ -282,7 +105,7 @@ class Recorder:
         self.parameters = summarize_parameters(root)
         self._names = {id(m): name or self.root for name, m in root.named_modules()}
         self._tracker = _tracker_for(root, optimizer)
-        self.fsdp = isinstance(self._tracker, _Tracker)
+        self.fsdp = isinstance(self._tracker, FsdpTracker)
         self._tracker.__enter__()
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -1,0 +1,67 @@
+"""The one script runner both lanes run scripts through: argv and sys.path as ``python SCRIPT``
+gives them, one stop signal, and how a script ended (finished, stopped, exited, raised)."""
+
+import sys
+from contextlib import contextmanager
+
+import pytest
+
+from spmd.inspector._runner import ScriptEnd, StopScript, run_script
+
+
+def script(tmp_path, body):
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    return path
+
+
+def test_the_script_runs_as_main_with_its_argv_and_folder(tmp_path):
+    path = script(tmp_path, "import sys\nassert __name__ == '__main__'\nRESULT.append((sys.argv, sys.path[0]))\n")
+    seen = []
+    sys.modules["builtins"].RESULT = seen
+    try:
+        argv, path0 = sys.argv, list(sys.path)
+        assert run_script(path, ["--steps", "2"]) == ScriptEnd()
+        assert (sys.argv, sys.path) == (argv, path0)  # put back
+    finally:
+        del sys.modules["builtins"].RESULT
+    assert seen == [([str(path), "--steps", "2"], str(tmp_path.resolve()))]
+
+
+def test_a_stopped_script_and_exit_0_are_finished(tmp_path):
+    assert (
+        run_script(script(tmp_path, "from spmd.inspector._runner import StopScript\nraise StopScript\n"), [])
+        == ScriptEnd()
+    )
+    assert run_script(script(tmp_path, "import sys\nsys.exit(0)\n"), []) == ScriptEnd()
+
+
+def test_exit_n_and_an_exception_are_failures_with_their_exit_codes(tmp_path):
+    exited = run_script(script(tmp_path, "import sys\nsys.exit(3)\n"), [])
+    assert (exited.exit_code, exited.failure, exited.traceback) == (3, "the script exited with code 3", "")
+    raised = run_script(script(tmp_path, "x = 1\nraise KeyError('late')\n"), [])
+    assert raised.exit_code == 1 and raised.describe() == f"KeyError: 'late' at {tmp_path / 'train.py'}:2"
+    assert raised.traceback.startswith("Traceback") and "_runner.py" not in raised.traceback  # the script's frames
+
+
+def test_the_capture_sees_the_scripts_error_and_its_own_errors_propagate(tmp_path):
+    seen = []
+
+    @contextmanager
+    def capture(fail_at_exit=False):
+        try:
+            yield
+        except BaseException as e:
+            seen.append(type(e).__name__)
+            raise
+        if fail_at_exit:
+            raise RuntimeError("nothing to report")
+
+    assert run_script(script(tmp_path, "raise ValueError('boom')\n"), [], capture()).exit_code == 1
+    assert seen == ["ValueError"]  # what marks a report partial
+    with pytest.raises(RuntimeError, match="nothing to report"):
+        run_script(script(tmp_path, "pass\n"), [], capture(fail_at_exit=True))
+
+
+def test_stop_script_is_not_an_exception_a_script_catches():
+    assert not issubclass(StopScript, Exception)
