@@ -4,7 +4,8 @@ scheduled HLO (pure Python).
 Each operation the device runs (a fusion, a dot, a Pallas kernel, a copy) takes the longer of its
 compute time and its memory time, a roofline per operation: compute is its matmul FLOPs (the dots
 and convolutions inside it; a splash attention kernel's from its q, k and v shapes) over the
-device's peak, times a matmul efficiency and the share of the matrix unit its dims fill; memory
+device's peak, times a matmul efficiency and the share of the matrix unit its dims fill (a splash
+kernel's matmuls over the head dim fill ``head_dim / MXU`` of a unit deeper than it); memory
 is the bytes it reads and writes in HBM over the device's HBM bandwidth (a slice of a stacked
 array counts the slice, an in-place update the update).
 
@@ -37,7 +38,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.topology import TpuSlice
 
-__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_matmuls"]
+__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_head_dim_matmuls", "splash_matmuls"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ _COLLECTIVES = {k.value: k for k in CollectiveKind}
 _STARTS = {f"{k.value}-start": k for k in CollectiveKind}
 _DONES = frozenset({f"{k.value}-done" for k in CollectiveKind} | {"async-done", "copy-done", "recv-done", "send-done"})
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
+_FLOAT_ARRAY = re.compile(r"\b(?:bf16|f16|f32|f8e\w*)\[([\d,]*)\]")
 
 
 def _dims(text: str | None) -> tuple[int, ...]:
@@ -178,22 +180,30 @@ class _Program:
                 flops, seconds = flops + f, seconds + s
         return flops, seconds
 
-    def _kernel_flops(self, inst: Instruction) -> float:
-        """A Pallas kernel's FLOPs: its own cost estimate when the lowering gave one, else for a
-        splash attention kernel from its q, k, v shapes (`splash_matmuls`), causal (half the
-        blocks skipped); other kernels are costed by their bytes only."""
+    def _kernel(self, inst: Instruction) -> tuple[float, float]:
+        """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
+        gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
+        (`splash_matmuls`), causal (half the blocks skipped); other kernels are costed by their
+        bytes only. A splash kernel's matmuls that contract over the head dim (q k^T, and dO v^T in
+        backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of TPU7x's and
+        v6e's 256 for a head of 128); the others contract over a block of the sequence and can fill
+        it (`splash_head_dim_matmuls`)."""
         found = re.search(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)', inst.attributes)
         if found:
-            return float(found.group(1))
-        # the operands' shapes as the kernel declares them (its operands may be tuple elements)
-        declared = shape_leaves(inst.attribute("operand_layout_constraints") or "", every_space=True)
-        qkv = [dims for dims, nbytes in declared if len(dims) >= 3 and nbytes >= 2 * math.prod(dims)]
+            return float(found.group(1)), 1.0
+        # the operands' shapes as the kernel declares them (its operands may be tuple elements): q,
+        # k and v are its first floating ones; its mask tables are integers, int16 from 128 blocks
+        # of keys on (131,072 tokens in blocks of 512), where a byte-size rule took one for q
+        declared = inst.attribute("operand_layout_constraints") or ""
+        qkv = [_dims(m.group(1)) for m in _FLOAT_ARRAY.finditer(declared) if len(_dims(m.group(1))) >= 3]
         matmuls = splash_matmuls(inst.name)
         if len(qkv) < 2 or not matmuls:
-            return 0.0
+            return 0.0, 1.0
         q, k = qkv[0], qkv[1]
         heads = math.prod(q[:-2])
-        return matmuls * 2.0 * heads * q[-2] * k[-2] * q[-1] / 2
+        deep = splash_head_dim_matmuls(inst.name)
+        fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
+        return matmuls * 2.0 * heads * q[-2] * k[-2] * q[-1] / 2, fill
 
     def _fusion_bytes(self, inst: Instruction, computation: str) -> float:
         """HBM bytes of a fusion: each operand read whole, except one only sliced inside (a
@@ -231,8 +241,8 @@ class _Program:
         """One operation's time: the longer of its matmul and its memory time; the totals count
         it ``scale`` times (the loops around it)."""
         if inst.opcode == "custom-call":
-            flops = self._kernel_flops(inst)
-            matmul = flops / (self.peak * self.attention_efficiency)
+            flops, fill = self._kernel(inst)
+            matmul = flops / (self.peak * self.attention_efficiency * fill)
         elif inst.opcode in ("dot", "convolution"):
             flops, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
             matmul = flops / (self.peak * self.matmul_efficiency * fill) if flops else 0.0
@@ -369,6 +379,14 @@ def splash_matmuls(name: str) -> int:
     if "dq" in name:
         return 3
     return 2 if "fwd" in name or "bwd" not in name else 0
+
+
+def splash_head_dim_matmuls(name: str) -> int:
+    """Of `splash_matmuls`, those contracting over the head dim: q k^T in every kernel, and dO v^T
+    in backward's (forward 1, dq 2, dkv 2, fused dkv 2); the rest contract over a block of queries
+    or keys (p v, dS k, p^T dO, dS^T q)."""
+    matmuls = splash_matmuls(name)
+    return 0 if not matmuls else 1 if matmuls == 2 else 2
 
 
 def predict_step(hlo_text: str, target: TpuSlice, calibration: Calibration = CALIBRATION) -> StepTime:

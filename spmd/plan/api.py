@@ -186,12 +186,12 @@ def plan_program(
     req = _request(settings, strategy, mesh, global_batch, remat, tensor)
     module, hf_config = build_meta_model(model)
     seq = resolve_seq_len(settings.seq_len, hf_config)
-    if settings.attention is Attention.FLASH:
-        splash_block(seq)
     sequence = roles.sequence_axes(tuple(req.mesh))
     if sequence:  # context parallelism: checked before anything is traced or compiled
         check_context(seq, math.prod(req.mesh[a] for a in sequence))
         check_takes_positions(module)
+    if settings.attention is Attention.FLASH:
+        splash_block(seq)
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)

@@ -23,6 +23,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
 
 __all__ = [
+    "ADVISED_STRATEGIES",
     "MESH_AXES",
     "STRATEGIES",
     "auto_mesh_shape",
@@ -35,6 +36,7 @@ __all__ = [
 # fsdp: every parameter on the fsdp axis (and context's, when the mesh has one); cp: the same, with
 # the context axis required; 2d: fsdp x tensor; dp: replicated
 STRATEGIES = (Role.FSDP.value, "2d", "dp", "cp")
+ADVISED_STRATEGIES = STRATEGIES[:3]  # what the advisor tries unless told: cp needs flash attention
 MESH_AXES = (Role.DATA.value, Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value)
 _NEEDS = {
     Role.FSDP.value: (Role.FSDP.value,), "2d": (Role.FSDP.value, Role.TENSOR.value), "dp": (),

@@ -166,8 +166,10 @@ class PlanReport:
 
     @property
     def per_device_batch(self) -> float:
-        """Sequences per batch shard (every mesh axis but ``tensor``)."""
-        return self.global_batch * self.mesh.get(Role.TENSOR.value, 1) / self.devices
+        """Sequences per batch shard (every mesh axis but ``tensor`` and ``context``, which split
+        each sequence's heads or tokens instead)."""
+        shared = self.mesh.get(Role.TENSOR.value, 1) * self.mesh.get(Role.CONTEXT.value, 1)
+        return self.global_batch * shared / self.devices
 
     @property
     def step_seconds(self) -> float:
@@ -378,6 +380,6 @@ def plan_table(r: PlanReport) -> str:
         lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
     else:
         lines += _collectives(r) + _context(r) + _estimate(r)
-        published = published_for(r.model, r.chip, r.chips)
+        published = published_for(r.model, r.chip, r.chips, r.seq_len)
         lines += [f"  published: {published.line()}"] if published else []
     return "\n".join(lines + ["", r.verdict()])

@@ -13,7 +13,7 @@ from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # The test files that read the worker's results: collecting any of them starts it.
-USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py")
+USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py")
 _run: dict = {}
 
 

@@ -6,7 +6,7 @@ HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
 import pytest
 
-from spmd.plan._step_time import Calibration, predict_step, splash_matmuls
+from spmd.plan._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import parse_slice
 
@@ -235,8 +235,25 @@ def test_a_splash_forward_kernel_runs_two_causal_matmuls():
     flops = 2 * 2 * 8 * 2048 * 2048 * 128 / 2
     t = predict_step(SPLASH, TARGET, CAL)
     assert t.hardware_flops == flops
-    assert t.seconds == pytest.approx(flops / (PEAK * 0.25))
+    # q k^T contracts over the head dim, 128 of TPU7x's 256-deep matrix unit: half of it, so that
+    # matmul takes twice its FLOPs' time; p v contracts over keys and fills it
+    assert t.seconds == pytest.approx((flops / 2 + flops / 2 / 0.5) / (PEAK * 0.25))
     assert [splash_matmuls(n) for n in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "fusion")] == [2, 3, 4, 0]
+    names = ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "splash_mha_fused_dkv", "fusion")
+    assert [splash_head_dim_matmuls(n) for n in names] == [1, 2, 2, 2, 0]
+    # a 128-wide matrix unit (v5e) is filled by a head of 128: the kernel at its FLOPs' time
+    v5e = predict_step(SPLASH.replace("num_partitions=8", "num_partitions=4"), parse_slice("v5e:2x2"), CAL)
+    assert v5e.seconds == pytest.approx(flops / (197e12 * 0.25))
+
+
+def test_a_splash_kernel_s_integer_mask_tables_are_not_its_queries():
+    # at 131,072 tokens in blocks of 512 the kernel's block table is int16 (its first operand): q is
+    # its first floating operand, [64 heads, 16384 local queries, 128] against 131,072 keys
+    text = SPLASH.replace(
+        "operand_layout_constraints={", "operand_layout_constraints={s16[1,32,256]{2,1,0}, s8[1,32,256]{2,1,0}, "
+    )
+    flops = 2 * 2 * 8 * 2048 * 2048 * 128 / 2
+    assert predict_step(text, TARGET, CAL).hardware_flops == flops
 
 
 @pytest.mark.parametrize(
