@@ -229,7 +229,8 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (
             dict(remat="some"),
             PlanError,
-            r"remat must be one of \['none', 'dots', 'save_dot_except_mlp', 'save_qkv_proj', 'full', 'offload'\] "
+            r"remat must be one of \['none', 'dots', 'save_qkv_context', 'save_dot_except_mlp', 'save_qkv_proj', 'full', "
+            r"'offload'\] "
             r"\(or 'minimal', MaxText's name for 'dots'\)",
         ),
         (dict(moment_dtype="float16"), PlanError, r"moment_dtype must be one of \('float32', 'bfloat16'\)"),
