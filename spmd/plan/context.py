@@ -147,9 +147,9 @@ def context_attention(
     sequence is in load-balanced order over ``context_axis`` (module docstring), under
     ``shard_map`` on ``jax_mesh``: the batch over ``batch_axes``, heads over ``tensor_axis``. The
     output is in the queries' order. ``q`` comes scaled; ``block`` is the kernel's block along the
-    sequence (a multiple of 128 dividing each shard's ``seq / context`` queries); ``residual_name`` names the kernel's
-    residuals (its output and log-sum-exp) for a remat policy; ``interpret`` runs the kernel in
-    Pallas' interpreter (a CPU check)."""
+    sequence (a multiple of 128 dividing each shard's ``seq / context`` queries); ``residual_name``
+    names the kernel's residuals (its output and log-sum-exp) for a remat policy; ``interpret``
+    runs the kernel in Pallas' interpreter (a CPU check)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as JaxSpec
@@ -212,7 +212,7 @@ def context_token_loss(logits: Any, targets: Any) -> Any:
     values). Written on the ``[batch, seq]`` grid, so each shard reduces its own tokens: a Hugging
     Face model's loss flattens batch and sequence into one dim, across which the partitioner
     gathered the logits of a whole sequence on every context shard (on a small Llama, 8 MiB of
-    fp32 logits a step; at 131,072 tokens and Llama 3's vocabulary, 64 GiB a device)."""
+    fp32 logits a step; at 131,072 tokens and Llama 3's vocabulary, 63 GiB a device)."""
     import jax
     import jax.numpy as jnp
 

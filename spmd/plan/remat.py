@@ -24,11 +24,11 @@ it keeps the kernel's residuals, so backward runs no attention forward again, on
 projection and the MLP's input projections (the MLP's input needs the attention's output added
 back); with ``dot`` attention there is no kernel to name, and it keeps what ``save_qkv_proj`` keeps.
 
-No policy keeps a gathered weight: FSDP gathers it again in backward, as our optimization barriers make GSPMD do (naming
-the gathered value would not be enough: what torch derives from it, a transposed weight, would be
-kept instead), so policies name activations only. A projection the table does not know (a
-factory's own module names) is ``dot``, which ``dots`` keeps. Attention's scores are never kept
-(the kernel, or ``dots``' recomputation, makes them again).
+No policy keeps a gathered weight: FSDP gathers it again in backward, as our optimization
+barriers make GSPMD do (naming the gathered value would not be enough: what torch derives from
+it, a transposed weight, would be kept instead), so policies name activations only. A projection
+the table does not know (a factory's own module names) is ``dot``, which ``dots`` keeps.
+Attention's scores are never kept (the kernel, or ``dots``' recomputation, makes them again).
 
 The estimate's recomputation (`recompute_factor`) counts hardware FLOPs, never model FLOPs.
 """
