@@ -332,7 +332,10 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
         (["--strategies", "fsdp", "--fsdp-config", "/tmp/x.json"], "--strategies, --fsdp-config only steer"),
         (["--per-device-batches", "1", "--tensors", "2", "--datas", "1"], "--per-device-batches, --tensors, --datas"),
         (["--cache", "/tmp"], "--cache only steers the advisor's search"),
-        (["--remat", "most"], "--remat: unknown remat policy 'most'; choose from none,dots,save_dot_except_mlp"),
+        (
+            ["--remat", "most"],
+            "--remat: unknown remat policy 'most'; choose from none,dots,save_qkv_context,save_dot_except_mlp",
+        ),
     ],
 )
 def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):
