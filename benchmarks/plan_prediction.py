@@ -92,12 +92,15 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
     return CalibrationPoint(run_name(p), published_tflops(p), flops, GRID, tuple(seconds))
 
 
+def _peak_tflops(chip: str) -> float:
+    return next(c.peak_flops for c in CHIP_SPECS.values() if c.name == chip) / 1e12
+
+
 def published_tflops(p: Published) -> float:
     """The TFLOP/s per chip the run published, or its MFU times the chip's peak (a source that gives MFU only)."""
     if p.tflops_per_chip:
         return p.tflops_per_chip
-    peak = next(c.peak_flops for c in CHIP_SPECS.values() if c.name == p.chip)
-    return p.mfu * peak / 1e12
+    return p.mfu * _peak_tflops(p.chip)
 
 
 def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
@@ -110,7 +113,7 @@ def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint)
         "role": "calibration" if point.run in CALIBRATION_RUNS else "held-out",
         "published_tflops_per_chip": point.published_tflops, "published_mfu": p.mfu,
         "published_from_mfu": not p.tflops_per_chip,
-        "predicted_tflops_per_chip": predicted, "predicted_mfu": report.estimate.predicted_mfu,
+        "predicted_tflops_per_chip": predicted, "predicted_mfu": predicted / _peak_tflops(p.chip),
         "error": predicted / point.published_tflops - 1,
         "predicted_seconds": step.seconds, "op_seconds": step.op_seconds, "exposed_seconds": step.exposed_seconds,
         "program_flops_over_model": step.hardware_flops * report.devices / report.estimate.model_flops_per_step,

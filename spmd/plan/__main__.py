@@ -2,6 +2,7 @@
 
     python -m spmd.plan llama3.1-70b --topology tpu7x-128 --seq 8192 --attention flash --remat full
     python -m spmd.plan llama2-7b --topology v5p-128 --mesh fsdp=16,tensor=4 --strategy 2d
+    python -m spmd.plan llama3.1-70b --topology tpu7x-512 --seq 131072 --batch 64 --mesh fsdp=64,context=8 --attention flash
     python -m spmd.plan config.json --topology v5e-256 --slices 2 --advise --json advice.json
 
 Prints a table; ``--json`` and ``--plot`` write the report (or the advice) to files.
@@ -18,7 +19,7 @@ from mesh import Role
 from spmd._util.atomic_file import atomic_write
 from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
-from spmd.plan.meshes import STRATEGIES
+from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
@@ -114,7 +115,10 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
 
 def _one_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--mesh", type=_mesh, default=None, help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 (default: auto)"
+        "--mesh",
+        type=_mesh,
+        default=None,
+        help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 or fsdp=64,context=8 (context parallelism; default: auto)",
     )
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
     p.add_argument(
@@ -133,8 +137,8 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
 
 # The advisor's flags: None when not given, so that a plan without --advise can refuse them.
 _ADVISE_DEFAULTS = {
-    "strategies": ",".join(STRATEGIES), "per_device_batches": [1, 2, 4], "tensors": [2, 4, 8], "datas": [1],
-    "remats": list(REMATS),
+    "strategies": ",".join(ADVISED_STRATEGIES), "per_device_batches": [1, 2, 4], "tensors": [2, 4, 8], "datas": [1],
+    "contexts": [2, 4, 8], "remats": list(REMATS),
 }  # fmt: skip
 
 
@@ -143,13 +147,18 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--advise", action="store_true", help="search plans, remat policies and batches; rank those that fit"
     )
-    a.add_argument("--strategies", default=None, help="strategies to try (default: fsdp,2d,dp)")
+    a.add_argument(
+        "--strategies", default=None, help="strategies to try: fsdp, 2d, dp, cp (default: fsdp,2d,dp; cp needs flash)"
+    )
     a.add_argument(
         "--per-device-batches", type=_ints, default=None, help="sequences per batch shard to try (default: 1,2,4)"
     )
     a.add_argument("--tensors", type=_ints, default=None, help="tensor axis sizes to try for 2d (default: 2,4,8)")
     a.add_argument(
         "--datas", type=_ints, default=None, help="data axis sizes within a slice to try for fsdp (HSDP; default: 1)"
+    )
+    a.add_argument(
+        "--contexts", type=_ints, default=None, help="context axis sizes to try for cp (fsdp x context; default: 2,4,8)"
     )
     a.add_argument(
         "--remats", type=_remats, default=None, help="remat policies to try (default: all, least recomputation first)"
@@ -174,6 +183,7 @@ _ADVISE_ONLY = (
     "per_device_batches",
     "tensors",
     "datas",
+    "contexts",
     "remats",
     "jobs",
     "cache",
@@ -256,7 +266,8 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
 
     advice = advise(
         args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
-        per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, remats=args.remats,
+        per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, contexts=args.contexts,
+        remats=args.remats,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
@@ -268,7 +279,13 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
             with atomic_write(args.fsdp_config) as tmp:
                 tmp.write_text(json.dumps(config, indent=2) + "\n")
     elif args.fsdp_config:
-        why = "nothing fits" if advice.winner is None else "the winner is data parallel, which is not FSDP"
+        why = (
+            "nothing fits"
+            if advice.winner is None
+            else "the winner is data parallel, which is not FSDP"
+            if advice.winner.candidate.strategy == "dp"
+            else "the winner splits the sequence over a context axis, which the Trainer does not run"
+        )
         print(f"\n{args.fsdp_config} not written: {why}.")
     _write_json(args.json, advice.to_dict())
     if args.plot:

@@ -4,7 +4,8 @@ scheduled HLO (pure Python).
 Each operation the device runs (a fusion, a dot, a Pallas kernel, a copy) takes the longer of its
 compute time and its memory time, a roofline per operation: compute is its matmul FLOPs (the dots
 and convolutions inside it; a splash attention kernel's from its q, k and v shapes) over the
-device's peak, times a matmul efficiency and the share of the matrix unit its dims fill; memory
+device's peak, times a matmul efficiency and the share of the matrix unit its dims fill (a splash
+kernel's matmuls over the head dim fill ``head_dim / MXU`` of a unit deeper than it); memory
 is the bytes it reads and writes in HBM over the device's HBM bandwidth (a slice of a stacked
 array counts the slice, an in-place update the update).
 
@@ -33,11 +34,19 @@ from dataclasses import dataclass
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
 from spmd.inspector.hlo_text import HloModuleText, Instruction
 from spmd.plan._calibration import CALIBRATION, Calibration
+from spmd.plan._op_costs import SLICING as _SLICING
+from spmd.plan._op_costs import dims as _dims
+from spmd.plan._op_costs import fill as _fill
+from spmd.plan._op_costs import in_place_update as _in_place_update
+from spmd.plan._op_costs import source as _source
+from spmd.plan._op_costs import splash_head_dim_matmuls, splash_matmuls
+from spmd.plan._op_costs import users_of as _users
+from spmd.plan._op_costs import uses as _uses
 from spmd.plan.errors import PlanError
 from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.topology import TpuSlice
 
-__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_matmuls"]
+__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_head_dim_matmuls", "splash_matmuls"]
 
 
 @dataclass(frozen=True)
@@ -87,16 +96,7 @@ _FREE = frozenset(
 _COLLECTIVES = {k.value: k for k in CollectiveKind}
 _STARTS = {f"{k.value}-start": k for k in CollectiveKind}
 _DONES = frozenset({f"{k.value}-done" for k in CollectiveKind} | {"async-done", "copy-done", "recv-done", "send-done"})
-_SLICING = frozenset({"dynamic-slice", "slice", "gather"})
-
-
-def _dims(text: str | None) -> tuple[int, ...]:
-    return tuple(int(d) for d in re.findall(r"\d+", text or ""))
-
-
-def _fill(size: int, mxu: int) -> float:
-    """The share of the matrix unit a matmul dim of ``size`` keeps busy (padded to ``mxu``)."""
-    return size / (math.ceil(size / mxu) * mxu) if size > 0 else 1.0
+_FLOAT_ARRAY = re.compile(r"\b(?:bf16|f16|f32|f8e\w*)\[([\d,]*)\]")
 
 
 class _Program:
@@ -178,45 +178,61 @@ class _Program:
                 flops, seconds = flops + f, seconds + s
         return flops, seconds
 
-    def _kernel_flops(self, inst: Instruction) -> float:
-        """A Pallas kernel's FLOPs: its own cost estimate when the lowering gave one, else for a
-        splash attention kernel from its q, k, v shapes (`splash_matmuls`), causal (half the
-        blocks skipped); other kernels are costed by their bytes only."""
+    def _kernel(self, inst: Instruction) -> tuple[float, float]:
+        """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
+        gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
+        (`splash_matmuls`), causal (half the blocks skipped); other kernels are costed by their
+        bytes only. A splash kernel's matmuls that contract over the head dim (q k^T, and dO v^T in
+        backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of TPU7x's and
+        v6e's 256 for a head of 128); the others contract over a block of the sequence and can fill
+        it (`splash_head_dim_matmuls`)."""
         found = re.search(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)', inst.attributes)
         if found:
-            return float(found.group(1))
-        # the operands' shapes as the kernel declares them (its operands may be tuple elements)
-        declared = shape_leaves(inst.attribute("operand_layout_constraints") or "", every_space=True)
-        qkv = [dims for dims, nbytes in declared if len(dims) >= 3 and nbytes >= 2 * math.prod(dims)]
+            return float(found.group(1)), 1.0
+        # the operands' shapes as the kernel declares them (its operands may be tuple elements): q,
+        # k and v are its first floating ones; its mask tables are integers, int16 from 128 blocks
+        # of keys on (131,072 tokens in blocks of 512), where a byte-size rule took one for q
+        declared = inst.attribute("operand_layout_constraints") or ""
+        qkv = [_dims(m.group(1)) for m in _FLOAT_ARRAY.finditer(declared) if len(_dims(m.group(1))) >= 3]
         matmuls = splash_matmuls(inst.name)
         if len(qkv) < 2 or not matmuls:
-            return 0.0
+            return 0.0, 1.0
         q, k = qkv[0], qkv[1]
         heads = math.prod(q[:-2])
-        return matmuls * 2.0 * heads * q[-2] * k[-2] * q[-1] / 2
+        deep = splash_head_dim_matmuls(inst.name)
+        fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
+        return matmuls * 2.0 * heads * q[-2] * k[-2] * q[-1] / 2, fill
 
     def _fusion_bytes(self, inst: Instruction, computation: str) -> float:
         """HBM bytes of a fusion: each operand read whole, except one only sliced inside (a
         layer's block of a stacked array: the slices count) or updated in place (nothing read);
-        the result written whole, except an in-place update (the update counts)."""
+        each result written whole, except an in-place update (the update counts). A bitcast, or a
+        nested fusion aliased to its operand (a relayout in place, which libtpu 0.0.52 puts around
+        each stacked array of the layer scan), passes its operand through: counted as whole reads
+        and writes, they made a slice of a 20 GiB stack cost 20 GiB in each layer."""
         fused = self.module.computations.get(computation, [])
-        users = _users(fused)
+        users, local = _users(fused), {i.name: i for i in fused}
         params = {i.argument: i for i in fused if i.opcode == "parameter"}
         root = next((i for i in fused if i.is_root), None)
-        in_place = root.operands[0] if root is not None and root.opcode == "dynamic-update-slice" else None
-        total = 0.0
+        outputs = [] if root is None else [local[o] for o in root.operands] if root.opcode == "tuple" else [root]
+        in_place, total = set(), 0.0
+        for out in outputs:
+            update = _in_place_update(out, local)
+            if update is None:
+                total += hbm_bytes(out.shape_text)
+            else:
+                in_place.add(update[0])
+                total += hbm_bytes(update[1].shape_text) if update[1] is not None else 0.0
         for k in range(len(inst.operands)):
             param = params.get(k)
-            uses = users.get(param.name, []) if param is not None else []
-            if param is not None and param.name == in_place:
+            if param is not None and param.name in in_place:
                 continue
-            if uses and all(u.opcode in _SLICING and u.operands[0] == param.name for u in uses):
+            uses = _uses(param.name, users) if param is not None else []
+            if uses and all(u.opcode in _SLICING and _source(u.operands[0], local) == param.name for u in uses):
                 total += sum(hbm_bytes(u.shape_text) for u in uses)
             else:
                 total += self._operand_bytes(inst, k)
-        if in_place is not None and len(root.operands) > 1 and root.operands[1] in self.by_name:
-            return total + hbm_bytes(self.by_name[root.operands[1]].shape_text)
-        return total + hbm_bytes(inst.shape_text)
+        return total
 
     def _op_bytes(self, inst: Instruction) -> float:
         if inst.opcode == "fusion":
@@ -231,8 +247,8 @@ class _Program:
         """One operation's time: the longer of its matmul and its memory time; the totals count
         it ``scale`` times (the loops around it)."""
         if inst.opcode == "custom-call":
-            flops = self._kernel_flops(inst)
-            matmul = flops / (self.peak * self.attention_efficiency)
+            flops, fill = self._kernel(inst)
+            matmul = flops / (self.peak * self.attention_efficiency * fill)
         elif inst.opcode in ("dot", "convolution"):
             flops, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
             matmul = flops / (self.peak * self.matmul_efficiency * fill) if flops else 0.0
@@ -348,27 +364,6 @@ class _Program:
             else:
                 clock += self.op_seconds(inst, scale)
         return max([clock, *pending.values()])
-
-
-def _users(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
-    users: dict[str, list[Instruction]] = {}
-    for inst in instructions:
-        for operand in inst.operands:
-            users.setdefault(operand, []).append(inst)
-    return users
-
-
-def splash_matmuls(name: str) -> int:
-    """The matmuls of a splash attention kernel, by its name: forward 2 (q k^T, p v); the
-    backward's dq kernel 3 (q k^T again, dO v^T, dS k), its dkv kernel 4 (q k^T, dO v^T, p^T dO,
-    dS^T q), a fused backward (dkv computing dq too) 5; 0: not a splash kernel."""
-    if not name.startswith("splash"):
-        return 0
-    if "dkv" in name:
-        return 5 if "fused" in name else 4
-    if "dq" in name:
-        return 3
-    return 2 if "fwd" in name or "bwd" not in name else 0
 
 
 def predict_step(hlo_text: str, target: TpuSlice, calibration: Calibration = CALIBRATION) -> StepTime:

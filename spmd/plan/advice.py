@@ -92,7 +92,7 @@ class Advice:
 
     def published(self) -> str | None:
         """The published run of this model on this many chips, if any (`spmd.plan.published`)."""
-        found = published_for(self.model, self.chip, self.chips)
+        found = published_for(self.model, self.chip, self.chips, self.seq_len)
         return None if found is None else found.line()
 
     def table(self) -> str:
@@ -103,9 +103,10 @@ class Advice:
         return winner_code(self)
 
     def fsdp_config(self) -> dict[str, Any] | None:
-        """The winner as a Trainer ``fsdp_config`` (``None`` for data parallel, which is not FSDP)."""
+        """The winner as a Trainer ``fsdp_config`` (``None`` for data parallel, which is not FSDP,
+        and for context parallelism, which the Trainer does not run)."""
         w = self.winner
-        if w is None or w.candidate.strategy == "dp":
+        if w is None or w.candidate.strategy == "dp" or Role.CONTEXT.value in w.candidate.mesh_shape:
             return None
         config: dict[str, Any] = {"xla": True, "xla_fsdp_v2": True}
         if self.block_class:
@@ -257,6 +258,24 @@ def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[s
     return body
 
 
+def _sequence_entry(shape: dict[str, int]) -> str | None:
+    return Role.CONTEXT.value if Role.CONTEXT.value in shape else None
+
+
+def _context_lines(shape: dict[str, int]) -> list[str]:
+    """What the code cannot say of a context-parallel winner (`spmd.plan.context`)."""
+    if Role.CONTEXT.value not in shape:
+        return []
+    c = shape[Role.CONTEXT.value]
+    return [
+        f"# context parallelism: each sequence split over context={c} in load-balanced order (chunks i and "
+        f"{2 * c - 1}-i of {2 * c}, positions",
+        "# reordered alike), parameters over fsdp x context, and each attention layer all-gathering K and V "
+        "over context:",
+        "# fsdp_xla has no context-parallel attention; the plan is MaxText's context_parallel_strategy=all_gather",
+    ]
+
+
 def winner_code(advice: Advice) -> str:
     """The winner as a training-script fragment for `fsdp_xla` / `spmd`."""
     w = advice.winner
@@ -277,7 +296,8 @@ def winner_code(advice: Advice) -> str:
         body.append("# attention: the plan runs a flash (splash) kernel for scaled_dot_product_attention")
     body += [
         f"# each step: {c.global_batch} sequences of {advice.seq_len} tokens ({c.per_device_batch} per batch shard)",
-        f"mark_sharding(input_ids, mesh, {P(axes[0] if len(axes) == 1 else axes, None)!r})",
+        *_context_lines(shape),
+        f"mark_sharding(input_ids, mesh, {P(axes[0] if len(axes) == 1 else axes, _sequence_entry(shape))!r})",
     ]
     isort = lambda line: (line.startswith("from"), line)  # noqa: E731
     return "\n".join([*sorted(third_party, key=isort), "", *sorted(ours), "", *body])

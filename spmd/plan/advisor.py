@@ -7,6 +7,8 @@ Candidates are (strategy, mesh) x remat policy x per-device batch:
 - ``2d``: ``fsdp`` x ``tensor`` for each ``tensor`` size that divides a slice's devices and the
   model's attention heads;
 - ``dp``: one ``data`` axis over every device;
+- ``cp``: ``fsdp`` x ``context`` for each ``--contexts`` size (context parallelism: the sequence
+  over ``context``, parameters over both; splash attention only, `spmd.plan.context`);
 - remat policies in order of recomputation, ``none``, ``dots``, ``full``, ``offload``
   (`spmd.plan.remat`).
 
@@ -38,10 +40,11 @@ from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.ceiling import mfu_ceiling, runs_its_floor
 from spmd.plan.compile_pool import default_jobs, run_searches
+from spmd.plan.context import check_context, check_takes_positions
 from spmd.plan.errors import PlanError
 from spmd.plan.lowering import find_layer_stack
 from spmd.plan.memory import MemoryMath, model_shape, plan_memory
-from spmd.plan.meshes import STRATEGIES, build_mesh, tpu_devices
+from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES, build_mesh, tpu_devices
 from spmd.plan.models import build_meta_model, resolve_seq_len
 from spmd.plan.plan_cache import Settings, default_cache_dir, model_key
 from spmd.plan.remat import Remat
@@ -62,10 +65,12 @@ def candidates_for(
     tensors: Sequence[int],
     heads: int | None,
     datas: Sequence[int] = (1,),
+    contexts: Sequence[int] = (),
 ) -> list[tuple[str, dict[str, int]]]:
     """The (strategy, mesh) pairs the advisor tries on ``target`` (module docstring); ``datas``:
     sizes of a ``data`` axis inside each slice for ``fsdp`` (``data`` x ``fsdp``, HSDP: the
-    parameters sharded over ``fsdp`` only, the batch over both)."""
+    parameters sharded over ``fsdp`` only, the batch over both); ``contexts``: sizes of the
+    ``context`` axis for ``cp``."""
     per_slice = target.devices_per_slice
     data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     out: list[tuple[str, dict[str, int]]] = []
@@ -79,6 +84,10 @@ def candidates_for(
                     out.append((Role.FSDP.value, {**inner, Role.FSDP.value: per_slice // d}))
         elif strategy == "dp":
             out.append(("dp", {Role.DATA.value: target.devices}))
+        elif strategy == "cp":
+            for c in sorted(set(contexts)):
+                if 1 < c < per_slice and per_slice % c == 0:
+                    out.append(("cp", {**data, Role.FSDP.value: per_slice // c, Role.CONTEXT.value: c}))
         else:
             for t in tensors:
                 if 1 < t < per_slice and per_slice % t == 0 and (heads is None or heads % t == 0):
@@ -88,18 +97,52 @@ def candidates_for(
 
 def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], arguments: int, params: int) -> Any:
     """``(remat, per-device batch) -> MemoryMath`` of one mesh (``None`` for a model of no known shape)."""
-    tensor = mesh.get(Role.TENSOR.value, 1)
-    tokens = 4 * settings.seq_len  # type: ignore[operator]  # the int32 batch, per sequence per device
+    tensor, context = mesh.get(Role.TENSOR.value, 1), mesh.get(Role.CONTEXT.value, 1)
+    tokens = 4 * settings.seq_len // context  # type: ignore[operator]  # the int32 batch, per sequence per device
 
     def predict(remat: str, batch: int) -> MemoryMath | None:
         if shape is None:
             return None
         return plan_memory(
             shape, Remat(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
-            arguments + tokens * batch, params,
+            arguments + tokens * batch, params, context,
         )  # fmt: skip
 
     return predict
+
+
+def _dropped_because(
+    uneven: list[str], state: int, budget: int, mesh: dict[str, int], seq_len: int
+) -> str:  # fmt: skip
+    """Why a mesh is not compiled at all (an empty string: it is searched)."""
+    if uneven:
+        listed = "; ".join(uneven[:2]) + (f"; {len(uneven) - 2} more" if len(uneven) > 2 else "")
+        return f"not compiled: unequal blocks ({listed}); JAX needs even splits"
+    if state > budget:
+        return (
+            f"not compiled: parameters + AdamW state alone take {state / GIB:.2f} GiB/device (our sharding "
+            f"math) > {budget / GIB:.2f} GiB"
+        )
+    try:
+        check_context(seq_len, mesh.get(Role.CONTEXT.value, 1))
+    except PlanError as e:
+        return f"not compiled: {e}"
+    return ""
+
+
+def _ceilings(shape: Any, settings: PlanSettings, remats: tuple[str, ...]) -> Callable[[str], float | None]:
+    """``remat -> the highest MFU it or any policy after it can reach``: a search rules out a
+    policy with every one after it (`spmd.plan.search`), so it needs the highest ceiling among them,
+    which `save_qkv_context` (tried before the two that keep no attention output, with more
+    recomputation of its own below a sequence as long as the width) can make higher than its own."""
+    chip = settings.target.chip.libtpu_name
+    own = {r: mfu_ceiling(shape, Remat(r), settings.seq_len, chip) for r in remats}  # type: ignore[arg-type]
+
+    def ceiling(remat: str) -> float | None:
+        later = [own[r] for r in remats[remats.index(remat) :]]
+        return None if any(c is None for c in later) else max(later)  # type: ignore[type-var]
+
+    return ceiling
 
 
 def _searches(
@@ -112,9 +155,7 @@ def _searches(
     params = {n: tuple(p.shape) for n, p in module.named_parameters()}
     shape = model_shape(hf_config, sum(math.prod(s) for s in params.values()))
     searches, dropped, leader = [], [], Leader()  # one leader: a plan of any mesh can beat another's policy
-
-    def ceiling(remat: str) -> float | None:
-        return mfu_ceiling(shape, Remat(remat), settings.seq_len, target.chip.libtpu_name)  # type: ignore[arg-type]
+    ceiling = _ceilings(shape, settings, remats)
 
     def counted(outcome: Outcome) -> bool:
         return runs_its_floor(outcome.report, shape)
@@ -122,17 +163,8 @@ def _searches(
     for strategy, mesh in meshes:
         our_mesh = build_mesh(mesh, target, devices)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
-        uneven = uneven_splits(params, spec_fn, our_mesh)
         state = state_bytes(params, spec_fn, our_mesh, settings.moment_bytes)
-        why = ""
-        if uneven:
-            listed = "; ".join(uneven[:2]) + (f"; {len(uneven) - 2} more" if len(uneven) > 2 else "")
-            why = f"not compiled: unequal blocks ({listed}); JAX needs even splits"
-        elif state > budget:
-            why = (
-                f"not compiled: parameters + AdamW state alone take {state / GIB:.2f} GiB/device (our sharding "
-                f"math) > {budget / GIB:.2f} GiB"
-            )
+        why = _dropped_because(uneven_splits(params, spec_fn, our_mesh), state, budget, mesh, settings.seq_len)  # type: ignore[arg-type]
         if why:
             dropped.append(Outcome(Candidate(strategy, tuple(mesh.items()), batches[0], remats[0]), skipped=why))
             log(f"  {strategy} {dict(mesh)}: {why}")
@@ -146,13 +178,14 @@ def _searches(
 
 @dataclass(frozen=True)
 class _Choices:
-    """What the advisor tries, checked: strategies, batches, remat policies, tensor and data sizes."""
+    """What the advisor tries, checked: strategies, batches, remat policies, tensor, data and context sizes."""
 
     strategies: tuple[str, ...]
     batches: tuple[int, ...]
     policies: tuple[str, ...]
     tensors: tuple[int, ...]
     datas: tuple[int, ...]
+    contexts: tuple[int, ...] = ()
 
 
 def _names(values: Iterable[Any] | str) -> list[Any]:
@@ -174,6 +207,7 @@ def _check_choices(
     tensors: Iterable[int],
     datas: Iterable[int],
     jobs: int | None,
+    contexts: Iterable[int] = (2, 4, 8),
 ) -> _Choices:
     """The choices to try, checked before any compile (the shared settings check themselves)."""
     if jobs is not None and (not is_int(jobs) or not 1 <= jobs <= 64):
@@ -187,31 +221,47 @@ def _check_choices(
         tuple(p.value for p in policies),
         _sizes("tensors", tensors),
         _sizes("datas", datas),
+        _sizes("contexts", contexts),
     )
 
 
-def _no_mesh_error(target: TpuSlice, strategies: Sequence[str], tensors: Iterable[int], heads: int | None) -> PlanError:
+def _check_context_parallel(module: torch.nn.Module, attention: Attention) -> None:
+    """Raise `PlanError`, before any compile, where the ``cp`` strategy cannot plan this model."""
+    if attention is not Attention.FLASH:
+        raise PlanError(
+            "Strategy 'cp' splits the sequence over a context axis, which the planner plans with splash attention "
+            "only (its load-balanced causal mask). Add --attention flash, or leave 'cp' out of --strategies."
+        )
+    check_takes_positions(module)
+
+
+def _no_mesh_error(target: TpuSlice, choose: _Choices, heads: int | None) -> PlanError:
     per_slice = target.devices_per_slice
     return PlanError(
-        f"No candidate to compile: strategies {list(strategies)} with tensor sizes {list(tensors)} give no mesh "
-        f"on {target.name} (a 2-D tensor size must be between 2 and {per_slice - 1}, divide the "
-        f"{per_slice} devices of a slice"
-        + (f" and the model's {heads} attention heads)" if heads else ")")
-        + ". Add 'fsdp' or 'dp' to the strategies, or give other tensor sizes."
+        f"No candidate to compile: strategies {list(choose.strategies)} with tensor sizes {list(choose.tensors)} "
+        f"and context sizes {list(choose.contexts)} give no mesh on {target.name} (a 2-D tensor size, or a cp "
+        f"context size, must be between 2 and {per_slice - 1} and divide the {per_slice} devices of a slice"
+        + (f"; a tensor size the model's {heads} attention heads too)" if heads else ")")
+        + ". Add 'fsdp' or 'dp' to the strategies, or give other tensor or context sizes."
     )
 
 
 def _meshes(target: TpuSlice, choose: _Choices, hf_config: Any) -> list[tuple[str, dict[str, int]]]:
     heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas)
+    meshes = candidates_for(target, choose.strategies, choose.tensors, heads, choose.datas, choose.contexts)
     if not meshes:
-        raise _no_mesh_error(target, choose.strategies, choose.tensors, heads)
+        raise _no_mesh_error(target, choose, heads)
     return meshes
 
 
-def _model(model: Any, seq_len: int | None, kernel: Attention) -> tuple[torch.nn.Module, Any, int]:
-    """The model on ``meta``, its config, and the sequence length (checked for the kernel)."""
+def _model(
+    model: Any, seq_len: int | None, kernel: Attention, context_parallel: bool = False
+) -> tuple[torch.nn.Module, Any, int]:  # fmt: skip
+    """The model on ``meta``, its config, and the sequence length (checked for the kernel, and
+    for context parallelism when the search has ``cp``)."""
     module, hf_config = build_meta_model(model)
+    if context_parallel:
+        _check_context_parallel(module, kernel)
     seq = resolve_seq_len(seq_len, hf_config)
     if kernel is Attention.FLASH:
         splash_block(seq)
@@ -254,10 +304,11 @@ def advise(
     topology: str,
     *,
     slices: int = 1,
-    strategies: Sequence[str] = STRATEGIES,
+    strategies: Sequence[str] = ADVISED_STRATEGIES,
     per_device_batches: Iterable[int] = (1, 2, 4),
     tensors: Iterable[int] = (2, 4, 8),
     datas: Iterable[int] = (1,),
+    contexts: Iterable[int] = (2, 4, 8),
     remats: Iterable[str | Remat] = tuple(r.value for r in Remat),
     attention: str | Attention = "dot",
     seq_len: int | None = None,
@@ -272,24 +323,24 @@ def advise(
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
-        strategies: which of ``fsdp``, ``2d``, ``dp`` to try.
+        strategies: which of ``fsdp``, ``2d``, ``dp``, ``cp`` to try (default the first three).
         per_device_batches: sequences per batch shard to try.
         tensors: ``tensor`` axis sizes for 2-D.
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
+        contexts: ``context`` axis sizes for ``cp`` (``fsdp`` x ``context``).
         remats: remat policies to try (`spmd.plan.remat`); default all, least recomputation first.
         jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as
             this machine's cores and free memory allow (`spmd.plan.compile_pool.default_jobs`); 1
             compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).
-
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs)
+    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts)
     settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
-    module, hf_config, seq_len = _model(model, seq_len, settings.attention)  # type: ignore[arg-type]
+    module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
     target = settings.target
     meshes = _meshes(target, choose, hf_config)

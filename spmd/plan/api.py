@@ -26,14 +26,16 @@ from spmd.plan._compat import toolchain
 from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
+from spmd.plan.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
 from spmd.plan.errors import PlanError
 from spmd.plan.estimate import estimate_step
 from spmd.plan.lowering import LoweredStep, TrainStepConfig, lower_train_step
+from spmd.plan.memory import model_shape
 from spmd.plan.meshes import STRATEGIES, auto_mesh_shape, batch_axes, build_mesh, check_mesh, tpu_devices
 from spmd.plan.models import DEFAULT_SEQ_LEN, build_meta_model, default_seq_len, resolve_seq_len
 from spmd.plan.program import splash_kernels, step_collectives
 from spmd.plan.remat import Remat
-from spmd.plan.report import MemoryReport, PlanReport, summarize
+from spmd.plan.report import ContextReport, MemoryReport, PlanReport, summarize
 from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice
@@ -86,6 +88,16 @@ def _request(
     target = settings.target
     shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
     check_mesh(shape, strategy, target)
+    if (
+        roles.sequence_axes(tuple(shape))
+        and shape[Role.CONTEXT.value] > 1
+        and settings.attention is not Attention.FLASH
+    ):
+        raise PlanError(
+            f"Mesh {shape} splits the sequence over context={shape[Role.CONTEXT.value]}, which the planner plans with "
+            "splash attention only (its load-balanced causal mask; dot attention would materialize the whole "
+            "seq x seq scores of every shard's queries). Add --attention flash, or drop the context axis."
+        )
     axes = batch_axes(shape)
     parts = math.prod(shape[a] for a in axes)
     batch = global_batch if global_batch is not None else parts
@@ -123,8 +135,10 @@ def plan(
         model: a built-in name (``llama3.1-70b``), a Hugging Face ``config.json``, a
             ``module:function`` factory, or a module on ``meta`` (`spmd.plan.models`).
         topology: a TPU slice: ``v5p-128``, ``tpu7x-128`` or a chip grid ``tpu7x:4x4x4`` (`spmd.plan.topology`).
-        strategy: ``fsdp``, ``2d`` (fsdp x tensor) or ``dp``.
-        mesh: axis sizes over the devices, e.g. ``{"fsdp": 32, "tensor": 4}``; default `auto_mesh_shape`.
+        strategy: ``fsdp``, ``2d`` (fsdp x tensor), ``dp``, or ``cp`` (fsdp x context: the sequence split
+            over ``context``, `spmd.plan.context`; ``fsdp`` on a mesh with a context axis is the same plan).
+        mesh: axis sizes over the devices, e.g. ``{"fsdp": 32, "tensor": 4}`` or ``{"fsdp": 64, "context": 8}``;
+            default `auto_mesh_shape`.
         global_batch: sequences per step; default one per batch shard.
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
             position table: 1024 for GPT-2).
@@ -172,13 +186,17 @@ def plan_program(
     req = _request(settings, strategy, mesh, global_batch, remat, tensor)
     module, hf_config = build_meta_model(model)
     seq = resolve_seq_len(settings.seq_len, hf_config)
+    sequence = roles.sequence_axes(tuple(req.mesh))
+    if sequence:  # context parallelism: checked before anything is traced or compiled
+        check_context(seq, math.prod(req.mesh[a] for a in sequence))
+        check_takes_positions(module)
     if settings.attention is Attention.FLASH:
         splash_block(seq)
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
     moments = settings.moment_bytes
-    predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments)
+    predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments, sequence)
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
     return _report(name, req, seq, hf_config, lowered, compiled, predicted, tools), compiled.hlo_text
 
@@ -196,7 +214,7 @@ def _lower(
     st = req.settings
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
-        st.moment_dtype,
+        st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)),
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -245,4 +263,27 @@ def _report(
         compile_seconds=compiled.seconds,
         splash_kernels=splash_kernels(compiled.hlo_text), toolchain=dict(tools),
         param_specs={n: str(s) for n, s in lowered.param_specs.items()},
+        context_parallel=_context_report(req, seq, hf_config, n_params, collectives),
     )  # fmt: skip
+
+
+def _context_report(
+    req: _Request, seq: int, hf_config: Any, n_params: int, collectives: list[Any]
+) -> ContextReport | None:
+    """The context axis of a plan that splits the sequence (`ContextReport`), ``None`` otherwise:
+    one layer's gathered K (or V) by the formula, and the compiled collectives whose groups span
+    the context axis alone."""
+    sequence = roles.sequence_axes(tuple(req.mesh))
+    if not sequence:
+        return None
+    axis, names, sizes = sequence[0], tuple(req.mesh), tuple(req.mesh.values())
+    shape = model_shape(hf_config, n_params)
+    batch = req.global_batch // math.prod(req.mesh[a] for a in batch_axes(req.mesh))
+    itemsize = 2 if req.settings.compute_dtype == "bfloat16" else 4
+    kv = 0 if shape is None else kv_gather_bytes(
+        batch, shape.n_kv_head // req.mesh.get(Role.TENSOR.value, 1), seq, shape.head_dim, itemsize
+    )  # fmt: skip
+    over = [c for c in collectives if axes_spanned(c.group, sizes, names) == (axis,)]
+    return ContextReport(
+        axis, req.mesh[axis], seq // req.mesh[axis], kv, 0 if shape is None else shape.n_layer, summarize(over)
+    )

@@ -68,8 +68,9 @@ def splash_block(seq_len: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _kernel(heads: int, seq_len: int, causal: bool) -> Any:
-    """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once)."""
+def _kernel(heads: int, seq_len: int, causal: bool, residual_name: str | None = None) -> Any:
+    """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
+    ``residual_name`` names its residuals for a remat policy (``None``: unnamed)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
@@ -79,7 +80,10 @@ def _kernel(heads: int, seq_len: int, causal: bool) -> Any:
         block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,
         block_q_dq=b, block_kv_dq=b,
     )  # fmt: skip
-    return splash.make_splash_mha(masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1, q_seq_shards=1)
+    return splash.make_splash_mha(
+        masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1, q_seq_shards=1,
+        residual_checkpoint_name=residual_name,
+    )  # fmt: skip
 
 
 def _check_call(query: Any, key: Any, attn_mask: Any, dropout_p: float) -> None:
@@ -101,13 +105,18 @@ def _check_call(query: Any, key: Any, attn_mask: Any, dropout_p: float) -> None:
         )
 
 
-def route_attention(env: Any, jax_mesh: Any, batch_axes: tuple[str, ...]) -> list[tuple[int, ...]]:
+def route_attention(
+    env: Any, jax_mesh: Any, batch_axes: tuple[str, ...], context_axis: str | None = None,
+    residual_name: str | None = None,
+) -> list[tuple[int, ...]]:  # fmt: skip
     """Make ``env`` (a torchax ``Environment``) run ``scaled_dot_product_attention`` as splash
     attention under ``shard_map`` on ``jax_mesh``: batch over ``batch_axes``, heads over
-    ``tensor`` when the mesh has it. Returns the list each call appends its query shape to (a
-    model that never calls it gets no kernel)."""
+    ``tensor`` when the mesh has it, and with a ``context_axis`` the sequence over it
+    (`spmd.plan.context.context_attention`). ``residual_name`` names the kernel's residuals (its
+    output and log-sum-exp) for a remat policy that keeps them. Returns the list each call appends
+    its query shape to (a model that never calls it gets no kernel)."""
     calls: list[tuple[int, ...]] = []
-    sdpa = _splash_sdpa(env, jax_mesh, batch_axes, calls)
+    sdpa = _splash_sdpa(env, jax_mesh, batch_axes, calls, context_axis, residual_name)
     override_function(env, torch.nn.functional.scaled_dot_product_attention, sdpa)
     return calls
 
@@ -141,12 +150,17 @@ def causal_without_mask(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _splash_sdpa(
-    env: Any, jax_mesh: Any, batch_axes: tuple[str, ...], calls: list[tuple[int, ...]]
-) -> Callable[..., Any]:
+    env: Any, jax_mesh: Any, batch_axes: tuple[str, ...], calls: list[tuple[int, ...]], context_axis: str | None,
+    residual_name: str | None,
+) -> Callable[..., Any]:  # fmt: skip
     import jax
     from jax.sharding import PartitionSpec as JaxSpec
 
+    from spmd.plan.context import context_attention, context_size
+
     tensor = dict(zip(jax_mesh.axis_names, jax_mesh.devices.shape)).get(Role.TENSOR.value, 1)
+    tensor_axis = Role.TENSOR.value if tensor > 1 else None
+    sharded_sequence = context_size(jax_mesh, context_axis) > 1
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):  # noqa: ANN001, ANN202
         _check_call(query, key, attn_mask, dropout_p)
@@ -159,9 +173,19 @@ def _splash_sdpa(
                 "attention splits over it. Pick a tensor size dividing both, or --attention dot."
             )
         splash_block(seq_len)
-        spec = JaxSpec(batch_axes or None, Role.TENSOR.value if tensor > 1 else None, None, None)
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal))
         q = q * (scale if scale is not None else 1 / math.sqrt(head_dim))
+        if sharded_sequence:  # the sequence split over the context axis: load-balanced causal attention
+            if not is_causal:
+                raise TracingError(
+                    "Context parallelism plans causal attention (a decoder's), whose load-balanced mask it builds; "
+                    "this model calls scaled_dot_product_attention with is_causal=False. Plan it without a "
+                    "context axis."
+                )
+            block = splash_block(seq_len // context_size(jax_mesh, context_axis))  # each shard's queries
+            out = context_attention(q, k, v, jax_mesh, batch_axes, context_axis, tensor_axis, block, residual_name)  # type: ignore[arg-type]
+            return env.j2t_iso(out.astype(q.dtype))
+        spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name)
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)

@@ -18,6 +18,8 @@ the whole square) plus the forward of what the policy cannot keep and backward r
   MLP's input projections are computed again (backward needs each; the out and down
   projections' outputs only join the residual stream, so they are not);
 - ``save_dot_except_mlp`` and ``save_qkv_proj`` keep no MLP output: its input projections again;
+- ``save_qkv_context`` keeps attention's output but not the output projection's, which the MLP's
+  input needs: the output projection and the MLP's input projections again;
 - ``none`` and ``dots`` keep every projection: nothing certain (attention's recomputation under
   them depends on the kernel's residuals, so it is left out: the ceiling stays a ceiling).
 
@@ -52,6 +54,8 @@ def recompute_floor(shape: Any, remat: Remat, seq_len: int) -> float:
         again = parts["qkv"] + parts["attention"] + parts["mlp_in"]
     elif remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ):
         again = parts["mlp_in"]
+    elif remat is Remat.SAVE_QKV_CONTEXT:
+        again = parts["mlp_in"] + parts["out"]
     else:
         again = 0.0
     return 1.0 + again / (3.0 * forward)  # the model's FLOPs: forward and backward, 3 x the forward

@@ -33,8 +33,9 @@ from mesh import Mesh, Role
 from spmd.errors import ShardingError
 from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
+from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
-from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy
+from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
 from spmd.sharding._partition_spec import P, PartitionSpec
 
@@ -55,6 +56,7 @@ class TrainStepConfig:
         gather_axes: mesh axes a block's parameters are gathered over at use (FSDP's).
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         learning_rate, weight_decay, betas, eps: AdamW's.
+        sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.context`).
     """
 
     global_batch: int
@@ -69,6 +71,7 @@ class TrainStepConfig:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
+    sequence_axes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,11 @@ class _StepBuilder:
         self.model, self.config = model, config
         self.env = import_torchax().tensor.Environment()
         self.jmesh = JaxMesh(devices[mesh.get_logical_mesh()], tuple(mesh.axis_names))
+        context = config.sequence_axes[0] if config.sequence_axes else None
         self.attention_calls = (
-            route_attention(self.env, self.jmesh, config.batch_axes) if config.attention is Attention.FLASH else None
+            route_attention(self.env, self.jmesh, config.batch_axes, context, kernel_residual_name(config.remat))
+            if config.attention is Attention.FLASH
+            else None
         )
         self.compute = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
         params = dict(model.named_parameters(remove_duplicate=True))
@@ -221,6 +227,9 @@ class _StepBuilder:
         template, env = layers[0], self.env
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
+            if self.config.sequence_axes and hidden.ndim == 3:  # [batch, seq, width]: split as the tokens are
+                spec = P(self.config.batch_axes or None, self.config.sequence_axes, None)
+                hidden = jax.lax.with_sharding_constraint(hidden, self.sharding(spec))
             hidden = checkpoint_name(hidden, BLOCK_INPUT)  # what `offload` moves to the host
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
@@ -262,13 +271,26 @@ class _StepBuilder:
             tp = {n: self.gathered(v, self.specs[n]) for n, v in tp.items()}
             restore = self._swap_in_scan(stacked)
             try:
-                kwargs = {"labels": tt, "use_cache": False}
-                out = torch.func.functional_call(model, (tp, tbuf), (tt,), kwargs, tie_weights=True, strict=False)
+                kwargs = self.context_kwargs() or {"labels": tt}
+                out = torch.func.functional_call(
+                    model, (tp, tbuf), (tt,), {**kwargs, "use_cache": False}, tie_weights=True, strict=False
+                )
             finally:
                 if restore is not None:
                     setattr(*restore)
+            if self.config.sequence_axes:
+                return context_token_loss(env.t2j_iso(getattr(out, "logits", out)), tokens)
             loss = out.loss if hasattr(out, "loss") else _token_loss(out, tt)
         return env.t2j_iso(loss)
+
+    def context_kwargs(self) -> dict[str, Any]:
+        """With the sequence split over ``context``: each token's true position (the shards hold it
+        load-balanced, `spmd.plan.context`), and no labels: the loss is the planner's own
+        (`context_token_loss`)."""
+        if not self.config.sequence_axes:
+            return {}
+        positions = context_positions(self.jmesh, self.config.seq_len, self.config.sequence_axes, self.model)
+        return {"position_ids": self.env.j2t_iso(positions)}
 
     def _swap_in_scan(self, stacked: dict[str, Any]) -> tuple[Any, str, Any] | None:
         """Put a `_ScannedLayers` in place of the layer list; returns how to put the list back."""
@@ -324,8 +346,9 @@ class _StepBuilder:
                 )
         c = self.config
         tokens = jax.ShapeDtypeStruct(
-            (c.global_batch, c.seq_len), jnp.int32, sharding=self.sharding(P(c.batch_axes or None, None))
-        )
+            (c.global_batch, c.seq_len), jnp.int32,
+            sharding=self.sharding(P(c.batch_axes or None, c.sequence_axes or None)),
+        )  # fmt: skip
         mu = jnp.bfloat16 if c.moment_dtype == "bfloat16" else jnp.float32
         first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, mu, sharding=a.sharding), (flat, stacked))
         return (flat, stacked, first, (flat, stacked)), tokens

@@ -2,7 +2,8 @@
 compile. The advisor rules plans out with it (`spmd.plan.advisor`); each report sets it beside
 the compiler's figure.
 
-Per device, in bytes (``t``: tokens per batch shard, ``T``: the ``tensor`` axis size):
+Per device, in bytes (``t``: tokens per device, a batch shard's sequences over the ``context``
+axis, ``T``: the ``tensor`` axis size):
 
 - **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
   ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.specs`).
@@ -13,7 +14,9 @@ Per device, in bytes (``t``: tokens per batch shard, ``T``: the ``tensor`` axis 
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
   peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
-  backward, the bf16 gradients, the block's recomputed MLP).
+  backward, the bf16 gradients, the block's recomputed MLP; with a ``context`` axis, the layer's
+  gathered K and V and their copies in position order, 4 x ``b x kv_heads / T x seq x head_dim x 2``
+  for ``b`` sequences a batch shard, `spmd.plan.context`).
 
 The working set is the part a compiler schedules: it is what the math gets least right, and the
 advisor compiles every plan within `MARGIN` of the budget rather than trust it.
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd.plan.attention import Attention
-from spmd.plan.remat import Remat
+from spmd.plan.remat import CONTEXT, Remat
 
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
 
@@ -65,9 +68,10 @@ def model_shape(hf_config: Any, n_params: int) -> Any:
 
 
 def _projections(shape: Any, tensor: int) -> dict[str, float]:
-    """Elements per token of each projection's output, as a device holds it."""
+    """Elements per token of each projection's output, as a device holds it (``context``: the
+    attention output the splash kernel keeps under that name, `Remat.SAVE_QKV_CONTEXT`)."""
     q, kv = shape.n_head * shape.head_dim / tensor, shape.n_kv_head * shape.head_dim / tensor
-    out = {"out_proj": float(shape.d_model)}
+    out = {"out_proj": float(shape.d_model), CONTEXT: q}
     if shape.gated_mlp:  # Llama's family: q, k, v apart; a gated MLP
         out.update(query_proj=q, key_proj=kv, value_proj=kv, mlpwi_0=shape.d_ff / tensor, mlpwi_1=shape.d_ff / tensor)
     else:  # GPT-2: one fused q/k/v projection (c_attn), a plain MLP
@@ -84,8 +88,11 @@ def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int
     if remat is Remat.NONE:
         return _everything_per_token(shape, attention, seq_len, tensor, itemsize), 0.0
     projections = _projections(shape, tensor)
-    kept = d + sum(projections.get(n, 0.0) for n in remat.saved_names or ())  # the block's input, and its names
-    return kept * itemsize, 0.0
+    names = [n for n in remat.saved_names or () if n != CONTEXT or attention is Attention.FLASH]
+    kept = d + sum(projections.get(n, 0.0) for n in names)  # the block's input, and its names
+    # the kernel's other residual under `context`: its fp32 log-sum-exp, one a head
+    lse = 4 * shape.n_head / tensor if CONTEXT in names else 0.0
+    return kept * itemsize + lse, 0.0
 
 
 def _everything_per_token(shape: Any, attention: Attention, seq_len: int, tensor: int, itemsize: int) -> float:
@@ -114,16 +121,19 @@ def plan_memory(
     tensor: int,
     arguments: int,
     param_bytes: int,
+    context: int = 1,
 ) -> MemoryMath:
     """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
-    (sharding math); ``param_bytes``: the fp32 parameters per device alone."""
-    tokens = per_device_batch * seq_len
+    (sharding math); ``param_bytes``: the fp32 parameters per device alone; ``context``: the
+    context axis the sequence is split over."""
+    tokens = per_device_batch * seq_len / context
     device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
     saved = int(shape.n_layer * tokens * device)
     head = shape.vocab * shape.d_model / tensor
     loss = 2 * head + tokens * shape.vocab / tensor * 10  # the gathered head; logits bf16, fp32, fp32 gradient
     layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
     mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
-    block = 2 * 2 * layer_params + param_bytes / 2 + mlp
+    gathered = 4 * per_device_batch * shape.n_kv_head / tensor * seq_len * shape.head_dim * 2 if context > 1 else 0
+    block = 2 * 2 * layer_params + param_bytes / 2 + mlp + gathered
     working = int(param_bytes / 2 + max(loss, block))
     return MemoryMath(arguments, saved, working, int(shape.n_layer * tokens * host))

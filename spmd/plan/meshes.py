@@ -1,7 +1,8 @@
 """The plan's mesh: its axes, its default shape, and its devices on the TPU topology.
 
-Three axes: ``data`` (the batch only; across slices, over DCN), ``fsdp`` (the batch and the
-parameters) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
+Four axes: ``data`` (the batch only; across slices, over DCN), ``fsdp`` (the batch and the
+parameters), ``context`` (the sequence, and the parameters with ``fsdp``: context parallelism,
+`spmd.plan.context`) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
 JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.topology`). Devices come from libtpu's
 compile-only client and are laid out in the installed jax's ICI-aware order (`create_device_mesh`,
 or `create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows), which differs
@@ -22,6 +23,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
 
 __all__ = [
+    "ADVISED_STRATEGIES",
     "MESH_AXES",
     "STRATEGIES",
     "auto_mesh_shape",
@@ -31,8 +33,15 @@ __all__ = [
     "tpu_devices",
 ]
 
-STRATEGIES = (Role.FSDP.value, "2d", "dp")  # fsdp: every parameter on the fsdp axis
-MESH_AXES = (Role.DATA.value, Role.FSDP.value, Role.TENSOR.value)
+# fsdp: every parameter on the fsdp axis (and context's, when the mesh has one); cp: the same, with
+# the context axis required; 2d: fsdp x tensor; dp: replicated
+STRATEGIES = (Role.FSDP.value, "2d", "dp", "cp")
+ADVISED_STRATEGIES = STRATEGIES[:3]  # what the advisor tries unless told: cp needs flash attention
+MESH_AXES = (Role.DATA.value, Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value)
+_NEEDS = {
+    Role.FSDP.value: (Role.FSDP.value,), "2d": (Role.FSDP.value, Role.TENSOR.value), "dp": (),
+    "cp": (Role.FSDP.value, Role.CONTEXT.value),
+}  # fmt: skip
 
 
 def tpu_devices(target: TpuSlice) -> list[Any]:
@@ -53,6 +62,11 @@ def auto_mesh_shape(strategy: str, target: TpuSlice, tensor: int = 4) -> dict[st
     data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     if strategy == "dp":
         return {Role.DATA.value: target.devices}
+    if strategy == "cp":
+        raise PlanError(
+            f"Strategy 'cp' splits the sequence over a context axis whose size the planner does not guess: give "
+            f"the mesh, e.g. mesh={{'fsdp': {max(per_slice // 8, 1)}, 'context': 8}} (--mesh fsdp=N,context=C)."
+        )
     if strategy == "2d":
         if per_slice % tensor:
             raise PlanError(f"tensor={tensor} does not divide the {per_slice} devices of a {target.name} slice.")
@@ -72,9 +86,16 @@ def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> Non
     if unknown:
         raise PlanError(
             f"Mesh {dict(shape)} has axes {unknown}; the planner's axes are {MESH_AXES} (data: batch only, fsdp: "
-            "batch and parameters, tensor: the 2-D plan's heads/mlp/vocab). Rename the axes."
+            "batch and parameters, context: the sequence (and parameters), tensor: the 2-D plan's heads/mlp/vocab). "
+            "Rename the axes."
         )
-    needs = {Role.FSDP: (Role.FSDP.value,), "2d": (Role.FSDP.value, Role.TENSOR.value), "dp": ()}[strategy]
+    needs = _NEEDS[strategy]
+    if Role.CONTEXT.value in shape and strategy not in (Role.FSDP.value, "cp"):
+        raise PlanError(
+            f"Mesh {dict(shape)} has a context axis, which the planner plans with strategy 'fsdp' or 'cp' (the "
+            f"sequence over context, parameters over fsdp x context), not {strategy!r}. Use --strategy cp, or drop "
+            "the context axis."
+        )
     missing = [a for a in needs if a not in shape]
     if missing or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()):
         raise PlanError(

@@ -11,6 +11,7 @@ computed from the config), so a 70 B model costs this machine nothing but its Py
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import json
@@ -113,7 +114,10 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
 def _hf_config(config: dict[str, Any]) -> Any:
     import transformers
 
-    config = dict(config)
+    # a deep copy: transformers writes into nested values (it adds rope_theta to Llama 3.1's
+    # rope_scaling), and the built-in configs key the compile cache (`spmd.plan.plan_cache.model_key`):
+    # a second plan of the same model in one process missed the first's cache entries
+    config = copy.deepcopy(config)
     model_type = config.pop("model_type", None)
     if not model_type:
         raise ModelSpecError("The config has no 'model_type'; the planner builds Hugging Face causal LMs from it.")

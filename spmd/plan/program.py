@@ -5,7 +5,10 @@ per layer: `step_collectives` walks the call graph from the entry computation an
 each ``while`` loop's trip count (the constant its condition compares against). The TPU compiler
 also splits one collective over several fusions (async and collective-matmul pieces share a
 ``channel_id``): those count once per loop iteration. A reduce-scatter shows up as a fusion
-calling ``all-reduce-scatter``: it is counted as a reduce-scatter of the fusion's result.
+calling ``all-reduce-scatter``: it is counted as a reduce-scatter of the fusion's result. On
+TPU7x each collective offloaded to the SparseCore is a computation of its own on the
+``sparsecore`` thread, and libtpu 0.0.52 gives every one of them ``channel_id=1``: those are told
+apart by instruction, not channel (by channel, a layer's K and V gathers counted as one).
 """
 
 from __future__ import annotations
@@ -156,6 +159,7 @@ class _StepWalk:
         # operand is a parameter of its computation, the value is its caller's operand.
         self.callers = {c: i for i in self.by_name.values() for c in i.callees if i.opcode != "while"}
         self.seen: dict[tuple[int, str], StepCollective] = {}
+        self.sparsecore = _sparsecore_computations(hlo_text)
 
     def record(self, key: tuple[int, str], item: StepCollective) -> None:
         self.seen.setdefault(key, item)
@@ -221,7 +225,8 @@ class _StepWalk:
             kind, inst.name, size, group, multiplier, sent, inst.metadata.get("op_name", ""), members,
             "all-gather" if gathers else "",
         )  # fmt: skip
-        self.record((context, f"{kind.value}:{inst.attribute('channel_id') or inst.name}"), item)
+        channel = inst.attribute("channel_id") if inst.computation not in self.sparsecore else None
+        self.record((context, f"{kind.value}:{channel or inst.name}"), item)
 
     def walk(self, computation: str, multiplier: int, context: int) -> None:
         for inst in self.module.computations.get(computation, []):
@@ -238,6 +243,18 @@ class _StepWalk:
                 for callee in inst.callees:
                     if callee in self.module.computations and callee != computation:
                         self.walk(callee, multiplier, context)
+
+
+def _sparsecore_computations(hlo_text: str) -> frozenset[str]:
+    """The computations the dump puts on the SparseCore's thread (a computation opens unindented,
+    ``%name (...`` and closes ``}, execution_thread="sparsecore"``)."""
+    found, current = set(), None
+    for line in hlo_text.splitlines():
+        if line.startswith("%"):
+            current = line[1:].split(" ", 1)[0]
+        elif line.startswith('}, execution_thread="sparsecore"') and current is not None:
+            found.add(current)
+    return frozenset(found)
 
 
 def step_collectives(hlo_text: str) -> list[StepCollective]:

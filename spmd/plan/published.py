@@ -19,7 +19,7 @@ from spmd.plan.meshes import batch_axes
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
 
 
-FSDP, TENSOR = Role.FSDP.value, Role.TENSOR.value
+FSDP, CONTEXT, TENSOR = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,11 @@ class Recipe:
 
     Attributes:
         topology: the slice (`spmd.plan.topology.parse_slice`).
-        strategy: ``fsdp`` or ``2d``.
+        strategy: ``fsdp``, ``2d`` or ``cp`` (fsdp x context: the sequence split over ``context``).
         mesh: axis sizes, in order (``(("fsdp", 16), ("tensor", 4))``).
-        per_device_batch: sequences per batch shard (MaxText's ``per_device_batch_size``: per
-            JAX device, a TensorCore on TPU7x).
+        per_device_batch: MaxText's ``per_device_batch_size``: sequences per JAX device (a
+            TensorCore on TPU7x), a fraction where the sequence is split (``0.125``: 8 devices a
+            sequence over ``context``).
         seq_len: tokens per sequence (``max_target_length``).
         remat: the planner's remat policy nearest the recipe's (`spmd.plan.remat.Remat`).
         attention: ``flash`` (MaxText's ``attention='flash'``, splash on TPU) or ``dot``.
@@ -45,7 +46,7 @@ class Recipe:
     topology: str
     strategy: str
     mesh: tuple[tuple[str, int], ...]
-    per_device_batch: int
+    per_device_batch: float
     seq_len: int
     remat: str
     attention: str = "flash"
@@ -55,7 +56,7 @@ class Recipe:
     @property
     def global_batch(self) -> int:
         """Sequences per step: MaxText's per-device batch times every device of the mesh."""
-        return self.per_device_batch * math.prod(s for _, s in self.mesh)
+        return round(self.per_device_batch * math.prod(s for _, s in self.mesh))
 
     @property
     def batch_per_shard(self) -> int:
@@ -111,7 +112,9 @@ PUBLISHED: tuple[Published, ...] = (
         "MaxText, FSDP over 128 devices, per-device batch 2 x 8192 tokens, splash attention, remat saving the "
         "layer input, context and q/k/v projections on device, bf16 first moment",
         "tpu-recipes training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4", 1207.0,
-        Recipe("tpu7x-128", FSDP, ((FSDP, 128),), 2, 8192, "full", moment_dtype="bfloat16"),
+        # remat_policy=custom keeping decoder_layer_input, context and query/key/value_proj on device:
+        # save_qkv_context (planned with `full` before that policy existed)
+        Recipe("tpu7x-128", FSDP, ((FSDP, 128),), 2, 8192, "save_qkv_context", moment_dtype="bfloat16"),
     ),
     Published(
         "llama3.1-405b", "TPU7x", 256, 0.547,
@@ -119,6 +122,16 @@ PUBLISHED: tuple[Published, ...] = (
         "input and MLP output offloaded to host, k/v projections kept on device, bf16 first moment",
         "tpu-recipes training/ironwood/llama3.1-405b/8k-bf16-tpu7x-4x8x8", 1261.0,
         Recipe("tpu7x-512", FSDP, ((FSDP, 512),), 3, 8192, "offload", moment_dtype="bfloat16"),
+    ),
+    Published(
+        "llama3.1-70b", "TPU7x", 256, 0.389,
+        "MaxText, context parallelism 8 (all_gather, load-balanced) x FSDP 64 over 512 devices, per-device batch "
+        "0.125 x 131072 tokens (64 sequences), splash attention, remat keeping the layer input, context and q/k/v "
+        "projections on device, vocabulary tiled 4 ways, fp32 Adam moments; 34.02 s a step",
+        "tpu-recipes training/ironwood/llama3.1-70b/128k-bf16-tpu7x-4x8x8", 897.94,
+        # its remat_policy=custom keeps decoder_layer_input, context, query/key/value_proj (and the never
+        # read mlpwo) on device: save_qkv_context; opt_type=adam_pax with mu_dtype unset, so fp32 moments
+        Recipe("tpu7x-512", "cp", ((FSDP, 64), (CONTEXT, 8)), 0.125, 131072, "save_qkv_context"),
     ),
     Published("maxtext-16b", "TPU v5e", 256, 0.6110, _V5E.format(6), _MAXTEXT_V5E, 120.0, _v5e(6)),
     Published("maxtext-32b", "TPU v5e", 256, 0.6686, _V5E.format(4), _MAXTEXT_V5E, 132.0, _v5e(4)),
@@ -158,9 +171,19 @@ PUBLISHED: tuple[Published, ...] = (
 )  # fmt: skip
 
 
-def published_for(model: str, chip: str, chips: int) -> Published | None:
-    """The published run of ``model`` on ``chips`` chips of ``chip`` (a `ChipSpec.name`), if any."""
-    return next((p for p in PUBLISHED if (p.model, p.chip, p.chips) == (model, chip, chips)), None)
+def published_for(model: str, chip: str, chips: int, seq_len: int | None = None) -> Published | None:
+    """The published run of ``model`` on ``chips`` chips of ``chip`` (a `ChipSpec.name`), if any;
+    with ``seq_len``, one at that sequence length (or of no known recipe): Llama 3.1-70B on 256
+    Ironwood chips is published at 131,072 tokens, which says nothing of a plan at 8,192."""
+    return next(
+        (
+            p
+            for p in PUBLISHED
+            if (p.model, p.chip, p.chips) == (model, chip, chips)
+            and (seq_len is None or p.recipe is None or p.recipe.seq_len == seq_len)
+        ),
+        None,
+    )
 
 
 def published_run(name: str) -> Published:

@@ -10,6 +10,7 @@ GPT-2's ``c_attn`` ...), and each policy saves the names MaxText's policy of tha
 |---|---|---|
 | ``none`` | every activation (layout ops are recomputed: transposes, casts, and the gathers) | ``remat_policy=none`` |
 | ``dots`` (``minimal``) | q, k, v, out and MLP projections | ``minimal`` |
+| ``save_qkv_context`` | q, k and v projections and attention's output (the splash kernel's output and log-sum-exp, ``context``) | ``custom`` with ``query_proj``, ``key_proj``, ``value_proj``, ``context`` (and ``decoder_layer_input``) on ``device`` |
 | ``save_dot_except_mlp`` | q, k, v and out projections | ``save_dot_except_mlp`` |
 | ``save_qkv_proj`` | q, k and v projections | ``save_qkv_proj`` |
 | ``full`` | nothing inside the block: its input only | ``full`` |
@@ -17,12 +18,17 @@ GPT-2's ``c_attn`` ...), and each policy saves the names MaxText's policy of tha
 
 Every policy also keeps what a scanned, checkpointed block keeps by construction, its input,
 except ``offload``, which moves it to the host (``pinned_host``) in forward and back in backward
-(MaxText's Llama 3.1 405B recipe on 256 Ironwood chips runs so). No policy keeps a gathered
-weight: FSDP gathers it again in backward, as our optimization barriers make GSPMD do (naming
-the gathered value would not be enough: what torch derives from it, a transposed weight, would be
-kept instead), so policies name activations only. A projection the table does not know (a
-factory's own module names) is ``dot``, which ``dots`` keeps. Attention's scores are never kept
-(the kernel, or ``dots``' recomputation, makes them again).
+(MaxText's Llama 3.1 405B recipe on 256 Ironwood chips runs so). ``save_qkv_context`` is the
+policy of tpu-recipes' Llama 3.1-70B runs on Ironwood (8k and 128k tokens): with splash attention
+it keeps the kernel's residuals, so backward runs no attention forward again, only the output
+projection and the MLP's input projections (the MLP's input needs the attention's output added
+back); with ``dot`` attention there is no kernel to name, and it keeps what ``save_qkv_proj`` keeps.
+
+No policy keeps a gathered weight: FSDP gathers it again in backward, as our optimization
+barriers make GSPMD do (naming the gathered value would not be enough: what torch derives from
+it, a transposed weight, would be kept instead), so policies name activations only. A projection
+the table does not know (a factory's own module names) is ``dot``, which ``dots`` keeps.
+Attention's scores are never kept (the kernel, or ``dots``' recomputation, makes them again).
 
 The estimate's recomputation (`recompute_factor`) counts hardware FLOPs, never model FLOPs.
 """
@@ -34,8 +40,14 @@ from typing import Any
 
 from spmd.plan.errors import PlanError
 
-__all__ = ["BLOCK_INPUT", "PROJECTIONS", "Remat", "jax_policy", "projection_name", "recompute_factor"]
+__all__ = [
+    "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "jax_policy", "kernel_residual_name", "projection_name",
+    "recompute_factor",
+]  # fmt: skip
 
+# The splash kernel's residuals (its attention output and log-sum-exp): MaxText's ``context``,
+# spelled apart from the mesh's context axis.
+CONTEXT = "attention_context"
 BLOCK_INPUT = "xla_spmd_block_input"  # the checkpoint name of a block's input (offloaded by ``offload``)
 OTHER_DOT = "dot"  # a block's projection of no known role
 
@@ -75,10 +87,16 @@ _LAYOUT_PRIMITIVES = frozenset(
 
 
 class Remat(enum.Enum):
-    """What a block keeps for backward (module docstring), least recomputation first."""
+    """What a block keeps for backward (module docstring), most memory first: least recomputation
+    first, but for ``save_qkv_context``, which keeps about what ``save_dot_except_mlp`` keeps
+    (attention's output where that keeps the output projection's, as wide in a Llama) and runs
+    again the output projection where that runs attention: less from a sequence as long as the
+    width on (the advisor tries it first of the two; `spmd.plan.ceiling` on what that means for
+    ruling policies out)."""
 
     NONE = "none"
     DOTS = "dots"
+    SAVE_QKV_CONTEXT = "save_qkv_context"
     SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
     SAVE_QKV_PROJ = "save_qkv_proj"
     FULL = "full"
@@ -116,6 +134,7 @@ _SAVED: dict[Remat, tuple[str, ...] | None] = {
     Remat.DOTS: (*QKV_NAMES, "out_proj", *MLP_NAMES, OTHER_DOT),
     Remat.SAVE_DOT_EXCEPT_MLP: (*QKV_NAMES, "out_proj"),
     Remat.SAVE_QKV_PROJ: QKV_NAMES,
+    Remat.SAVE_QKV_CONTEXT: (*QKV_NAMES, CONTEXT),
     Remat.FULL: (),
     Remat.OFFLOAD: (),
 }
@@ -128,6 +147,13 @@ def projection_name(path: str) -> str:
     if leaf == "c_proj":
         return "out_proj" if "attn" in parent else "mlpwo"
     return _BY_MODULE.get(leaf, OTHER_DOT)
+
+
+def kernel_residual_name(remat: Remat) -> str | None:
+    """The name the splash kernel gives its residuals under ``remat``: `CONTEXT` when the policy
+    keeps them, else none (an unnamed residual is recomputed, and the other policies' programs
+    stay as they were)."""
+    return CONTEXT if CONTEXT in (remat.saved_names or ()) else None
 
 
 def _keep_activations(prim: Any, *_: Any, **__: Any) -> bool:
@@ -163,9 +189,9 @@ def recompute_factor(
         return 1.0
     if remat.checkpoints_block:
         return 4 / 3
-    again = attention_share
-    if remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ):
+    again = attention_share if remat is not Remat.SAVE_QKV_CONTEXT else 0.0  # it keeps the kernel's residuals
+    if remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ, Remat.SAVE_QKV_CONTEXT):
         again += mlp_share
-    if remat is Remat.SAVE_QKV_PROJ:
+    if remat in (Remat.SAVE_QKV_PROJ, Remat.SAVE_QKV_CONTEXT):
         again += out_share
     return 1.0 + again / 3

@@ -17,7 +17,9 @@ from spmd.plan.errors import PlanError
 from spmd.plan.estimate import StepEstimate
 from spmd.plan.published import published_for
 
-__all__ = ["CollectiveSummary", "MemoryReport", "PlanReport", "StepEstimate", "plan_table", "summarize"]
+__all__ = [
+    "CollectiveSummary", "ContextReport", "MemoryReport", "PlanReport", "StepEstimate", "plan_table", "summarize",
+]  # fmt: skip
 
 MIB = 2**20
 GIB = 2**30
@@ -94,13 +96,42 @@ class CollectiveSummary:
 
 
 @dataclass(frozen=True)
+class ContextReport:
+    """A plan's context axis (context parallelism, `spmd.plan.context`), per device.
+
+    Attributes:
+        axis: the mesh axis the sequence is split over (``context``).
+        size: its devices.
+        tokens_per_shard: tokens of a sequence each context shard holds (load-balanced: two chunks).
+        kv_bytes_per_layer: one layer's K (or V) gathered on a device, by the formula: sequences a
+            batch shard x K/V heads (over ``tensor``) x sequence x head dim x the compute dtype's bytes.
+        layers: the model's layers (each gathers its K and V).
+        collectives: the collectives whose groups span the context axis alone, by kind (the K and V
+            all-gathers of every layer, forward and again in backward where the policy keeps the
+            projections only, and their gradients' reduce-scatters).
+    """
+
+    axis: str
+    size: int
+    tokens_per_shard: int
+    kv_bytes_per_layer: int
+    layers: int
+    collectives: tuple[CollectiveSummary, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContextReport:
+        return cls(**{**data, "collectives": tuple(CollectiveSummary(**c) for c in data.get("collectives", ()))})
+
+
+@dataclass(frozen=True)
 class PlanReport:
     """Everything `spmd.plan.plan` found for one (model, topology, mesh, strategy, remat, attention).
 
     ``splash_kernels``: splash attention kernels in the program (`spmd.plan.program.splash_kernels`).
     ``toolchain``: what compiled it (`spmd.plan._compat.Toolchain` as a dict: the partitioner,
     jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
-    ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x).
+    ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
+    K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).
     """
 
     model: str
@@ -127,6 +158,7 @@ class PlanReport:
     splash_kernels: int = 0
     toolchain: dict[str, str] = field(default_factory=dict)
     param_specs: dict[str, str] = field(default_factory=dict)
+    context_parallel: ContextReport | None = None
 
     @property
     def fits(self) -> bool:
@@ -134,8 +166,10 @@ class PlanReport:
 
     @property
     def per_device_batch(self) -> float:
-        """Sequences per batch shard (every mesh axis but ``tensor``)."""
-        return self.global_batch * self.mesh.get(Role.TENSOR.value, 1) / self.devices
+        """Sequences per batch shard (every mesh axis but ``tensor`` and ``context``, which split
+        each sequence's heads or tokens instead)."""
+        shared = self.mesh.get(Role.TENSOR.value, 1) * self.mesh.get(Role.CONTEXT.value, 1)
+        return self.global_batch * shared / self.devices
 
     @property
     def step_seconds(self) -> float:
@@ -208,6 +242,8 @@ class PlanReport:
         d["memory"] = MemoryReport(**memory)
         d["collectives"] = tuple(CollectiveSummary(**c) for c in d["collectives"])
         d["estimate"] = StepEstimate(**d["estimate"])
+        if d.get("context_parallel") is not None:
+            d["context_parallel"] = ContextReport.from_dict(d["context_parallel"])
         return cls(**d)
 
     def with_hbm(self, hbm_bytes: int) -> PlanReport:
@@ -294,6 +330,23 @@ def _collectives(r: PlanReport) -> list[str]:
     return lines
 
 
+def _context(r: PlanReport) -> list[str]:
+    c = r.context_parallel
+    if c is None:
+        return []
+    kv = c.kv_bytes_per_layer
+    lines = [
+        "",
+        f"context parallelism: {c.axis}={c.size}, {c.tokens_per_shard} of {r.seq_len} tokens a shard (load-balanced: "
+        f"chunks i and {2 * c.size - 1}-i of {2 * c.size}); parameters over {Role.FSDP.value} x {c.axis}",
+        f"  K and V of each of {c.layers} layers all-gathered over {c.axis}: {kv / MIB:.1f} MiB each a device, "
+        f"{(c.size - 1) * kv / c.size / MIB:.1f} MiB sent (their gradients reduce-scattered in backward)",
+        f"  collectives over the {c.axis} group alone    count   MiB sent per device",
+    ]
+    lines += [f"    {k.kind:25s} {k.count:9d}   {k.bytes_sent_per_chip / MIB:12.1f}" for k in c.collectives]
+    return lines
+
+
 def _estimate(r: PlanReport) -> list[str]:
     e = r.estimate
     recompute = f" (x{e.recompute_factor:.2f} recomputation)" if e.recompute_factor != 1.0 else ""
@@ -326,7 +379,7 @@ def plan_table(r: PlanReport) -> str:
     if r.memory.compiler_oom_bytes is not None:
         lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
     else:
-        lines += _collectives(r) + _estimate(r)
-        published = published_for(r.model, r.chip, r.chips)
+        lines += _collectives(r) + _context(r) + _estimate(r)
+        published = published_for(r.model, r.chip, r.chips, r.seq_len)
         lines += [f"  published: {published.line()}"] if published else []
     return "\n".join(lines + ["", r.verdict()])

@@ -1,7 +1,8 @@
 """Each parameter's stored spec under a strategy, and the sharding math the planner checks the
 compiler against: per-device block bytes, even splits, the training state's size.
 
-FSDP is `fsdp_xla`'s rule (the ``fsdp`` axis on each parameter's largest dim it divides); 2-D is
+FSDP is `fsdp_xla`'s rule (the ``fsdp`` axis on each parameter's largest dim it divides; with a
+``context`` axis, ``fsdp`` x ``context`` together, `mesh.roles.param_shard_axes`); 2-D is
 the Hugging Face GPT-2 / Llama plan of `fsdp_xla.hf.plans` (``fsdp`` x ``tensor``, Megatron
 style); data parallel replicates. JAX compiles only even splits of a program's arguments, where
 torch_xla would pad the last block, so an uneven split is refused before compiling.
@@ -13,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mesh import Mesh, Role
+from mesh import Mesh, Role, roles
 from spmd.plan.errors import PlanError
 from spmd.plan.meshes import STRATEGIES
 from spmd.sharding._named_sharding import resolve_spec
@@ -40,9 +41,11 @@ def param_spec_for(strategy: str, mesh: Mesh, hf_config: Any) -> SpecFn:
 
     if strategy == "dp":
         return lambda name, shape: P()
-    if strategy == Role.FSDP:
-        size = mesh.axis_size(Role.FSDP.value)
-        return lambda name, shape: default_fsdp_spec(shape, Role.FSDP.value, size)
+    if strategy in (Role.FSDP.value, "cp"):
+        axes = roles.param_shard_axes(mesh.axis_names)  # fsdp, and context: its devices shard parameters too
+        size = math.prod(mesh.axis_size(a) for a in axes)
+        entry: Any = axes[0] if len(axes) == 1 else axes
+        return lambda name, shape: default_fsdp_spec(shape, entry, size)
     if strategy == "2d":
         from fsdp_xla.hf import plans
 
@@ -114,8 +117,9 @@ def argument_bytes(
     batch: tuple[int, int],
     axes: tuple[str, ...],
     moment_bytes: int = 8,
+    sequence_axes: tuple[str, ...] = (),
 ) -> int:
     """The step's arguments per device by our sharding math: the training state (`state_bytes`)
-    and the int32 token batch split over ``axes``."""
+    and the int32 token batch, its rows split over ``axes``, its sequence over ``sequence_axes``."""
     state = state_bytes(shapes, lambda n, s: specs[n], mesh, moment_bytes)
-    return state + block_bytes(batch, P(axes or None), mesh, 4)
+    return state + block_bytes(batch, P(axes or None, sequence_axes or None), mesh, 4)

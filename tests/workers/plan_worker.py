@@ -133,6 +133,50 @@ def fidelity(out: Path, results: dict) -> None:
     results["fidelity"] = found
 
 
+CONTEXT_SEQ, CONTEXT_MESH = 512, {"fsdp": 2, "context": 4}  # no dim of FIDELITY is 512
+
+
+def context_parallel(out: Path, results: dict) -> None:
+    """FIDELITY with its sequence over a context axis on tpu7x:2x2x1 (fsdp=2 x context=4, 4
+    sequences of 512, the Ironwood recipes' remat): the report, every collective with its group,
+    the shapes with two dims of the sequence's length; then the advisor's cp search of the same
+    plan, read from the cache the plan was written to (no second compile)."""
+    import re
+
+    from spmd.plan.advice import Candidate
+    from spmd.plan.advisor import advise
+    from spmd.plan.api import plan_program
+    from spmd.plan.plan_cache import Settings, entry_path, model_key, write_entry
+    from spmd.plan.program import step_collectives
+    from spmd.plan.settings import PlanSettings
+
+    config = out / "fidelity_llama.json"
+    settings = PlanSettings("tpu7x:2x2x1", 1, CONTEXT_SEQ, "bfloat16", "flash")
+    try:
+        report, hlo = plan_program(str(config), settings, mesh=CONTEXT_MESH, global_batch=4, remat="save_qkv_context")
+    except ShardingError as e:  # libtpu 0.0.20 (the torch_xla lane) knows no tpu7x
+        results["context"] = {"error": [type(e).__name__, str(e)]}
+        return
+    cache = out / "context_cache"
+    candidate = Candidate("cp", tuple(CONTEXT_MESH.items()), 2, "save_qkv_context")
+    write_entry(entry_path(candidate, Settings(settings, cache, model_key(str(config)))), report, print)
+    advice = advise(
+        str(config), "tpu7x:2x2x1", strategies=["cp"], contexts=[4], per_device_batches=[2],
+        remats=["save_qkv_context"], seq_len=CONTEXT_SEQ, attention="flash", jobs=1, cache_dir=cache,
+        log=lambda line: None,
+    )  # fmt: skip
+    square = sorted({s for s in re.findall(r"\w+\[[\d,]+\]", hlo) if s.count(str(CONTEXT_SEQ)) >= 2})
+    collectives = [
+        {"kind": c.kind.value, "count": c.count, "result_bytes": c.result_bytes, "group": list(c.group),
+         "op_name": c.op_name}
+        for c in step_collectives(hlo)
+    ]  # fmt: skip
+    results["context"] = {
+        "report": report.to_dict(), "table": report.table(), "collectives": collectives, "square": square,
+        "advice": advice.to_dict(), "advice_table": advice.table(), "code": advice.code(),
+    }  # fmt: skip
+
+
 def interrupted_advice(config: Path, out: Path, results: dict) -> None:
     """The advisor's CLI stopped by Ctrl-C after its first compile: its exit code and partial table."""
     import spmd.plan.compile_pool as pool
@@ -269,6 +313,7 @@ def main(out: Path) -> None:
     errors(results)
     loop_collectives(results)
     fidelity(out, results)
+    context_parallel(out, results)
     every_plan(config, out, results)
     interrupted_advice(config, out, results)
     (out / "results.json").write_text(json.dumps(results))

@@ -13,7 +13,7 @@ from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # The test files that read the worker's results: collecting any of them starts it.
-USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py")
+USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py")
 _run: dict = {}
 
 
@@ -35,8 +35,9 @@ def start() -> None:
     _run.update(out=out, proc=proc, log=log)
 
 
-def results(timeout: float = 900) -> tuple[dict, Path]:
-    """The worker's results.json and its output directory (waits for it)."""
+def results(timeout: float = 1200) -> tuple[dict, Path]:
+    """The worker's results.json and its output directory (waits for it: up to 20 minutes, what
+    its compiles have taken on this 2-core machine shared with other sessions' compiles)."""
     start()
     proc: subprocess.Popen = _run["proc"]
     code = proc.wait(timeout=timeout)

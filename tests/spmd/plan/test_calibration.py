@@ -27,21 +27,22 @@ def test_a_published_runs_tflops_and_mfu_agree_against_its_chips_peak(p):
 # Each source's figures, as published (MaxText configs/v5e/README.md and configs/v5p/README.md,
 # 1x v5e-256 and 1x v5p-128; tpu-recipes training/ironwood/README.md and training/trillium/*/v6e-256).
 SOURCES = {
-    ("maxtext-16b", "TPU v5e"): (120, 0.6110, 256),
-    ("maxtext-32b", "TPU v5e"): (132, 0.6686, 256),
-    ("maxtext-64b", "TPU v5e"): (118, 0.5990, 256),
-    ("maxtext-128b", "TPU v5e"): (110, 0.5606, 256),
-    ("maxtext-32b", "TPU v5p"): (328, 0.7147, 64),
-    ("maxtext-64b", "TPU v5p"): (323, 0.7031, 64),
-    ("llama3.1-70b", "TPU7x"): (1207, 0.523, 64),
-    ("llama3.1-405b", "TPU7x"): (1261, 0.547, 256),
-    ("llama3.1-8b", "TPU v6e"): (417.4, 0.455, 256),  # tpu-recipes trillium README's step log: 417.397
-    ("llama3.1-70b", "TPU v6e"): (462.3, 0.503, 256),  # 462.297
+    ("maxtext-16b", "TPU v5e", 256): (120, 0.6110),
+    ("maxtext-32b", "TPU v5e", 256): (132, 0.6686),
+    ("maxtext-64b", "TPU v5e", 256): (118, 0.5990),
+    ("maxtext-128b", "TPU v5e", 256): (110, 0.5606),
+    ("maxtext-32b", "TPU v5p", 64): (328, 0.7147),
+    ("maxtext-64b", "TPU v5p", 64): (323, 0.7031),
+    ("llama3.1-70b", "TPU7x", 64): (1207, 0.523),
+    ("llama3.1-405b", "TPU7x", 256): (1261, 0.547),
+    ("llama3.1-70b", "TPU7x", 256): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
+    ("llama3.1-8b", "TPU v6e", 256): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
+    ("llama3.1-70b", "TPU v6e", 256): (462.3, 0.503),  # 462.297
 }
 
 
 def test_the_published_records_hold_their_sources_figures():
-    found = {(p.model, p.chip): (p.tflops_per_chip, p.mfu, p.chips) for p in PUBLISHED if p.tflops_per_chip}
+    found = {(p.model, p.chip, p.chips): (p.tflops_per_chip, p.mfu) for p in PUBLISHED if p.tflops_per_chip}
     assert found == SOURCES
 
 
@@ -74,6 +75,10 @@ def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
     assert v5p.batch_per_shard == 14  # ... planned at half (docs/plan.md: the 2-D plan's residual stream)
     ironwood = published_run("llama3.1-405b@tpu7x-512").recipe
     assert (ironwood.global_batch, ironwood.batch_per_shard) == (1536, 3)
+    # 128k tokens: per_device_batch_size=0.125 over 512 devices is 64 sequences, one per FSDP shard
+    # (the 8 devices of a context group share a sequence)
+    long = published_run("llama3.1-70b@tpu7x-512").recipe
+    assert (long.global_batch, long.batch_per_shard, long.seq_len) == (64, 1, 131072)
 
 
 def test_every_calibration_run_is_a_published_run_with_a_recipe():

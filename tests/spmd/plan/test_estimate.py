@@ -20,6 +20,12 @@ def test_each_policy_recomputes_more_than_the_one_that_keeps_more():
     # forward, are about half of its matmul FLOPs at 8k.
     assert 0.5 < shares["mlp_share"] < 0.6
     assert factor[Remat.SAVE_DOT_EXCEPT_MLP] - factor[Remat.DOTS] == pytest.approx(shares["mlp_share"] / 3)
+    # save_qkv_context keeps attention's output: the output projection runs again instead of attention,
+    # as much at 8k (2 x 8192 x 8192 a token a layer, causal) and far less at 131,072 tokens
+    assert factor[Remat.SAVE_QKV_CONTEXT] == pytest.approx(1 + (shares["mlp_share"] + shares["out_share"]) / 3)
+    assert factor[Remat.SAVE_QKV_CONTEXT] == pytest.approx(factor[Remat.SAVE_DOT_EXCEPT_MLP])
+    _, long = model_flops(config, 70_553_706_496, 131072)
+    assert recompute_factor(Remat.SAVE_QKV_CONTEXT, **long) < recompute_factor(Remat.SAVE_DOT_EXCEPT_MLP, **long) - 0.1
 
 
 def test_a_model_of_no_known_shape_has_no_shares():

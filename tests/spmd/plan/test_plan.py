@@ -229,7 +229,8 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
         (
             dict(remat="some"),
             PlanError,
-            r"remat must be one of \['none', 'dots', 'save_dot_except_mlp', 'save_qkv_proj', 'full', 'offload'\] "
+            r"remat must be one of \['none', 'dots', 'save_qkv_context', 'save_dot_except_mlp', 'save_qkv_proj', 'full', "
+            r"'offload'\] "
             r"\(or 'minimal', MaxText's name for 'dots'\)",
         ),
         (dict(moment_dtype="float16"), PlanError, r"moment_dtype must be one of \('float32', 'bfloat16'\)"),
@@ -331,7 +332,10 @@ def test_the_advisor_says_when_there_is_nothing_to_try():
         (["--strategies", "fsdp", "--fsdp-config", "/tmp/x.json"], "--strategies, --fsdp-config only steer"),
         (["--per-device-batches", "1", "--tensors", "2", "--datas", "1"], "--per-device-batches, --tensors, --datas"),
         (["--cache", "/tmp"], "--cache only steers the advisor's search"),
-        (["--remat", "most"], "--remat: unknown remat policy 'most'; choose from none,dots,save_dot_except_mlp"),
+        (
+            ["--remat", "most"],
+            "--remat: unknown remat policy 'most'; choose from none,dots,save_qkv_context,save_dot_except_mlp",
+        ),
     ],
 )
 def test_the_cli_refuses_flags_that_contradict(argv, says, capsys):

@@ -96,10 +96,14 @@ def test_each_remat_policy_saves_what_its_maxtext_name_says(fidelity):
     except_mlp = [*qkv, _activation(H)]  # + out_proj
     # + mlpwi_0, mlpwi_1; mlpwo is named too, but backward never reads it, so JAX (and MaxText) keep it not
     minimal = [*except_mlp, _activation(MLP), _activation(MLP)]
+    # + the splash kernel's residuals, attention's output [batch, heads, seq, head dim] and its fp32
+    # log-sum-exp (MaxText's `context`): backward runs no attention forward again
+    context = [*qkv, [[B, 2, S, 128], "bfloat16", False], [[B, 2, S], "float32", False]]
     expected = {
         "full": [block_input],
         "offload": [_activation(H, on_host=True)],
         "save_qkv_proj": qkv,
+        "save_qkv_context": context,
         "save_dot_except_mlp": except_mlp,
         "dots": minimal,
     }

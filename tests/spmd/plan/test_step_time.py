@@ -6,7 +6,7 @@ HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
 import pytest
 
-from spmd.plan._step_time import Calibration, predict_step, splash_matmuls
+from spmd.plan._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import parse_slice
 
@@ -218,6 +218,56 @@ def test_a_fusion_reading_one_layer_of_a_stacked_array_moves_that_layer_only():
     assert t.seconds == pytest.approx((4 * 2**20 + 4) / HBM)
 
 
+# How libtpu 0.0.52 writes a layer's residual into its stack and reads it back (trimmed from the
+# Llama 3.1-70B plans): the stack goes through a nested fusion aliased to it, a relayout in place
+# ({T(16,128)} to {T(8,128)} of bf16, the same bytes), and the result is a tuple with another output.
+STACKED = (
+    HEADER
+    + """%relayout (p: bf16[80,1024,1024]) -> bf16[80,1024,1024] {
+  %p = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} parameter(0)
+  ROOT %c = bf16[80,1024,1024]{2,1,0:T(8,128)(2,1)} copy(%p)
+}
+
+%write (stack: bf16[80,1024,1024], i: s32[], x: bf16[1024,1024]) -> (bf16[80,1024,1024], bf16[1024,1024]) {
+  %stack = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} parameter(0)
+  %view = bf16[80,1024,1024]{2,1,0:T(8,128)(2,1)} fusion(%stack), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%relayout
+  %i = s32[] parameter(1)
+  %x = bf16[1024,1024]{1,0} parameter(2)
+  %y = bf16[1024,1024]{1,0} negate(%x)
+  %layer = bf16[1,1024,1024]{2,1,0} bitcast(%y)
+  %z = s32[] constant(0)
+  %dus = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} dynamic-update-slice(%view, %layer, %i, %z, %z)
+  ROOT %t = (bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)}, bf16[1024,1024]{1,0}) tuple(%dus, %y)
+}
+
+%read (stack: bf16[80,1024,1024], i: s32[]) -> bf16[1,1024,1024] {
+  %stack = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} parameter(0)
+  %view = bf16[80,1024,1024]{2,1,0:T(8,128)(2,1)} fusion(%stack), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%relayout
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = bf16[1,1024,1024]{2,1,0} dynamic-slice(%view, %i, %z, %z), dynamic_slice_sizes={1,1024,1024}
+}
+
+ENTRY %main (w: bf16[80,1024,1024], i: s32[], x: bf16[1024,1024]) -> bf16[1,1024,1024] {
+  %w = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} parameter(0)
+  %i = s32[] parameter(1)
+  %x = bf16[1024,1024]{1,0} parameter(2)
+  %f = (bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)}, bf16[1024,1024]{1,0}) fusion(%w, %i, %x), kind=kLoop, calls=%write
+  %s = bf16[80,1024,1024]{2,1,0:T(16,128)(2,1)} get-tuple-element(%f), index=0
+  ROOT %r = bf16[1,1024,1024]{2,1,0} fusion(%s, %i), kind=kLoop, calls=%read
+}
+"""
+)
+
+
+def test_a_layer_written_into_or_read_from_its_stack_through_a_relayout_in_place_moves_that_layer():
+    # write: x read (2 MiB), the layer written into the stack in place (2 MiB) and y written (2 MiB),
+    # the index (4 bytes); read: the 2 MiB slice, written (2 MiB), and the index. Not the 160 MiB
+    # stack, which the relayout only views (counted whole, each way, it was 320 MiB a fusion).
+    t = predict_step(STACKED, TARGET, CAL)
+    assert t.hbm_bytes == 3 * 2 * 2**20 + 4 + 2 * 2 * 2**20 + 4
+
+
 SPLASH = (
     HEADER
     + """ENTRY %main (q: bf16[2,4,2048,128], k: bf16[2,4,2048,128], v: bf16[2,4,2048,128]) -> bf16[2,4,2048,128] {
@@ -235,8 +285,25 @@ def test_a_splash_forward_kernel_runs_two_causal_matmuls():
     flops = 2 * 2 * 8 * 2048 * 2048 * 128 / 2
     t = predict_step(SPLASH, TARGET, CAL)
     assert t.hardware_flops == flops
-    assert t.seconds == pytest.approx(flops / (PEAK * 0.25))
+    # q k^T contracts over the head dim, 128 of TPU7x's 256-deep matrix unit: half of it, so that
+    # matmul takes twice its FLOPs' time; p v contracts over keys and fills it
+    assert t.seconds == pytest.approx((flops / 2 + flops / 2 / 0.5) / (PEAK * 0.25))
     assert [splash_matmuls(n) for n in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "fusion")] == [2, 3, 4, 0]
+    names = ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "splash_mha_fused_dkv", "fusion")
+    assert [splash_head_dim_matmuls(n) for n in names] == [1, 2, 2, 2, 0]
+    # a 128-wide matrix unit (v5e) is filled by a head of 128: the kernel at its FLOPs' time
+    v5e = predict_step(SPLASH.replace("num_partitions=8", "num_partitions=4"), parse_slice("v5e:2x2"), CAL)
+    assert v5e.seconds == pytest.approx(flops / (197e12 * 0.25))
+
+
+def test_a_splash_kernel_s_integer_mask_tables_are_not_its_queries():
+    # at 131,072 tokens in blocks of 512 the kernel's block table is int16 (its first operand): q is
+    # its first floating operand, [64 heads, 16384 local queries, 128] against 131,072 keys
+    text = SPLASH.replace(
+        "operand_layout_constraints={", "operand_layout_constraints={s16[1,32,256]{2,1,0}, s8[1,32,256]{2,1,0}, "
+    )
+    flops = 2 * 2 * 8 * 2048 * 2048 * 128 / 2
+    assert predict_step(text, TARGET, CAL).hardware_flops == flops
 
 
 @pytest.mark.parametrize(
