@@ -210,9 +210,10 @@ def fully_shard_on_dtensor(
     """Shard ``module`` in place with ``fully_shard`` per unit of ``plans`` (from `plan_units`);
     returns it (an ``FSDPModule``). ``shard_dims`` from `fsdp_shard_dims`; ``fsdp_mesh`` from
     `fsdp_xla._dtensor_mesh.fsdp_device_mesh`."""
-    from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard
+
+    from spmd._util.torch_compat import composable_checkpoint as checkpoint
 
     policy_mp = MixedPrecisionPolicy()
     if precision is not None:

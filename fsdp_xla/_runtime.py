@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
 from spmd._backend import backend
+from spmd._util.torch_compat import tree_flatten, tree_unflatten
 from spmd.sharding._hlo_sharding import HloSharding
 
 __all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NAME"]

@@ -34,6 +34,8 @@ MOVED_MODULES: dict[str, tuple[str, str]] = {
     "spmd.regular_file": ("spmd._util.regular_file", "spmd._util.regular_file (private)"),
     "spmd.cli_args": ("spmd._util.cli_args", "spmd._util.cli_args (private)"),
     "spmd._torch_compat": ("spmd._util.torch_compat", "spmd._util.torch_compat (private)"),
+    # The three compat modules are named for what they answer (torch_xla's names stay spmd.compat).
+    "spmd.plan._compat": ("spmd.plan._jax_compat", "spmd.plan._jax_compat (private)"),
     "spmd.plan.report_text": ("spmd.plan.report", "spmd.plan.report"),
     "spmd.plan.advice_text": ("spmd.plan.advice", "spmd.plan.advice"),
     # The HLO text reader is the seam of the inspector, the planner and fsdp_xla: public on its own.

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
 from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
+from spmd._util.torch_compat import tree_flatten, tree_unflatten
 from spmd.errors import (
     PartitionSpecTypeError,
     ShardingError,

@@ -22,7 +22,7 @@ import torch
 
 from mesh import Mesh, Role, roles
 from mesh._checks import is_int
-from spmd.plan._compat import toolchain
+from spmd.plan._jax_compat import toolchain
 from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step

@@ -31,7 +31,7 @@ import torch
 
 from mesh import Mesh, Role
 from spmd.errors import ShardingError
-from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
+from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError

@@ -21,7 +21,7 @@ def dtensor_spec(tensor: torch.Tensor, mesh: Mesh, spec: PartitionSpec) -> Any:
     Raises:
         ShardingError: the spec does not fit the mesh or the tensor.
     """
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from spmd._util.torch_compat import DTensorSpec, TensorMeta
 
     meta = TensorMeta(shape=tensor.shape, stride=tensor.stride(), dtype=tensor.dtype)
     placements = placements_from_spec(spec, mesh, tensor.dim())
