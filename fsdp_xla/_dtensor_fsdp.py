@@ -51,9 +51,9 @@ from fsdp_xla.deferred import check_materializable, materialize_unit, needs_mate
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, Role
-from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
-from spmd.sharding._named_sharding import resolve_spec
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.backend import DTensorBackend, device_type_of
+from spmd.backend import dtensor_device_mesh as device_mesh
+from spmd.sharding import PartitionSpec, resolve_spec
 
 __all__ = [
     "DTensorEngine",
@@ -213,7 +213,7 @@ def fully_shard_on_dtensor(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard
 
-    from spmd._util.torch_compat import composable_checkpoint as checkpoint
+    from spmd.torch_compat import composable_checkpoint as checkpoint
 
     policy_mp = MixedPrecisionPolicy()
     if precision is not None:

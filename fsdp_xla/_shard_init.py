@@ -32,7 +32,7 @@ import torch
 
 from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import _init_module, _unit_modules, module_seed
-from spmd._util.torch_compat import tree_map
+from spmd.torch_compat import tree_map
 
 __all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
@@ -293,7 +293,7 @@ def _local_block(p: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The local tensor of DTensor ``p`` and its offset in the whole."""
     from torch.distributed.tensor import DTensor
 
-    from spmd._util.torch_compat import compute_local_shape_and_global_offset
+    from spmd.torch_compat import compute_local_shape_and_global_offset
 
     if not isinstance(p, DTensor):
         return p.data, (0,) * p.dim()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
-from mesh._checks import require_bool, require_int
+from mesh.checks import require_bool, require_int
 
 __all__ = [
     "WrapPolicy",

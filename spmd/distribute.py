@@ -24,7 +24,7 @@ from spmd._backend.agreement import agree_on_sharding
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.parameters import shard_parameters
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec
 
 __all__ = ["device_count", "device_mesh", "distribute_module", "distribute_tensor", "init_device_mesh", "step"]
 

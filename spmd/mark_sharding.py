@@ -18,10 +18,15 @@ from spmd.errors import (
     SpmdTypeError,
 )
 from spmd.sharded_tensor import XLAShardedTensor
-from spmd.sharding._hlo_sharding import HloSharding
-from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
-from spmd.sharding._placements import is_placements, spec_from_placements
+from spmd.sharding import (
+    HloSharding,
+    NamedSharding,
+    PartitionSpec,
+    SpecEntry,
+    hlo_sharding_for,
+    is_placements,
+    spec_from_placements,
+)
 
 __all__ = [
     "mark_sharding",

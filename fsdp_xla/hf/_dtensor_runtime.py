@@ -31,7 +31,7 @@ import torch
 from fsdp_xla.hf.config import HFConfigError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, ParallelDims
-from spmd._backend.dtensor_processes import process_count, process_index
+from spmd.backend import process_count, process_index
 
 __all__ = ["DTensorRuntime", "SHARDED_DIR", "TORCHRUN_HINT"]
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from mesh import DeviceCountError, Mesh
-from mesh._mesh import summarize_ids
+from mesh.checks import summarize_ids
 from spmd._backend import backend_for
 from spmd.compat.xla_mesh import Mesh as XlaMesh
 from spmd.distribute import distribute_module, distribute_tensor
-from spmd.errors import SpmdTypeError
-from spmd.sharding._placements import PlacementError, spec_from_placements
+from spmd.errors import PlacementError, SpmdTypeError
+from spmd.sharding import spec_from_placements
 
 __all__ = [
     "MeshSizeError",

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 import mesh as _mesh
 from mesh import DeviceInfo, as_mesh
 from spmd._backend import backend, backend_for
-from spmd.sharding._named_sharding import hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec, hlo_sharding_for
 
 __all__ = ["HybridMesh", "Mesh", "TorchXlaGlobalMesh", "get_1d_mesh"]
 

@@ -37,7 +37,7 @@ from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
-from spmd.sharding._partition_spec import P, PartitionSpec
+from spmd.sharding import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
 

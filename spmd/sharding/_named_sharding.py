@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mesh import Mesh, MeshTypeError
-from mesh._checks import is_int
+from mesh.checks import is_int
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
 from spmd.sharding._hlo_sharding import HloSharding, ShardBounds

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from mesh import Mesh
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._placements import placements_from_spec
+from spmd.sharding import PartitionSpec, placements_from_spec
 
 __all__ = ["dtensor_spec", "xla_device_mesh"]
 
