@@ -39,3 +39,9 @@ __all__ = [
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (FSDPOptions, FullyShardedDataParallel):
+    _cls.__module__ = __name__
+del _cls

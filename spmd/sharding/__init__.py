@@ -39,3 +39,9 @@ __all__ = [
     "spec_from_placements",
     "spec_on_largest_dim",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (HloSharding, NamedSharding, PartitionSpec, ShardBounds, ShardingKind, ShardingType):
+    _cls.__module__ = __name__
+del _cls

@@ -155,7 +155,7 @@ def spec_on_largest_dim(shape: Sequence[int], axis: SpecEntry, axis_size: int) -
     scalar. FSDP's layout of a parameter (fsdp_xla), which the planner predicts (spmd.plan).
 
     >>> spec_on_largest_dim((3, 8), "fsdp", 4)
-    PartitionSpec(None, 'fsdp')
+    P(None, 'fsdp')
     """
     if not shape:
         return P()
