@@ -190,6 +190,7 @@ class NamedSharding:
 
     Example:
         >>> import numpy as np
+        >>> from mesh import Mesh
         >>> s = NamedSharding(Mesh(np.arange(8), (8,), ("x",)), PartitionSpec("x"))
         >>> s.shard_shape((16, 4))
         (2, 4)
