@@ -1,6 +1,8 @@
-"""FSDP on GSPMD for PyTorch/XLA: parameters stored sharded on an ``fsdp`` mesh axis,
-gathered per unit for compute, with optimization barriers, deferred init, mixed precision,
-gradient checkpointing and sharded checkpoints."""
+"""FSDP on either backend: parameters stored sharded on an ``fsdp`` mesh axis, gathered per unit
+for compute, with deferred init, mixed precision (`MixedPrecision`, with FSDP2's field names),
+gradient checkpointing and sharded checkpoints. On the torch_xla backend each unit is traced into
+GSPMD's graph (with optimization barriers); on the DTensor backend it is torch's ``fully_shard``
+(FSDP2)."""
 
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_shard

@@ -218,9 +218,9 @@ def fully_shard_on_dtensor(
     policy_mp = MixedPrecisionPolicy()
     if precision is not None:
         policy_mp = MixedPrecisionPolicy(
-            param_dtype=precision.compute_dtype,
+            param_dtype=precision.param_dtype,
             reduce_dtype=precision.effective_reduce_dtype,
-            cast_forward_inputs=precision.cast_inputs,
+            cast_forward_inputs=precision.cast_forward_inputs,
         )
     deferred = needs_materialization(module)
     unit_paths = [p.path for p in plans]

@@ -78,9 +78,9 @@ class GspmdEngine:
 def _unit_config(options: FSDPOptions) -> UnitConfig:
     precision = options.mixed_precision
     return UnitConfig(
-        compute_dtype=precision.compute_dtype if precision else None,
+        compute_dtype=precision.param_dtype if precision else None,
         reduce_dtype=precision.effective_reduce_dtype if precision else None,
-        cast_inputs=precision.cast_inputs if precision else False,
+        cast_inputs=precision.cast_forward_inputs if precision else False,
         reshard_after_forward=options.reshard_after_forward,
         barriers=options.optimization_barriers,
     )

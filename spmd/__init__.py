@@ -1,5 +1,5 @@
 """SPMD sharding for PyTorch on XLA devices: partition specs, named shardings, `mark_sharding`,
-DTensor's vocabulary on either runtime, and tools.
+DTensor's vocabulary on either backend, and tools.
 
 ``spmd.__all__`` is the product's own vocabulary, re-exported from where it lives:
 `spmd.sharding` (the values and the sharding math), `spmd.multiprocess` (global batches, data
@@ -102,12 +102,12 @@ __all__ = [
     "ShardableLayerNorm",
     "layer_norm",
     "use_shardable_layer_norm",
-    # devices and runtimes
+    # devices and backends
     "configure_default_devices",
     "enable_spmd",
     "backend_for",
     "use_backend",
-    # DTensor's vocabulary, on either runtime
+    # DTensor's vocabulary, on either backend
     "device_count",
     "device_mesh",
     "distribute_module",

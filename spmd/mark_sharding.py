@@ -63,7 +63,7 @@ def resolve_sharding(
     *,
     check_tensor: bool = True,
 ) -> tuple[NamedSharding, HloSharding]:
-    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the runtime's devices.
+    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the backend's devices.
 
     ``mesh`` may be a `Mesh`, torch_xla's mesh or a ``DeviceMesh`` (``None``: the global mesh);
     ``spec`` a `PartitionSpec`, a tuple, or DTensor placements (one per mesh axis). With
@@ -142,7 +142,7 @@ def mark_sharding(
         NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
         NotAnXlaTensorError: ``t`` is not on an XLA device.
         ShardingError: the spec does not fit the mesh or the tensor (the message says which).
-        DeviceCountError: the mesh does not use exactly the runtime's devices.
+        DeviceCountError: the mesh does not use exactly the backend's devices.
         ShardingConflictError: ``t`` already has another non-replicated sharding and
             ``replace`` is False, or it is manually sharded.
 

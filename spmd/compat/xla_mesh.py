@@ -1,5 +1,5 @@
 """torch_xla's meshes where they meet the runtime: `Mesh` and `HybridMesh` with torch_xla's
-runtime methods, `get_1d_mesh` over the runtime's devices, and torch_xla's global mesh kept equal
+runtime methods, `get_1d_mesh` over the backend's devices, and torch_xla's global mesh kept equal
 to ours.
 
 ``mesh.Mesh`` is a value that asks no runtime. torch_xla's code asks a mesh for ``OpSharding``
@@ -55,7 +55,7 @@ class Mesh(_mesh.Mesh):
 
 
 class HybridMesh(_mesh.HybridMesh, Mesh):
-    """torch_xla's ``HybridMesh``: `mesh.HybridMesh` over the runtime's devices when ``devices``
+    """torch_xla's ``HybridMesh``: `mesh.HybridMesh` over the backend's devices when ``devices``
     is not given (their ``coords``, ``core_on_chip`` and ``slice_index``)."""
 
     __slots__ = ()
@@ -76,7 +76,7 @@ class HybridMesh(_mesh.HybridMesh, Mesh):
 
 
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh over all the runtime's devices (or ``num_devices``): torch_xla's
+    """A one-axis mesh over all the backend's devices (or ``num_devices``): torch_xla's
     ``get_1d_mesh``."""
     count = backend_for().device_count() if num_devices is None else num_devices
     return Mesh.of(_mesh.get_1d_mesh(axis_name, count))
