@@ -1,6 +1,8 @@
-"""FSDP on GSPMD for PyTorch/XLA: parameters stored sharded on an ``fsdp`` mesh axis,
-gathered per unit for compute, with optimization barriers, deferred init, mixed precision,
-gradient checkpointing and sharded checkpoints."""
+"""FSDP on either backend: parameters stored sharded on an ``fsdp`` mesh axis, gathered per unit
+for compute, with deferred init, mixed precision (`MixedPrecision`, with FSDP2's field names),
+gradient checkpointing and sharded checkpoints. On the torch_xla backend each unit is traced into
+GSPMD's graph (with optimization barriers); on the DTensor backend it is torch's ``fully_shard``
+(FSDP2)."""
 
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla.api import FSDP, FullyShardedDataParallel, OutputSharding, fully_shard
@@ -39,3 +41,9 @@ __all__ = [
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (FSDPOptions, FullyShardedDataParallel):
+    _cls.__module__ = __name__
+del _cls

@@ -51,9 +51,9 @@ from fsdp_xla.deferred import check_materializable, materialize_unit, needs_mate
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, Role
-from spmd._backend.dtensor_backend import DTensorBackend, device_mesh, device_type_of
-from spmd.sharding._named_sharding import resolve_spec
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.backend import DTensorBackend, device_type_of
+from spmd.backend import dtensor_device_mesh as device_mesh
+from spmd.sharding import PartitionSpec, resolve_spec
 
 __all__ = [
     "DTensorEngine",
@@ -210,16 +210,17 @@ def fully_shard_on_dtensor(
     """Shard ``module`` in place with ``fully_shard`` per unit of ``plans`` (from `plan_units`);
     returns it (an ``FSDPModule``). ``shard_dims`` from `fsdp_shard_dims`; ``fsdp_mesh`` from
     `fsdp_xla._dtensor_mesh.fsdp_device_mesh`."""
-    from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard
+
+    from spmd.torch_compat import composable_checkpoint as checkpoint
 
     policy_mp = MixedPrecisionPolicy()
     if precision is not None:
         policy_mp = MixedPrecisionPolicy(
-            param_dtype=precision.compute_dtype,
+            param_dtype=precision.param_dtype,
             reduce_dtype=precision.effective_reduce_dtype,
-            cast_forward_inputs=precision.cast_inputs,
+            cast_forward_inputs=precision.cast_forward_inputs,
         )
     deferred = needs_materialization(module)
     unit_paths = [p.path for p in plans]

@@ -27,8 +27,8 @@ import numpy as np
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla.errors import FSDPError
 from mesh import Mesh
-from spmd._backend.dtensor_backend import device_mesh
-from spmd._util import torch_compat
+from spmd import torch_compat
+from spmd.backend import dtensor_device_mesh as device_mesh
 
 __all__ = ["check_fsdp_mesh", "fsdp_device_mesh"]
 

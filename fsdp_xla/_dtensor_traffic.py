@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.utils._pytree import tree_leaves
 
 from fsdp_xla._phases import CollectiveRecord, Phase
 from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
+from spmd.torch_compat import tree_leaves
 
 __all__ = ["TrafficMode"]
 
@@ -59,7 +59,7 @@ def _group_ranks(args: tuple) -> tuple[int, ...]:
             return tuple(dist.get_process_group_ranks(group))
     names = [a for a in args if isinstance(a, str)]
     if names:
-        from torch.distributed.distributed_c10d import _resolve_process_group
+        from spmd.torch_compat import resolve_process_group as _resolve_process_group
 
         return tuple(dist.get_process_group_ranks(_resolve_process_group(names[-1])))
     return tuple(range(dist.get_world_size()))

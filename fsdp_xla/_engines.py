@@ -16,9 +16,7 @@ import torch
 from fsdp_xla._dtensor_fsdp import DTensorEngine
 from fsdp_xla._gspmd import GspmdEngine
 from fsdp_xla._options import FSDPOptions
-from spmd._backend import ShardingBackend
-from spmd._backend.dtensor_backend import DTensorBackend
-from spmd._backend.torch_xla_backend import TorchXlaBackend
+from spmd.backend import DTensorBackend, ShardingBackend, TorchXlaBackend
 
 __all__ = ["FSDPEngine", "engine_for"]
 

@@ -25,10 +25,9 @@ from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm
-from spmd._backend import backend
+from spmd.backend import torch_xla_backend
 from spmd.errors import ShardingError
-from spmd.sharding._hlo_sharding import HloSharding
-from spmd.sharding._named_sharding import hlo_sharding_for
+from spmd.sharding import HloSharding, hlo_sharding_for
 
 __all__ = ["GspmdEngine"]
 
@@ -39,8 +38,10 @@ class GspmdEngine:
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
         """Everything GSPMD's FSDP accepts (every parameter's layout, deferred init's hooks); the
         runtime in SPMD mode over the mesh's devices. Nothing is changed before this passes."""
-        backend.ensure_spmd()
-        options.mesh.check_device_count(backend.device_count(), backend.TorchXlaBackend.more_devices)
+        torch_xla_backend.ensure_spmd()
+        options.mesh.check_device_count(
+            torch_xla_backend.device_count(), torch_xla_backend.TorchXlaBackend.more_devices
+        )
         plans = plan_units(module, options.auto_wrap_policy)
         _layouts(plans, options)
         if needs_materialization(module):
@@ -53,7 +54,9 @@ class GspmdEngine:
         if options.shardable_layer_norm:
             use_shardable_layer_norm(module)
         registry = Registry(
-            backend.platform() == "CPU" if options.sync_after_backward is None else options.sync_after_backward
+            torch_xla_backend.platform() == "CPU"
+            if options.sync_after_backward is None
+            else options.sync_after_backward
         )
         config = _unit_config(options)
         deferred = needs_materialization(module)
@@ -75,9 +78,9 @@ class GspmdEngine:
 def _unit_config(options: FSDPOptions) -> UnitConfig:
     precision = options.mixed_precision
     return UnitConfig(
-        compute_dtype=precision.compute_dtype if precision else None,
+        compute_dtype=precision.param_dtype if precision else None,
         reduce_dtype=precision.effective_reduce_dtype if precision else None,
-        cast_inputs=precision.cast_inputs if precision else False,
+        cast_inputs=precision.cast_forward_inputs if precision else False,
         reshard_after_forward=options.reshard_after_forward,
         barriers=options.optimization_barriers,
     )
@@ -107,7 +110,7 @@ def _layouts(plans: list[UnitPlan], options: FSDPOptions) -> dict[str, _Layout]:
         except ShardingError as e:  # say which parameter
             raise type(e)(f"FSDP, parameter {slot.name!r}: {e}") from None
         _check_not_on_replicate_axes(slot.name, shape, spec, options)
-        existing = backend.sharding_of(p) if backend.is_xla_tensor(p) else None
+        existing = torch_xla_backend.sharding_of(p) if torch_xla_backend.is_xla_tensor(p) else None
         if existing is not None and not existing.is_replicated and existing != stored:
             raise FSDPError(
                 f"Parameter {slot.name!r} of shape {shape} is already sharded as {existing}; FSDP would store it "
@@ -144,14 +147,16 @@ def _place_parameters(plan: UnitPlan, mesh: Mesh, layouts: dict[str, _Layout]) -
     for slot in plan.slots:
         p = slot.param
         layout = layouts[slot.name]
-        if backend.is_xla_tensor(p):
+        if torch_xla_backend.is_xla_tensor(p):
             mark_sharding(p, mesh, layout.spec, replace=True)
             new = p
         else:
             data = p.detach()
             if data.device.type != "cpu":
                 data = data.cpu()
-            new = torch.nn.Parameter(backend.to_device_sharded(data, layout.stored), requires_grad=p.requires_grad)
+            new = torch.nn.Parameter(
+                torch_xla_backend.to_device_sharded(data, layout.stored), requires_grad=p.requires_grad
+            )
         if new is not p:
             for owner, attr in slot.owners:
                 owner._parameters[attr] = new
@@ -167,6 +172,6 @@ def _place_buffers(plan: UnitPlan, precision: MixedPrecision | None) -> None:
             continue
         if precision is not None and b.is_floating_point():
             b = b.to(precision.effective_buffer_dtype)
-        if not backend.is_xla_tensor(b):
-            b = backend.to_device_sharded(b.detach().cpu(), HloSharding.replicated())
+        if not torch_xla_backend.is_xla_tensor(b):
+            b = torch_xla_backend.to_device_sharded(b.detach().cpu(), HloSharding.replicated())
         owner._buffers[attr] = b

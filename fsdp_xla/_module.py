@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._axes import AxisNames
 from fsdp_xla._engines import engine_for
@@ -26,7 +25,8 @@ from fsdp_xla.errors import FSDPError, FSDPTypeError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh
 from spmd import PartitionSpec, with_sharding_constraint
-from spmd._backend import backend_for
+from spmd.backend import backend_for
+from spmd.torch_compat import tree_flatten, tree_unflatten
 
 __all__ = ["FSDP", "FullyShardedDataParallel", "OutputSharding", "fsdp_class", "fully_shard"]
 

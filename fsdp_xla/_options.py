@@ -15,10 +15,10 @@ from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
-from mesh._checks import require_bool, require_int, require_optional_bool
+from mesh.checks import require_bool, require_int, require_optional_bool
 from spmd import PartitionSpec
 from spmd.errors import ShardingError
-from spmd.sharding._named_sharding import resolve_spec
+from spmd.sharding import resolve_spec
 
 __all__ = ["FSDPOptions"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from spmd._backend import backend_for
+from spmd.backend import backend_for
 
 __all__ = ["ModuleSnapshot"]
 
@@ -71,7 +71,7 @@ class ModuleSnapshot:
 def _forget_composable_state(module: torch.nn.Module) -> None:
     """Drop ``module`` from torch's registry of composable APIs' state (FSDP2 adds it there)."""
     try:
-        from torch.distributed import _composable_state
+        from spmd.torch_compat import composable_state as _composable_state
     except ImportError:  # a torch without it has no state to forget
         return
     _composable_state._module_state_mapping.pop(module, None)

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
-from spmd._backend import backend
-from spmd.sharding._hlo_sharding import HloSharding
+from spmd.backend import torch_xla_backend
+from spmd.sharding import HloSharding
+from spmd.torch_compat import tree_flatten, tree_unflatten
 
 __all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
 
@@ -43,7 +43,7 @@ BACKWARD_GRAPH_NAME = "FSDPForwardBackward"
 @contextlib.contextmanager
 def _scope(phase: Phase, unit: str) -> Iterator[None]:
     """Label what is traced inside with ``unit`` and ``phase`` (HLO metadata only)."""
-    handle = backend.push_scope(scope_name(phase, unit))
+    handle = torch_xla_backend.push_scope(scope_name(phase, unit))
     try:
         yield
     finally:
@@ -83,7 +83,7 @@ class _Gather(torch.autograd.Function):
 
 def _constrained_copy(t: torch.Tensor, sharding: HloSharding, dtype: torch.dtype) -> torch.Tensor:
     out = t.to(dtype) if t.dtype != dtype else t.clone()
-    backend.attach_sharding_constraint(out, sharding)
+    torch_xla_backend.attach_sharding_constraint(out, sharding)
     return out
 
 
@@ -157,12 +157,12 @@ class Registry:
             unit.release()
         self.backward_pending = False
         if self.sync_after_backward:
-            backend.sync_named(BACKWARD_GRAPH_NAME)
+            torch_xla_backend.sync_named(BACKWARD_GRAPH_NAME)
 
 
 def _xla_tensors(tree: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(tree)
-    return [x for x in leaves if isinstance(x, torch.Tensor) and backend.is_xla_tensor(x)]
+    return [x for x in leaves if isinstance(x, torch.Tensor) and torch_xla_backend.is_xla_tensor(x)]
 
 
 def _barrier_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -170,7 +170,7 @@ def _barrier_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     depends on all the originals, and XLA cannot see through the barrier."""
     copies = [t.clone() for t in tensors]
     if copies:
-        backend.optimization_barrier_(copies)
+        torch_xla_backend.optimization_barrier_(copies)
     return copies
 
 
@@ -301,7 +301,9 @@ class UnitRuntime:
         shards: list[torch.Tensor] = [s.param for s in self.plan.slots]
         if self.config.barriers:
             leaves, spec = tree_flatten((args, kwargs))
-            positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and backend.is_xla_tensor(x)]
+            positions = [
+                i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and torch_xla_backend.is_xla_tensor(x)
+            ]
             copies = _barrier_copies([leaves[i] for i in positions] + shards)
             for i, c in zip(positions, copies):
                 leaves[i] = c
@@ -329,7 +331,7 @@ class UnitRuntime:
                 if self.config.barriers and phase is Phase.FORWARD_GATHER:
                     # Make the forward's gathers wait for the inputs, as in `run`.
                     copies = _barrier_copies(
-                        [given[i] for i in positions if backend.is_xla_tensor(given[i])] + shard_values
+                        [given[i] for i in positions if torch_xla_backend.is_xla_tensor(given[i])] + shard_values
                     )
                     shard_values = copies[len(copies) - len(shard_values) :]
                 fulls = self._gather_all(shard_values)
@@ -337,4 +339,4 @@ class UnitRuntime:
             with self._swapped(fulls):
                 return forward(*call_args, **call_kwargs)
 
-        return backend.checkpoint(recompute, *inputs, *shards)
+        return torch_xla_backend.checkpoint(recompute, *inputs, *shards)

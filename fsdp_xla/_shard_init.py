@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import _init_module, _unit_modules, module_seed
+from spmd.torch_compat import tree_map
 
 __all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
@@ -292,7 +292,8 @@ def _allocate_shards(plan: UnitPlan, modules: list[torch.nn.Module], device: str
 def _local_block(p: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The local tensor of DTensor ``p`` and its offset in the whole."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from spmd.torch_compat import compute_local_shape_and_global_offset
 
     if not isinstance(p, DTensor):
         return p.data, (0,) * p.dim()

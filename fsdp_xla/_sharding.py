@@ -10,31 +10,19 @@ parallelism) stay in place.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from spmd import P, PartitionSpec
 from spmd.errors import PartitionSpecTypeError, ShardingError
-from spmd.sharding._partition_spec import SpecEntry
+from spmd.sharding import SpecEntry
+from spmd.sharding import spec_on_largest_dim as default_fsdp_spec
 
 __all__ = ["SpecFn", "default_fsdp_spec", "spec_from_fn", "without_axis", "with_axis_on_dim"]
 
 SpecFn = Callable[[str, torch.Tensor], PartitionSpec]
 """``(parameter name, parameter) -> stored spec`` (must name the FSDP axis, or replicate)."""
-
-
-def default_fsdp_spec(shape: Sequence[int], axis: SpecEntry, axis_size: int) -> PartitionSpec:
-    """The FSDP axis (a name, or a tuple of names sharded over as one, ``axis_size`` devices in
-    all) on the largest dim it divides, else on the largest dim; ``P()`` for scalars."""
-    if not shape:
-        return P()
-    divisible = [i for i, n in enumerate(shape) if n % axis_size == 0 and n >= axis_size]
-    candidates = divisible or list(range(len(shape)))
-    dim = max(candidates, key=lambda i: (shape[i], -i))
-    entries: list[SpecEntry] = [None] * len(shape)
-    entries[dim] = axis
-    return P(*entries)
 
 
 def spec_from_fn(spec_fn: SpecFn, name: str, param: torch.Tensor) -> PartitionSpec:

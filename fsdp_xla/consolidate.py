@@ -10,12 +10,9 @@ from pathlib import Path
 
 import torch
 
-from fsdp_xla.checkpoint import consolidate
-from fsdp_xla.checkpoint._files import LATEST
-from fsdp_xla.checkpoint._format import is_version_name
+from fsdp_xla.checkpoint import LATEST, consolidate, is_version_name
 from fsdp_xla.errors import CheckpointError
-from spmd._util.atomic_file import atomic_write
-from spmd._util.cli_args import output_dir, output_file
+from spmd.files import atomic_write, output_dir, output_file
 
 __all__ = ["build_parser", "main", "write_state_dict"]
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
-from mesh._checks import require_bool, require_int
+from mesh.checks import require_bool, require_int
 
 __all__ = [
     "WrapPolicy",
@@ -121,42 +122,94 @@ def size_based_auto_wrap_policy(min_num_params: int) -> SizeWrapPolicy:
     return SizeWrapPolicy(min_num_params)
 
 
-@dataclass(frozen=True)
+_UNSET: Any = object()  # a keyword not given (None is a value param_dtype refuses)
+
+
+@dataclass(frozen=True, init=False)
 class MixedPrecision:
     """Compute in a low precision while the sharded master parameters stay in theirs (fp32).
 
+    The fields are named as FSDP2's ``MixedPrecisionPolicy`` names them; ``compute_dtype`` and
+    ``cast_inputs``, their names before round 5, are aliases that still work, as keywords and as
+    attributes (``MixedPrecision(compute_dtype=torch.bfloat16).param_dtype is torch.bfloat16``).
+
     Attributes:
-        compute_dtype: the dtype parameters are gathered in and the forward/backward run in
-            (e.g. ``torch.bfloat16``); the gather itself then moves half the bytes.
-        buffer_dtype: floating-point buffers are cast to this dtype (default: compute_dtype).
+        param_dtype: the dtype parameters are gathered in and the forward/backward run in
+            (e.g. ``torch.bfloat16``); the gather itself then moves half the bytes. Alias:
+            ``compute_dtype``.
+        buffer_dtype: floating-point buffers are cast to this dtype (default: param_dtype).
         reduce_dtype: gradients are reduced across devices in this dtype (default:
-            compute_dtype; ``torch.float32`` for fp32 reductions).
-        cast_inputs: cast floating-point inputs of each unit to ``compute_dtype``.
+            param_dtype; ``torch.float32`` for fp32 reductions).
+        cast_forward_inputs: cast floating-point inputs of each unit to ``param_dtype``. Alias:
+            ``cast_inputs``.
+
+    Raises:
+        FSDPTypeError: a dtype that is not a floating torch.dtype, a flag that is not a bool, or
+            a field given under both its names.
     """
 
-    compute_dtype: torch.dtype = torch.float32
+    param_dtype: torch.dtype = torch.float32
     buffer_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
-    cast_inputs: bool = True
+    cast_forward_inputs: bool = True
 
-    def __post_init__(self) -> None:
-        require_bool(self.cast_inputs, "MixedPrecision.cast_inputs", FSDPTypeError)
-        for name in ("compute_dtype", "buffer_dtype", "reduce_dtype"):
-            value = getattr(self, name)
-            if value is None and name != "compute_dtype":
+    def __init__(
+        self,
+        param_dtype: torch.dtype = _UNSET,
+        buffer_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+        cast_forward_inputs: bool = _UNSET,
+        *,
+        compute_dtype: torch.dtype = _UNSET,
+        cast_inputs: bool = _UNSET,
+    ) -> None:
+        dtype_name, param_dtype = _one_of("param_dtype", param_dtype, "compute_dtype", compute_dtype, torch.float32)
+        cast_name, cast = _one_of("cast_forward_inputs", cast_forward_inputs, "cast_inputs", cast_inputs, True)
+        require_bool(cast, f"MixedPrecision.{cast_name}", FSDPTypeError)
+        for name, value in ((dtype_name, param_dtype), ("buffer_dtype", buffer_dtype), ("reduce_dtype", reduce_dtype)):
+            if value is None and name in ("buffer_dtype", "reduce_dtype"):
                 continue
             if not isinstance(value, torch.dtype) or not value.is_floating_point:
                 raise FSDPTypeError(
                     f"MixedPrecision.{name} must be a floating torch.dtype (torch.bfloat16, torch.float16, "
                     f"torch.float32), got {value!r}."
                 )
+        for name, value in (
+            ("param_dtype", param_dtype),
+            ("buffer_dtype", buffer_dtype),
+            ("reduce_dtype", reduce_dtype),
+            ("cast_forward_inputs", cast),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """`param_dtype` under its name before round 5 (an alias)."""
+        return self.param_dtype
+
+    @property
+    def cast_inputs(self) -> bool:
+        """`cast_forward_inputs` under its name before round 5 (an alias)."""
+        return self.cast_forward_inputs
 
     @property
     def effective_buffer_dtype(self) -> torch.dtype:
         """The dtype floating buffers are kept in."""
-        return self.buffer_dtype or self.compute_dtype
+        return self.buffer_dtype or self.param_dtype
 
     @property
     def effective_reduce_dtype(self) -> torch.dtype:
         """The dtype gradients are reduced in."""
-        return self.reduce_dtype or self.compute_dtype
+        return self.reduce_dtype or self.param_dtype
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> tuple[str, Any]:
+    """(the keyword used, its value) of a field that has an alias; the default if neither."""
+    if value is not _UNSET and alias_value is not _UNSET:
+        raise FSDPTypeError(
+            f"MixedPrecision got {name}={value!r} and {alias}={alias_value!r}; {alias} is {name}'s old name: "
+            f"give {name} only."
+        )
+    if alias_value is not _UNSET:
+        return alias, alias_value
+    return name, default if value is _UNSET else value

@@ -39,3 +39,9 @@ __all__ = [
     "set_global_mesh",
     "use_mesh",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (DeviceInfo, GlobalMeshFollower, HybridMesh, Mesh):
+    _cls.__module__ = __name__
+del _cls

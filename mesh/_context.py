@@ -1,7 +1,7 @@
 """The global mesh: a process-wide default plus a thread-local stack of scoped meshes.
 
 Runtimes that keep a global mesh of their own (torch_xla's, which its FSDPv2 and the Hugging
-Face Trainer read) follow ours through a `GlobalMeshFollower` that the runtime's package
+Face Trainer read) follow ours through a `GlobalMeshFollower` that the backend's package
 registers (`follow_global_mesh`): this module imports nothing above it.
 """
 
@@ -34,7 +34,7 @@ class GlobalMeshFollower(Protocol):
     """A runtime's own global mesh, kept equal to ours."""
 
     def set(self, mesh: Mesh | None) -> None:
-        """Make the runtime's global mesh ``mesh`` (``None`` clears it)."""
+        """Make the backend's global mesh ``mesh`` (``None`` clears it)."""
         ...
 
     def current(self) -> Mesh | None:
@@ -43,7 +43,7 @@ class GlobalMeshFollower(Protocol):
 
 
 # The only module-level mutable state in the product, by design: the explicit global mesh
-# (and the runtimes that follow it, registered once at import).
+# (and the backends that follow it, registered once at import).
 _process_default: Mesh | None = None
 _scoped = threading.local()
 _followers: list[GlobalMeshFollower] = []
@@ -109,7 +109,7 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
 
 
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh over ``num_devices`` devices (``spmd.get_1d_mesh`` takes the runtime's
+    """A one-axis mesh over ``num_devices`` devices (``spmd.get_1d_mesh`` takes the backend's
     count when it is not given).
 
     Raises:

@@ -238,7 +238,7 @@ class HybridMesh(Mesh):
         ici_mesh_shape: the logical mesh within one slice.
         dcn_mesh_shape: the logical mesh of slices; default all 1s (one slice).
         axis_names: one name per axis.
-        devices: the devices to lay out (``spmd.HybridMesh`` takes the runtime's when they are
+        devices: the devices to lay out (``spmd.HybridMesh`` takes the backend's when they are
             not given: ``coords``, ``core_on_chip`` and ``slice_index`` from torch_xla's device
             attributes).
 

@@ -101,7 +101,7 @@ class Mesh:
         array([2, 3])
     """
 
-    # __weakref__: runtimes remember which meshes they derived objects for without keeping them.
+    # __weakref__: backends remember which meshes they derived objects for without keeping them.
     __slots__ = ("_device_ids", "_mesh_shape", "_axis_names", "_memo", "__weakref__")
 
     _device_ids: tuple[int, ...]
@@ -243,7 +243,7 @@ class Mesh:
         return "mesh{" + ", ".join(f"{k!r}: {v}" for k, v in self.shape().items()) + "}"
 
     def check_device_count(self, available: int, more_devices: str = "start the runtime with more devices") -> None:
-        """Raise `DeviceCountError` unless the mesh uses exactly the runtime's ``available``
+        """Raise `DeviceCountError` unless the mesh uses exactly the backend's ``available``
         devices (each id below it, each once); ``more_devices`` says how to get more (the
         backend's ``more_devices``)."""
         require_int(
@@ -265,7 +265,7 @@ class Mesh:
     # torch_xla's methods ---------------------------------------------------------------------
     @property
     def memo(self) -> dict:
-        """A per-object cache for what runtimes derive from this mesh (torch_xla's ``OpSharding``
+        """A per-object cache for what backends derive from this mesh (torch_xla's ``OpSharding``
         objects, a ``DeviceMesh``); not part of the mesh's value, never compared or pickled."""
         return self._memo
 

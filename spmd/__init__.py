@@ -1,5 +1,5 @@
 """SPMD sharding for PyTorch on XLA devices: partition specs, named shardings, `mark_sharding`,
-DTensor's vocabulary on either runtime, and tools.
+DTensor's vocabulary on either backend, and tools.
 
 ``spmd.__all__`` is the product's own vocabulary, re-exported from where it lives:
 `spmd.sharding` (the values and the sharding math), `spmd.multiprocess` (global batches, data
@@ -102,12 +102,12 @@ __all__ = [
     "ShardableLayerNorm",
     "layer_norm",
     "use_shardable_layer_norm",
-    # devices and runtimes
+    # devices and backends
     "configure_default_devices",
     "enable_spmd",
     "backend_for",
     "use_backend",
-    # DTensor's vocabulary, on either runtime
+    # DTensor's vocabulary, on either backend
     "device_count",
     "device_mesh",
     "distribute_module",
@@ -136,6 +136,9 @@ follow_global_mesh(TorchXlaGlobalMesh())
 
 # Names that were in ``spmd.__all__`` and live elsewhere now; they still resolve here.
 _MOVED_MODULE_ATTRS = {old.rpartition(".")[2]: old for old in _moved.MOVED_MODULES}
+# torch_xla's objects in ``spmd.__all__`` until round 4 (where torch_xla is installed), which
+# torch_xla's own ``torch_xla.distributed.spmd`` does not list: they live in spmd.compat.xla_sharding.
+_DROPPED_TORCH_XLA = ("EinsumLinear", "apply_xla_patch_to_nn_linear")
 
 
 def __getattr__(name: str) -> Any:
@@ -148,6 +151,14 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(_MOVED_MODULE_ATTRS[name])
+    if name in _DROPPED_TORCH_XLA:
+        where = ".".join(compat.xla_sharding.TORCH_XLA_REEXPORTS[name])
+        warnings.warn(
+            f"spmd.{name} is torch_xla's {where}; import it from spmd.compat.xla_sharding (or from torch_xla)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return compat.xla_sharding.reexported(name)
     if name == "Shard":
         warnings.warn(
             "spmd.Shard is torch_xla's shard record, spelled spmd.compat.XLAShard (spmd.XLAShard); "

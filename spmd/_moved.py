@@ -30,10 +30,12 @@ MOVED_MODULES: dict[str, tuple[str, str]] = {
     "spmd.process_group": ("spmd.multiprocess._process_group", "spmd.multiprocess"),
     "spmd.data_loader": ("spmd.multiprocess._data_loader", "spmd.multiprocess"),
     "spmd.hang_report": ("spmd.multiprocess._hang_report", "spmd.multiprocess"),
-    "spmd.atomic_file": ("spmd._util.atomic_file", "spmd._util.atomic_file (private)"),
-    "spmd.regular_file": ("spmd._util.regular_file", "spmd._util.regular_file (private)"),
+    "spmd.atomic_file": ("spmd._util.atomic_file", "spmd.files"),
+    "spmd.regular_file": ("spmd._util.regular_file", "spmd.files"),
     "spmd.cli_args": ("spmd._util.cli_args", "spmd._util.cli_args (private)"),
-    "spmd._torch_compat": ("spmd._util.torch_compat", "spmd._util.torch_compat (private)"),
+    "spmd._torch_compat": ("spmd._util.torch_compat", "spmd.torch_compat"),
+    # The three compat modules are named for what they answer (torch_xla's names stay spmd.compat).
+    "spmd.plan._compat": ("spmd.plan._jax_compat", "spmd.plan._jax_compat (private)"),
     "spmd.plan.report_text": ("spmd.plan.report", "spmd.plan.report"),
     "spmd.plan.advice_text": ("spmd.plan.advice", "spmd.plan.advice"),
     # The HLO text reader is the seam of the inspector, the planner and fsdp_xla: public on its own.

@@ -11,7 +11,7 @@ import glob
 import os
 import sys
 
-from mesh._checks import is_int
+from mesh.checks import is_int
 
 __all__ = ["MAX_DEVICES", "configure_default_devices", "enable_spmd", "has_tpu"]
 

@@ -1,4 +1,4 @@
-"""DTensor's entry points on either runtime: `init_device_mesh`, `device_mesh`, `distribute_tensor`,
+"""DTensor's entry points on either backend: `init_device_mesh`, `device_mesh`, `distribute_tensor`,
 `distribute_module`.
 
 A script written in DTensor's terms (a ``DeviceMesh``, placements, ``redistribute``,
@@ -24,7 +24,7 @@ from spmd._backend.agreement import agree_on_sharding
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
 from spmd.parameters import shard_parameters
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec
 
 __all__ = ["device_count", "device_mesh", "distribute_module", "distribute_tensor", "init_device_mesh", "step"]
 
@@ -32,29 +32,29 @@ MeshLike = Any  # a Mesh, a torch_xla Mesh, or a torch.distributed DeviceMesh
 
 
 def device_count() -> int:
-    """The devices a mesh covers on the runtime in use (torch_xla's devices; torchrun's world)."""
+    """The devices a mesh covers on the backend in use (torch_xla's devices; torchrun's world)."""
     return backend_for().device_count()
 
 
 def step() -> None:
-    """End a training step on the runtime in use: torch_xla runs what it traced
+    """End a training step on the backend in use: torch_xla runs what it traced
     (``torch_xla.sync()``); DTensor, eager, has nothing to run."""
     backend_for().step()
 
 
 def device_mesh(mesh: MeshLike) -> Any:
-    """``mesh`` as a ``DeviceMesh`` of the runtime in use (``xla`` on torch_xla; the process
+    """``mesh`` as a ``DeviceMesh`` of the backend in use (``xla`` on torch_xla; the process
     groups' device type on DTensor), with its ids, order and axis names."""
     return backend_for().device_mesh(as_mesh(mesh, "device_mesh"))
 
 
 def init_device_mesh(mesh_shape: int | Sequence[int], mesh_dim_names: Sequence[str] | None = None) -> Any:
-    """A ``DeviceMesh`` of ``mesh_shape`` over every device of the runtime in use, in id order
+    """A ``DeviceMesh`` of ``mesh_shape`` over every device of the backend in use, in id order
     (torch's ``init_device_mesh``, with the device type of the runtime). An int is a 1-D shape,
     as `Mesh` takes it.
 
     Raises:
-        MeshError: the shape does not hold the runtime's device count.
+        MeshError: the shape does not hold the backend's device count.
         MeshTypeError: the shape is not ints, or ``mesh_dim_names`` is a string (not a tuple of
             names: ``'ab'`` would be read as the names ``'a'``, ``'b'``).
     """
@@ -78,7 +78,7 @@ def distribute_tensor(
 
     Raises:
         ShardingError: the placements or spec do not fit the mesh or the tensor.
-        DeviceCountError: the mesh does not use exactly the runtime's devices.
+        DeviceCountError: the mesh does not use exactly the backend's devices.
     """
     if not isinstance(tensor, torch.Tensor):
         raise SpmdTypeError(f"distribute_tensor takes a torch.Tensor, got {type(tensor).__name__}.")
@@ -110,7 +110,7 @@ def distribute_module(
     input_fn: InputFn | None = None,
     output_fn: OutputFn | None = None,
 ) -> torch.nn.Module:
-    """Move ``module`` to the runtime's device and lay its parameters out (torch's
+    """Move ``module`` to the backend's device and lay its parameters out (torch's
     ``distribute_module``): ``partition_fn(name, submodule, device_mesh)`` for every submodule
     (it shards what it wants, e.g. with `shard_parameters` or `distribute_tensor`); every
     parameter left unsharded is replicated. ``input_fn(module, inputs, device_mesh)`` and

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd.errors import SpmdTypeError
 
 __all__ = ["layer_norm", "LayerNormShapeError", "ShardableLayerNorm", "use_shardable_layer_norm"]

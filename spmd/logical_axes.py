@@ -24,7 +24,7 @@ import torch
 
 from mesh import Mesh
 from spmd.errors import ShardingError, SpmdTypeError, UnmatchedParameterError
-from spmd.sharding._partition_spec import P, PartitionSpec
+from spmd.sharding import P, PartitionSpec
 
 __all__ = ["LogicalAxisRules", "ShardingPlan", "UnmatchedParameterError"]
 

@@ -14,14 +14,12 @@ from collections.abc import Sequence
 import torch
 
 from mesh import Mesh, mesh_or_global
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd._backend import backend
 from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, _unwrap, mark_sharding
 from spmd.sharded_tensor import XLAShardedTensor
-from spmd.sharding._hlo_sharding import ShardingKind
-from spmd.sharding._named_sharding import NamedSharding
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import NamedSharding, PartitionSpec, ShardingKind
 
 __all__ = ["enable_manual_sharding", "disable_manual_sharding", "mark_manual_sharding"]
 

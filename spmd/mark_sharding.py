@@ -6,22 +6,27 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
 from spmd._backend import ShardingBackend, backend, backend_for
 from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
+from spmd._util.torch_compat import tree_flatten, tree_unflatten
 from spmd.errors import (
     PartitionSpecTypeError,
     ShardingError,
     SpmdTypeError,
 )
 from spmd.sharded_tensor import XLAShardedTensor
-from spmd.sharding._hlo_sharding import HloSharding
-from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
-from spmd.sharding._placements import is_placements, spec_from_placements
+from spmd.sharding import (
+    HloSharding,
+    NamedSharding,
+    PartitionSpec,
+    SpecEntry,
+    hlo_sharding_for,
+    is_placements,
+    spec_from_placements,
+)
 
 __all__ = [
     "mark_sharding",
@@ -58,7 +63,7 @@ def resolve_sharding(
     *,
     check_tensor: bool = True,
 ) -> tuple[NamedSharding, HloSharding]:
-    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the runtime's devices.
+    """Check ``(mesh, spec)`` against ``t`` (pure checks first) and against the backend's devices.
 
     ``mesh`` may be a `Mesh`, torch_xla's mesh or a ``DeviceMesh`` (``None``: the global mesh);
     ``spec`` a `PartitionSpec`, a tuple, or DTensor placements (one per mesh axis). With
@@ -137,7 +142,7 @@ def mark_sharding(
         NoMeshError: ``mesh`` is ``None`` and no global mesh is set.
         NotAnXlaTensorError: ``t`` is not on an XLA device.
         ShardingError: the spec does not fit the mesh or the tensor (the message says which).
-        DeviceCountError: the mesh does not use exactly the runtime's devices.
+        DeviceCountError: the mesh does not use exactly the backend's devices.
         ShardingConflictError: ``t`` already has another non-replicated sharding and
             ``replace`` is False, or it is manually sharded.
 

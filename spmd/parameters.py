@@ -18,7 +18,7 @@ from spmd._backend import backend_for
 from spmd._backend.agreement import SAME_SHARDING, agree, mesh_text, spec_text
 from spmd.errors import ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, resolve_sharding
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec
 
 __all__ = ["shard_parameters"]
 

@@ -17,3 +17,9 @@ __all__ = [
     "wrap_as_sharded_tensor",
     "wrap_if_sharded",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (Shard, XLAShardedTensor):
+    _cls.__module__ = __name__
+del _cls

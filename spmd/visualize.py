@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd.errors import SpmdTypeError
 from spmd.sharded_tensor import ShardedTensor
-from spmd.sharding._hlo_sharding import ShardBounds
-from spmd.sharding._named_sharding import NamedSharding
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import NamedSharding, PartitionSpec, ShardBounds
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,6 +1,8 @@
 """The layering holds: mesh -> spec and sharding math -> backends -> API -> torch_xla compatibility
 -> FSDP and tools (import-linter's layers contract in pyproject.toml), with no import cycle, and
-torch_xla imported only by the torch_xla backend."""
+torch_xla imported only by the torch_xla backend; the seams hold: no package imports another's
+private modules, a subpackage's private modules are imported only inside it, and spmd.plan and
+spmd.inspector are layered inside (import-linter's other contracts)."""
 
 import ast
 import shutil
@@ -14,10 +16,60 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mesh", "spmd", "fsdp_xla")
 
 
-def test_the_layers_contract_is_kept():
+def _contracts() -> list[dict]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_every_import_contract_is_kept():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
     run = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and "1 kept, 0 broken" in run.stdout, run.stdout[-3000:]
+    kept = f"{len(_contracts())} kept, 0 broken"
+    assert run.returncode == 0 and kept in run.stdout, run.stdout[-3000:]
+
+
+def _owner(module: str) -> str | None:
+    """The package a private module belongs to (``spmd.sharding`` for
+    ``spmd.sharding._placements``), or None for a public module."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def _matches(module: str, expression: str) -> bool:
+    if expression.endswith(".*"):
+        return module.startswith(expression[:-1])
+    return module == expression or module.startswith(expression + ".")
+
+
+def _seam_contract(name_start: str) -> list[str]:
+    return next(c for c in _contracts() if c["name"].startswith(name_start))["forbidden_modules"]
+
+
+def test_the_seam_contracts_name_every_private_module_and_no_public_one():
+    graph = grimp.build_graph(*PACKAGES)
+    across = _seam_contract("No package imports another package's private modules")
+    inside = _seam_contract("A subpackage's private modules")
+    wrong = []
+    for module in sorted(graph.modules):
+        owner = _owner(module)
+        if any(_matches(module, e) for e in across) != (owner is not None):
+            wrong.append(f"{module}: {'private' if owner else 'public'}, across packages")
+        if any(_matches(module, e) for e in inside) != (owner is not None and "." in owner):
+            wrong.append(f"{module}: {'private' if owner else 'public'}, inside a package")
+    assert wrong == [], "fix the forbidden_modules lists in pyproject.toml"
+
+
+def test_the_private_module_rule():
+    assert _owner("spmd.sharding._placements") == "spmd.sharding"
+    assert _owner("spmd._backend.dtensor_backend") == "spmd"
+    assert _owner("spmd.__main__") is None and _owner("spmd.backend") is None
+    assert _matches("spmd.sharding._placements", "spmd.sharding.*")
+    assert not _matches("spmd.sharding", "spmd.sharding.*")
+    assert _matches("spmd._backend.protocol", "spmd._backend")
 
 
 def _strongly_connected(graph) -> list[set[str]]:

@@ -4,7 +4,9 @@ every name torch_xla 2.9's ``torch_xla.distributed.spmd`` exports; and the facad
 
 import ast
 import importlib
+import json
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -654,3 +656,71 @@ def test_public_modules_define_all():
         assert any(
             isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets) for n in tree.body
         ), path
+
+
+# Every public module path and ``__all__`` name at 70ecea2 (round 4's end), and its moved paths
+# (tests/data/public_api_70ecea2.json, generated from ``git archive 70ecea2`` on both lanes).
+AT_70ECEA2 = json.loads((ROOT / "tests" / "data" / "public_api_70ecea2.json").read_text())
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+
+
+def _deprecations(call):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = call()
+    return value, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_the_70ecea2_listing_is_whole():
+    modules = AT_70ECEA2["modules"]
+    assert len(modules) >= 77 and sum(map(len, modules.values())) >= 531
+    assert {"spmd", "spmd.sharding", "mesh", "fsdp_xla", "spmd.plan", "spmd.inspector"} <= set(modules)
+
+
+@pytest.mark.parametrize("module", sorted(AT_70ECEA2["modules"]))
+def test_every_public_path_and_name_of_70ecea2_still_resolves(module):
+    if module in _moved.MOVED_MODULES:  # moved since: it warns, naming where it lives now
+        sys.modules.pop(module, None)
+        mod, warned = _deprecations(lambda: importlib.import_module(module))
+        assert any(_moved.MOVED_MODULES[module][0] in w for w in warned), warned
+    else:
+        mod, warned = _deprecations(lambda: importlib.import_module(module))
+        assert warned == [], f"{module} is a public path: importing it should not warn ({warned})"
+    torch_xla_only = set(AT_70ECEA2["torch_xla_only"].get(module, ()))
+    missing, silent = [], []
+    for name in AT_70ECEA2["modules"][module]:
+        if name in torch_xla_only and not HAS_TORCH_XLA:
+            continue
+        try:
+            _, warned = _deprecations(lambda n=name: getattr(mod, n))
+        except AttributeError:
+            missing.append(name)
+            continue
+        silent += [f"{name}: {w}" for w in warned if not re.search(r"(spmd|mesh|fsdp_xla|torch)\.\w", w)]
+    assert not missing, f"{module} lost {missing}"
+    assert not silent, f"a moved name's warning must name where it lives now: {silent}"
+
+
+@pytest.mark.parametrize("old", AT_70ECEA2["moved_modules"])
+def test_every_moved_path_of_70ecea2_still_imports_and_warns_with_the_new_path(old):
+    assert old in _moved.MOVED_MODULES
+    sys.modules.pop(old, None)  # the alias only: the module at its new path stays loaded
+    module, warned = _deprecations(lambda: importlib.import_module(old))
+    new = _moved.MOVED_MODULES[old][0]
+    assert module is importlib.import_module(new)
+    assert any(new in w for w in warned), warned
+
+
+@pytest.mark.parametrize("name", ["EinsumLinear", "apply_xla_patch_to_nn_linear"])
+def test_the_two_names_round_4_dropped_from_spmd_resolve_with_a_warning(name):
+    """In aa7eff7's ``spmd.__all__`` (where torch_xla is installed); round 4 dropped them."""
+    if not HAS_TORCH_XLA:
+        with pytest.warns(DeprecationWarning, match=rf"spmd\.{name} is torch_xla's .*spmd\.compat\.xla_sharding"):
+            with pytest.raises(spmd.errors.TorchXlaNotInstalledError):
+                getattr(spmd, name)
+        return
+    value, warned = _deprecations(lambda: getattr(spmd, name))
+    import torch_xla.distributed.spmd.xla_sharding as upstream
+
+    assert value is getattr(upstream, name) is spmd.compat.xla_sharding.reexported(name)
+    assert warned and "spmd.compat.xla_sharding" in warned[0] and f"xla_sharding.{name}" in warned[0]

@@ -23,6 +23,12 @@ import pytest
         "spmd.plan",
         "spmd.plan.advisor",
         "spmd.plan.recompile",
+        # the public seams between packages (docs/architecture.md)
+        "mesh.checks",
+        "spmd.backend",
+        "spmd.files",
+        "spmd.torch_compat",
+        "fsdp_xla.checkpoint",
     ],
 )
 def test_all_names_exist(package):
@@ -42,3 +48,18 @@ def test_importing_spmd_does_not_start_a_runtime():
     code = "import spmd, mesh, sys; print('torch_xla' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_seams_re_export_their_homes():
+    import mesh._checks
+    import spmd
+    import spmd._backend
+    import spmd._util.torch_compat
+    from mesh import checks
+    from spmd import backend, torch_compat
+
+    assert backend.backend_for is spmd.backend_for and backend.use_backend is spmd.use_backend
+    assert backend.torch_xla_backend is spmd._backend.backend
+    assert checks.require_int is mesh._checks.require_int
+    assert torch_compat.redistribute is spmd._util.torch_compat.redistribute
+    assert torch_compat.tree_flatten is spmd._util.torch_compat.tree_flatten  # a private symbol, loaded on use

@@ -32,10 +32,19 @@ lock, LATEST, versions, pruning, reading), `_lineage` (whose versions a save may
 blocks on the DTensor backend).
 """
 
-from fsdp_xla.checkpoint._files import checkpoint_version, has_checkpoint
-from fsdp_xla.checkpoint._format import FORMAT
+from fsdp_xla.checkpoint._files import LATEST, checkpoint_version, has_checkpoint
+from fsdp_xla.checkpoint._format import FORMAT, is_version_name
 from fsdp_xla.checkpoint._load import consolidate, load_sharded
 from fsdp_xla.checkpoint._save import save_sharded
 from fsdp_xla.errors import CheckpointError as CheckpointError  # its home is fsdp_xla.errors
 
-__all__ = ["FORMAT", "checkpoint_version", "consolidate", "has_checkpoint", "load_sharded", "save_sharded"]
+__all__ = [
+    "FORMAT",
+    "LATEST",
+    "checkpoint_version",
+    "consolidate",
+    "has_checkpoint",
+    "is_version_name",
+    "load_sharded",
+    "save_sharded",
+]

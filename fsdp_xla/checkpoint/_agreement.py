@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from spmd._backend import backend_for
-from spmd._backend.agreement import agree, spec_text
+from spmd.backend import agree, backend_for, spec_text
 
 __all__ = ["agree_on_load", "agree_on_save"]
 

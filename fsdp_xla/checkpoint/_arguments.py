@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
-from mesh._checks import require_int
+from mesh.checks import require_int
 
 __all__ = ["check_arguments", "check_extra", "check_keep", "check_path", "json_problem"]
 

@@ -41,7 +41,7 @@ def dtensor_index(t: torch.Tensor) -> tuple[tuple[int, int], ...]:
     """The bounds of this rank's block of DTensor ``t``, from ``t``'s own DeviceMesh: under tensor
     parallelism FSDP2 keeps a parameter it does not split over ``tensor`` on a slice of the world
     (the FSDP axes at this rank's tensor coordinate), so the other slices hold the same blocks."""
-    from spmd._backend import backend_for
+    from spmd.backend import backend_for
 
     hlo = backend_for(t).sharding_of(t)
     (bounds,) = hlo.shard_bounds(tuple(t.shape), [_rank()])
@@ -79,7 +79,7 @@ def place_dtensor(target: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """A DTensor laid out as ``target`` holding ``full`` (this rank keeps its own block)."""
     from torch.distributed.tensor import DTensor
 
-    from spmd._backend import backend_for
+    from spmd.backend import backend_for
 
     hlo = backend_for(target).sharding_of(target)
     (bounds,) = hlo.shard_bounds(tuple(target.shape), [_rank()])

@@ -29,8 +29,7 @@ from fsdp_xla.checkpoint._arguments import check_path
 from fsdp_xla.checkpoint._format import CheckpointIndex, check_version_name, is_version_name, parse_index, version_name
 from fsdp_xla.checkpoint._lineage import continues, is_lineage, remember_lineage
 from fsdp_xla.errors import CheckpointError
-from spmd._util.atomic_file import atomic_write
-from spmd._util.regular_file import read_regular_file
+from spmd.files import atomic_write, read_regular_file
 
 __all__ = [
     "FILE_MODE",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fsdp_xla.errors import CheckpointError
-from mesh._checks import is_int
+from mesh.checks import is_int
 
 __all__ = [
     "FORMAT",

@@ -25,9 +25,9 @@ from fsdp_xla.checkpoint._format import Block, CheckpointIndex, TensorEntry, che
 from fsdp_xla.checkpoint._lineage import remember_lineage
 from fsdp_xla.checkpoint._optimizer import load_optimizer, optimizer_plan
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
-from mesh._checks import require_bool
-from spmd._backend import backend
-from spmd.sharding._hlo_sharding import HloSharding
+from mesh.checks import require_bool
+from spmd.backend import torch_xla_backend
+from spmd.sharding import HloSharding
 
 __all__ = ["consolidate", "load_sharded"]
 
@@ -81,9 +81,9 @@ def _place(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     value = value.to(target.dtype)
     if is_dtensor(target):
         return place_dtensor(target, value)
-    if backend.is_xla_tensor(target):
-        sharding = backend.sharding_of(target) or HloSharding.replicated()
-        return backend.to_device_sharded(value, sharding)
+    if torch_xla_backend.is_xla_tensor(target):
+        sharding = torch_xla_backend.sharding_of(target) or HloSharding.replicated()
+        return torch_xla_backend.to_device_sharded(value, sharding)
     return value.to(target.device)
 
 

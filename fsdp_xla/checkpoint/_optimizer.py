@@ -24,7 +24,7 @@ import torch
 from fsdp_xla.checkpoint._arguments import json_problem
 from fsdp_xla.checkpoint._format import CheckpointIndex, TensorEntry
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
-from mesh._checks import is_real
+from mesh.checks import is_real
 
 __all__ = ["OptimizerPlan", "load_optimizer", "optimizer_json", "optimizer_plan", "state_shape_fits"]
 

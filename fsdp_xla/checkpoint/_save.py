@@ -31,8 +31,8 @@ from fsdp_xla.checkpoint._format import DTYPE_NAMES, FORMAT, checksum, device_fi
 from fsdp_xla.checkpoint._lineage import lineage_for_save, remember_lineage
 from fsdp_xla.checkpoint._optimizer import optimizer_json
 from fsdp_xla.errors import CheckpointError, CheckpointTypeError
-from spmd._backend import backend
-from spmd.sharding._hlo_sharding import HloSharding
+from spmd.backend import torch_xla_backend
+from spmd.sharding import HloSharding
 
 __all__ = ["dtype_name", "save_sharded"]
 
@@ -51,10 +51,10 @@ class _Block:
 def _blocks(t: torch.Tensor) -> list[_Block]:
     """One host copy of each distinct block of ``t`` (replicas are written once); ``t`` must
     hold data already (`save_sharded` computes all pending tensors in one graph first)."""
-    if not backend.is_xla_tensor(t):
+    if not torch_xla_backend.is_xla_tensor(t):
         return [_Block(0, tuple((0, n) for n in t.shape), t.detach().cpu().contiguous())]
-    sharding = backend.sharding_of(t) or HloSharding.replicated()
-    shards = backend.local_shards(t)
+    sharding = torch_xla_backend.sharding_of(t) or HloSharding.replicated()
+    shards = torch_xla_backend.local_shards(t)
     bounds = {b.device: b for b in sharding.shard_bounds(tuple(t.shape), [d for d, _ in shards])}
     out = []
     for device, padded in shards:
@@ -131,9 +131,9 @@ def save_sharded(
         version, lineage = _save_distributed(root, tensors, aliases, optim_json, extra, keep, lineage_for_save(root))
         remember_lineage(root, lineage)  # rank 0's: every rank continues the lineage it wrote
         return version
-    pending = [t for t in tensors.values() if backend.is_xla_tensor(t)]
+    pending = [t for t in tensors.values() if torch_xla_backend.is_xla_tensor(t)]
     if pending:
-        backend.sync_tensors(pending)
+        torch_xla_backend.sync_tensors(pending)
     with locked(root, shared=False):
         version, lineage = new_version_name(), lineage_for_save(root)
         work, lineage = start_version(root, version, lineage)  # refuses another run's LATEST first

@@ -31,7 +31,7 @@ import torch
 from fsdp_xla.hf.config import HFConfigError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, ParallelDims
-from spmd._backend.dtensor_processes import process_count, process_index
+from spmd.backend import process_count, process_index
 
 __all__ = ["DTensorRuntime", "SHARDED_DIR", "TORCHRUN_HINT"]
 
@@ -152,9 +152,9 @@ class DTensorRuntime:
         wanted = torch.bfloat16 if training_args.bf16 else torch.float16 if training_args.fp16 else None
         if from_config is None:
             return None if wanted is None else MixedPrecision(wanted)
-        if wanted is not None and wanted != from_config.compute_dtype:
+        if wanted is not None and wanted != from_config.param_dtype:
             raise HFConfigError(
-                f"fsdp_config computes in {from_config.compute_dtype} (xla_fsdp_settings.compute_dtype) but "
+                f"fsdp_config computes in {from_config.param_dtype} (xla_fsdp_settings.compute_dtype) but "
                 f"TrainingArguments asks for {wanted} (bf16/fp16). Keep one of them."
             )
         return from_config

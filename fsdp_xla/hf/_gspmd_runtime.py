@@ -15,7 +15,7 @@ from typing import Any
 
 from fsdp_xla.hf.config import HFConfigError
 from mesh import Mesh, ParallelDims, roles, set_global_mesh
-from spmd._backend import backend
+from spmd.backend import torch_xla_backend
 from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
 from spmd.errors import SpmdModeError
@@ -84,7 +84,7 @@ class GspmdRuntime:
 
     def world(self) -> int:
         """The devices this process drives."""
-        return backend.device_count()
+        return torch_xla_backend.device_count()
 
     def check_parallelism(self, dims: ParallelDims) -> None:
         """Every ParallelismConfig runs here (``tp_size`` with a ``sharding_plan`` naming ``tensor``)."""
@@ -99,7 +99,7 @@ class GspmdRuntime:
         Raises:
             HFConfigError: the batch does not divide by the data axes.
         """
-        n = backend.device_count()
+        n = torch_xla_backend.device_count()
         mesh = mesh or ParallelDims(fsdp=n).mesh()
         set_global_mesh(mesh)
         ways = math.prod(mesh.axis_size(a) for a in batch_axes(mesh))

@@ -24,8 +24,8 @@ from fsdp_xla.errors import FSDPError, FSDPTypeError, WrapPolicyError
 from fsdp_xla.hf.config_keys import IGNORED_KEYS, IGNORED_XLA_SETTINGS, MAPPED_KEYS, MAPPED_SETTINGS
 from fsdp_xla.policies import MixedPrecision, SizeWrapPolicy, TransformerWrapPolicy, WrapPolicy
 from mesh import Role
-from mesh._checks import require_bool, require_int
-from spmd._util.regular_file import read_regular_file
+from mesh.checks import require_bool, require_int
+from spmd.files import read_regular_file
 
 __all__ = ["HFConfigError", "HFFSDPConfig", "read_fsdp_config", "IGNORED_KEYS", "IGNORED_XLA_SETTINGS"]
 

@@ -24,8 +24,7 @@ from typing import Any
 from mesh import as_mesh, get_global_mesh
 from spmd._util.ranks import ranks_text
 from spmd.errors import LocalShapeMismatchError, RankDisagreementError
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._placements import is_placements
+from spmd.sharding import PartitionSpec, is_placements
 
 __all__ = [
     "SAME_SHARDING",

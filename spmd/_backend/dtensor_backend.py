@@ -37,10 +37,16 @@ from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.dtensor_meshes import device_mesh
 from spmd._util import torch_compat
 from spmd.errors import ShardingConflictError, ShardingError
-from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
-from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for, resolve_spec
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._placements import placements_from_spec, spec_from_placements
+from spmd.sharding import (
+    HloSharding,
+    NamedSharding,
+    PartitionSpec,
+    ShardingKind,
+    hlo_sharding_for,
+    placements_from_spec,
+    resolve_spec,
+    spec_from_placements,
+)
 
 __all__ = ["DTensorBackend", "device_mesh", "placements_for", "process_device_type", "spec_of"]
 

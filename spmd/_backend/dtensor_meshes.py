@@ -27,7 +27,7 @@ def _dist() -> Any:
 def _real_tensors() -> Any:
     """A context in which tensors are real even under a fake tensor mode (a dry run's,
     `spmd.inspector`): a mesh's rank ids are topology DeviceMesh reads back, not data."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from spmd._util.torch_compat import unset_fake_temporarily
 
     return unset_fake_temporarily()
 

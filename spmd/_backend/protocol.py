@@ -14,8 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from mesh import Mesh
-from spmd.sharding._hlo_sharding import HloSharding
-from spmd.sharding._named_sharding import NamedSharding
+from spmd.sharding import HloSharding, NamedSharding
 
 __all__ = ["ShardingBackend"]
 

@@ -1,7 +1,7 @@
 """Importing torchax where its wheel's packaging or its device registration gets in the way.
 
 Two users: torch_xla's JAX bridge (``xb.call_jax``, behind `shard_as`), which imports torchax
-itself, and the planner (`spmd.plan._compat.import_torchax`), which also needs ATen stand-ins on
+itself, and the planner (`spmd.plan._jax_compat.import_torchax`), which also needs ATen stand-ins on
 current torch. Both need the two guards here:
 
 - **torchax 0.0.13's wheel imports flax** at the top (checkpoint helpers neither user calls); a

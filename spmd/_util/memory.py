@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mesh._checks import is_real
+from mesh.checks import is_real
 
 __all__ = ["GIB", "KIB", "MIB", "Allocation", "MemoryUsage", "format_bytes"]
 

@@ -41,6 +41,13 @@ where only a measured bug tells them apart (measured on 2.9, 2.13 and 2.15):
   2.9 marks a timed-out gloo collective completed, so `flight_record` callers take the last
   entries, not the state; its ``pg_config`` lists the world group only, so `group_ranks` finds
   a group's ranks by name. `flight_record` reads it.
+
+It is also the one home of the private torch symbols the product imports (``torch._subclasses``,
+``torch.utils._pytree``, ``torch.distributed.tensor._*``, ``torch.distributed.fsdp._*``,
+``torch.distributed._tools``, ``torch.testing._internal`` ...): `PRIVATE_SYMBOLS` names each once,
+callers import it from here by that name (``from spmd._util.torch_compat import FakeTensor``), and
+it is imported on first use. When a torch release moves one, its test in
+tests/test_private_upstream.py fails naming it, and only this table changes.
 """
 
 from __future__ import annotations
@@ -54,7 +61,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from spmd._util.private_symbols import PrivateSymbol, resolver
+
 __all__ = [
+    "PRIVATE_SYMBOLS",
     "TORCH_VERSION",
     "device_mesh_from_ids",
     "flatten_device_mesh",
@@ -83,6 +93,58 @@ def _release(version: str) -> tuple[int, int]:
 TORCH_VERSION: tuple[int, int] = _release(torch.__version__)
 """(major, minor) of the torch in this process, for messages only."""
 
+_FAKE = "torch._subclasses.fake_tensor"
+_PYTREE = "torch.utils._pytree"
+_FAKE_PG = "torch.testing._internal.distributed.fake_pg"
+_MEM_TRACKER = "torch.distributed._tools.mem_tracker"
+
+PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
+    # fake tensors and dispatch modes (the DTensor dry run, a mesh read under a fake mode)
+    "FakeTensor": PrivateSymbol(_FAKE, "FakeTensor"),
+    "FakeTensorMode": PrivateSymbol(_FAKE, "FakeTensorMode"),
+    "DataDependentOutputException": PrivateSymbol(_FAKE, "DataDependentOutputException"),
+    "unset_fake_temporarily": PrivateSymbol(_FAKE, "unset_fake_temporarily"),
+    "TorchDispatchMode": PrivateSymbol("torch.utils._python_dispatch", "TorchDispatchMode"),
+    # pytrees (no public torch.utils.pytree in 2.9 or 2.15)
+    "tree_flatten": PrivateSymbol(_PYTREE, "tree_flatten"),
+    "tree_unflatten": PrivateSymbol(_PYTREE, "tree_unflatten"),
+    "tree_leaves": PrivateSymbol(_PYTREE, "tree_leaves"),
+    "tree_map": PrivateSymbol(_PYTREE, "tree_map"),
+    "tree_map_only": PrivateSymbol(_PYTREE, "tree_map_only"),
+    # process groups: the fake one of the dry run, a group by name, the flight recorder
+    "FakeProcessGroup": PrivateSymbol(_FAKE_PG, "FakeProcessGroup"),
+    "FakeStore": PrivateSymbol(_FAKE_PG, "FakeStore"),
+    "resolve_process_group": PrivateSymbol("torch.distributed.distributed_c10d", "_resolve_process_group"),
+    "dump_fr_trace": PrivateSymbol("torch._C._distributed_c10d", "_dump_fr_trace"),
+    # DTensor's internals
+    "StridedShard": PrivateSymbol("torch.distributed.tensor.placement_types", "_StridedShard"),
+    "DTensorSpec": PrivateSymbol("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+    "TensorMeta": PrivateSymbol("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+    "ShardingPropagator": PrivateSymbol("torch.distributed.tensor._sharding_prop", "ShardingPropagator"),
+    "compute_local_shape_and_global_offset": PrivateSymbol(
+        "torch.distributed.tensor._utils", "compute_local_shape_and_global_offset"
+    ),
+    # the variant that takes a mesh shape and a coordinate instead of a mesh (skip_offset=)
+    "local_shape_at_coordinate": PrivateSymbol(
+        "torch.distributed.tensor._utils", "_compute_local_shape_and_global_offset"
+    ),
+    "dtensor_redistribute": PrivateSymbol("torch.distributed.tensor._redistribute"),
+    "dtensor_collective_utils": PrivateSymbol("torch.distributed.tensor._collective_utils"),
+    # FSDP2's and the composable APIs' internals
+    "FSDPParam": PrivateSymbol("torch.distributed.fsdp._fully_shard._fsdp_param", "FSDPParam"),
+    "FSDPParamGroup": PrivateSymbol("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup"),
+    "composable_checkpoint": PrivateSymbol("torch.distributed._composable", "checkpoint"),
+    "composable_state": PrivateSymbol("torch.distributed._composable_state"),
+    # the memory trackers (torch.distributed._tools)
+    "FSDPMemTracker": PrivateSymbol("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
+    "MemTracker": PrivateSymbol(_MEM_TRACKER, "MemTracker"),
+    "MemRefType": PrivateSymbol(_MEM_TRACKER, "_MemRefType"),
+    "TOTAL_KEY": PrivateSymbol(_MEM_TRACKER, "_TOTAL_KEY"),
+}
+"""The private torch symbols the product imports, by the name callers import them under."""
+
+__getattr__ = resolver(__name__, PRIVATE_SYMBOLS, f"torch {torch.__version__}")
+
 
 def is_shard(placement: Any) -> bool:
     """Whether a DTensor placement splits a dim (``Shard`` or ``_StridedShard``)."""
@@ -93,16 +155,12 @@ def is_shard(placement: Any) -> bool:
 
 def is_strided_shard(placement: Any) -> bool:
     """Whether a DTensor placement is a ``_StridedShard`` (a dim split against mesh order)."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return isinstance(placement, _StridedShard)
+    return isinstance(placement, __getattr__("StridedShard"))
 
 
 def strided_shard(dim: int, split_factor: int) -> Any:
     """DTensor's ``_StridedShard(dim, split_factor)``."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return _StridedShard(dim, split_factor=split_factor)
+    return __getattr__("StridedShard")(dim, split_factor=split_factor)
 
 
 @functools.cache
@@ -249,9 +307,7 @@ def flight_record() -> dict[str, Any] | None:
     """torch's flight recorder dump (``entries``: this process's last collectives, oldest
     first; ``pg_config``: each group's ranks), or ``None`` when it records nothing."""
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
-
-        record = pickle.loads(_dump_fr_trace())
+        record = pickle.loads(__getattr__("dump_fr_trace")())
     except (ImportError, RuntimeError, pickle.UnpicklingError):
         return None
     return record if record.get("entries") else None

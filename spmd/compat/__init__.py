@@ -26,7 +26,7 @@ from spmd.mark_sharding import (
     shard_as,
 )
 from spmd.sharded_tensor import XLAShard, XLAShardedTensor, wrap_if_sharded
-from spmd.sharding._sharding_type import ShardingType
+from spmd.sharding import ShardingType
 
 # torch_xla's private-looking name, used by its scripts.
 _mark_manual_sharding = mark_manual_sharding

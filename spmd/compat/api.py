@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from mesh import DeviceCountError, Mesh
-from mesh._mesh import summarize_ids
+from mesh.checks import summarize_ids
 from spmd._backend import backend_for
 from spmd.compat.xla_mesh import Mesh as XlaMesh
 from spmd.distribute import distribute_module, distribute_tensor
-from spmd.errors import SpmdTypeError
-from spmd.sharding._placements import PlacementError, spec_from_placements
+from spmd.errors import PlacementError, SpmdTypeError
+from spmd.sharding import spec_from_placements
 
 __all__ = [
     "MeshSizeError",
@@ -33,7 +33,7 @@ __all__ = [
 
 
 class MeshSizeError(DeviceCountError, AssertionError):
-    """A ``DeviceMesh`` whose size is not the runtime's device count. Also an
+    """A ``DeviceMesh`` whose size is not the backend's device count. Also an
     ``AssertionError``, which torch_xla raises here, so its scripts' ``except`` clauses hold."""
 
 
@@ -42,7 +42,7 @@ def convert_to_xla_mesh(dt_mesh: Any) -> Mesh:
     names, with torch_xla's mesh methods.
 
     Raises:
-        MeshSizeError: the DeviceMesh does not cover the runtime's devices.
+        MeshSizeError: the DeviceMesh does not cover the backend's devices.
         MeshTypeError: ``dt_mesh`` is not a DeviceMesh.
     """
     mesh = Mesh.from_device_mesh(dt_mesh)  # checks it is a DeviceMesh before asking anything of it

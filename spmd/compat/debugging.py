@@ -14,7 +14,7 @@ import torch
 
 from spmd.errors import SpmdTypeError
 from spmd.mark_sharding import get_sharding
-from spmd.sharding._hlo_sharding import HloSharding
+from spmd.sharding import HloSharding
 
 __all__ = ["visualize_sharding", "visualize_tensor_sharding"]
 

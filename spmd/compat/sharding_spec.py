@@ -15,8 +15,7 @@ import torch
 from mesh import Mesh, MeshTypeError
 from spmd._backend import backend
 from spmd.errors import ShardingError, SpmdTypeError
-from spmd.sharding._named_sharding import hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec, hlo_sharding_for
 
 __all__ = ["ShardingSpec"]
 

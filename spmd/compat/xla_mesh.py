@@ -1,5 +1,5 @@
 """torch_xla's meshes where they meet the runtime: `Mesh` and `HybridMesh` with torch_xla's
-runtime methods, `get_1d_mesh` over the runtime's devices, and torch_xla's global mesh kept equal
+runtime methods, `get_1d_mesh` over the backend's devices, and torch_xla's global mesh kept equal
 to ours.
 
 ``mesh.Mesh`` is a value that asks no runtime. torch_xla's code asks a mesh for ``OpSharding``
@@ -17,8 +17,7 @@ from collections.abc import Sequence
 import mesh as _mesh
 from mesh import DeviceInfo, as_mesh
 from spmd._backend import backend, backend_for
-from spmd.sharding._named_sharding import hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec, hlo_sharding_for
 
 __all__ = ["HybridMesh", "Mesh", "TorchXlaGlobalMesh", "get_1d_mesh"]
 
@@ -56,7 +55,7 @@ class Mesh(_mesh.Mesh):
 
 
 class HybridMesh(_mesh.HybridMesh, Mesh):
-    """torch_xla's ``HybridMesh``: `mesh.HybridMesh` over the runtime's devices when ``devices``
+    """torch_xla's ``HybridMesh``: `mesh.HybridMesh` over the backend's devices when ``devices``
     is not given (their ``coords``, ``core_on_chip`` and ``slice_index``)."""
 
     __slots__ = ()
@@ -77,7 +76,7 @@ class HybridMesh(_mesh.HybridMesh, Mesh):
 
 
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh over all the runtime's devices (or ``num_devices``): torch_xla's
+    """A one-axis mesh over all the backend's devices (or ``num_devices``): torch_xla's
     ``get_1d_mesh``."""
     count = backend_for().device_count() if num_devices is None else num_devices
     return Mesh.of(_mesh.get_1d_mesh(axis_name, count))

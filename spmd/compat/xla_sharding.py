@@ -32,8 +32,7 @@ from spmd.sharded_tensor import (
     wrap_as_sharded_tensor,
     wrap_if_sharded,
 )
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._sharding_type import ShardingType
+from spmd.sharding import PartitionSpec, ShardingType
 
 _mark_manual_sharding = mark_manual_sharding
 

@@ -10,3 +10,9 @@ from spmd.context._order import SequenceOrder
 from spmd.context._parallel import STRATEGIES, ContextParallel, context_parallel
 
 __all__ = ["STRATEGIES", "ContextParallel", "SequenceOrder", "context_parallel"]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (ContextParallel, SequenceOrder):
+    _cls.__module__ = __name__
+del _cls

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import torch
 
-from mesh._checks import require_bool, require_int
+from mesh.checks import require_bool, require_int
 from spmd.errors import SequenceLengthError, SpmdTypeError
 
 __all__ = ["SequenceOrder"]

@@ -34,3 +34,9 @@ __all__ = [
     "parse_replica_groups",
     "parse_shape",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (ArrayShape, HloModuleText, Instruction):
+    _cls.__module__ = __name__
+del _cls

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mesh._checks import is_int, is_real
+from mesh.checks import is_int, is_real
 from spmd.inspector.collectives import CollectiveKind
 from spmd.inspector.report import Finding, GraphReport, WarningCode, format_bytes
 

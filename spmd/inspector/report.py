@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mesh._checks import is_int, require_int
+from mesh.checks import is_int, require_int
 from spmd._util.atomic_file import atomic_write, file_to_write
 from spmd._util.memory import format_bytes
 from spmd.inspector._xla.graphs import GraphReport, ParameterInfo

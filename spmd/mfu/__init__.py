@@ -3,7 +3,7 @@ per chip, and the MFU arithmetic the PyTorch/XLA blogs and MaxText use."""
 
 import math
 
-from mesh._checks import require_real
+from mesh.checks import require_real
 from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, palm_flops_per_token, six_n_flops_per_token
 from spmd.mfu.peak import CHIPS, Chip, chip_for_device_kind, measure_cpu_peak_flops
 

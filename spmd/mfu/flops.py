@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mesh._checks import require_int, require_real
+from mesh.checks import require_int, require_real
 
 __all__ = [
     "TransformerShape",

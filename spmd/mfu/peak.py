@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mesh._checks import require_int
+from mesh.checks import require_int
 
 __all__ = ["Chip", "CHIPS", "chip_for_device_kind", "measure_cpu_peak_flops"]
 

@@ -28,3 +28,9 @@ __all__ = [
     "process_rows",
     "watch_collectives",
 ]
+
+# Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
+# pickles that name the private module still load (the class lives on there).
+for _cls in (DataPosition, DimSlot, ProcessDataLoader, ProcessLayout, ProcessSampler):
+    _cls.__module__ = __name__
+del _cls

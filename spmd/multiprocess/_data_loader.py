@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from mesh import Mesh
-from mesh._checks import is_int, require_int
+from mesh.checks import is_int, require_int
 from spmd._backend import backend_for
 from spmd._backend.agreement import agree
 from spmd.errors import DataPositionError, ProcessDataError, SpmdTypeError
 from spmd.multiprocess._process_data import global_batch, global_tensor, process_rows
-from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
+from spmd.sharding import PartitionSpec, SpecEntry
 
 __all__ = ["DataPosition", "ProcessSampler", "ProcessDataLoader"]
 

@@ -22,13 +22,12 @@ import numpy as np
 import torch
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
-from mesh._checks import require_int
+from mesh.checks import require_int
 from spmd._backend import ShardingBackend, backend_for
 from spmd._backend.agreement import agree, mesh_text, spec_text
 from spmd.errors import LocalShapeMismatchError, MissingSpecError, SpmdTypeError
 from spmd.multiprocess._process_layout import ProcessLayout
-from spmd.sharding._named_sharding import NamedSharding, hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec, SpecEntry
+from spmd.sharding import NamedSharding, PartitionSpec, SpecEntry, hlo_sharding_for
 
 __all__ = ["make_global_tensor", "make_global_batch", "process_rows"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from mesh._checks import is_real
+from mesh.checks import is_real
 from spmd.errors import SpmdTypeError
 
 __all__ = ["init_process_group", "Beat", "Heartbeat", "heartbeat", "timeouts_for"]

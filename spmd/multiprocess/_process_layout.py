@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from spmd.errors import IndivisibleBatchError, ProcessDataError
-from spmd.sharding._hlo_sharding import HloSharding, ShardBounds, ShardingKind
+from spmd.sharding import HloSharding, ShardBounds, ShardingKind
 
 __all__ = ["DimSlot", "ProcessLayout"]
 

@@ -12,7 +12,7 @@ from spmd.plan.meshes import batch_axes
 from spmd.plan.published import published_for
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB, PlanReport
-from spmd.sharding._partition_spec import P
+from spmd.sharding import P
 
 __all__ = ["Advice", "Candidate", "Outcome", "advice_table", "winner_code"]
 

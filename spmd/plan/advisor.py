@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from mesh import Role
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd.plan.advice import Advice, Candidate, Outcome
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.ceiling import mfu_ceiling, runs_its_floor

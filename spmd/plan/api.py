@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from mesh import Mesh, Role, roles
-from mesh._checks import is_int
-from spmd.plan._compat import toolchain
+from mesh.checks import is_int
+from spmd.plan._jax_compat import toolchain
 from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
@@ -39,7 +39,7 @@ from spmd.plan.report import ContextReport, MemoryReport, PlanReport, summarize
 from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec
 
 __all__ = [
     "DEFAULT_SEQ_LEN",

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from mesh import Role
-from spmd.plan._compat import override_function
+from spmd.plan._jax_compat import override_function
 from spmd.plan.errors import PlanError, TracingError
 
 __all__ = ["Attention", "causal_without_mask", "route_attention", "splash_block"]

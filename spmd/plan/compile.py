@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd.plan._compat import compile_with_hlo
+from spmd.plan._jax_compat import compile_with_hlo
 
 __all__ = ["CompiledStep", "compile_step", "largest_buffers", "oom_used_bytes", "report_buffers"]
 

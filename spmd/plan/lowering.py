@@ -31,13 +31,13 @@ import torch
 
 from mesh import Mesh, Role
 from spmd.errors import ShardingError
-from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
+from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
-from spmd.sharding._partition_spec import P, PartitionSpec
+from spmd.sharding import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
 

@@ -6,7 +6,7 @@ parameters), ``context`` (the sequence, and the parameters with ``fsdp``: contex
 JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.topology`). Devices come from libtpu's
 compile-only client and are laid out in the installed jax's ICI-aware order (`create_device_mesh`,
 or `create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows), which differs
-between jax versions on TPU7x (`spmd.plan._compat`); the report names it.
+between jax versions on TPU7x (`spmd.plan._jax_compat`); the report names it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mesh import Mesh, Role, roles
-from spmd.plan._compat import device_mesh, topology_devices
+from spmd.plan._jax_compat import device_mesh, topology_devices
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
 
@@ -111,7 +111,7 @@ def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> Non
 
 def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -> Mesh:
     """Our `Mesh` over ``devices`` positions, in the physical order the installed jax gives
-    (`spmd.plan._compat.device_mesh`; a ``data`` axis spans slices)."""
+    (`spmd.plan._jax_compat.device_mesh`; a ``data`` axis spans slices)."""
     names, sizes = tuple(shape), tuple(shape.values())
     if math.prod(sizes) != len(devices):
         raise PlanError(

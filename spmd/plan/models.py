@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd._util.regular_file import read_regular_file
 from spmd.plan.errors import ModelSpecError, PlanError
 

@@ -61,9 +61,9 @@ def compile_hlo_for_tpu(hlo_text: str, target: TpuSlice) -> str:
     """The optimized, partitioned HLO text of ``hlo_text`` compiled by libtpu for ``target``
     (one partition per chip). Runs in this process: call it where XLA_FLAGS are clean."""
     import numpy as np
-    from jax._src import compiler
-    from jax._src.lib import xla_client as xc
 
+    from spmd.plan._jax_compat import jax_compiler as compiler
+    from spmd.plan._jax_compat import xla_client as xc
     from spmd.plan.api import tpu_devices
 
     devices = tpu_devices(target)

@@ -128,7 +128,7 @@ class PlanReport:
     """Everything `spmd.plan.plan` found for one (model, topology, mesh, strategy, remat, attention).
 
     ``splash_kernels``: splash attention kernels in the program (`spmd.plan.program.splash_kernels`).
-    ``toolchain``: what compiled it (`spmd.plan._compat.Toolchain` as a dict: the partitioner,
+    ``toolchain``: what compiled it (`spmd.plan._jax_compat.Toolchain` as a dict: the partitioner,
     jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
     ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
     K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from spmd.plan._compat import scan_stacked_outputs
+from spmd.plan._jax_compat import scan_stacked_outputs
 from spmd.plan.remat import projection_name
 
 __all__ = ["SavedActivation", "named_projections", "saved_residuals"]

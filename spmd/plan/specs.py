@@ -17,8 +17,7 @@ from typing import Any
 from mesh import Mesh, Role, roles
 from spmd.plan.errors import PlanError
 from spmd.plan.meshes import STRATEGIES
-from spmd.sharding._named_sharding import resolve_spec
-from spmd.sharding._partition_spec import P, PartitionSpec
+from spmd.sharding import P, PartitionSpec, resolve_spec
 
 __all__ = [
     "SpecFn",
@@ -37,7 +36,7 @@ _TWO_D_PLANS = {"gpt2": "gpt2_plan", "llama": "llama_plan", "mistral": "llama_pl
 
 def param_spec_for(strategy: str, mesh: Mesh, hf_config: Any) -> SpecFn:
     """``(name, shape) -> stored spec`` of ``strategy`` (module docstring)."""
-    from fsdp_xla._sharding import default_fsdp_spec
+    from spmd.sharding import spec_on_largest_dim as default_fsdp_spec
 
     if strategy == "dp":
         return lambda name, shape: P()

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mesh._checks import is_int
-from mesh._mesh import summarize_ids
+from mesh.checks import is_int, summarize_ids
 from spmd.errors import HloShardingError, SpmdTypeError
 
 __all__ = ["ShardingKind", "HloSharding", "ShardBounds", "iota_device_ids"]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mesh import Mesh, MeshTypeError
-from mesh._checks import is_int
+from mesh.checks import is_int
 from mesh.errors import MeshError
 from spmd.errors import AxisIndexError, DuplicateAxisError, SpecRankError, UnknownAxisError
 from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
@@ -190,6 +190,7 @@ class NamedSharding:
 
     Example:
         >>> import numpy as np
+        >>> from mesh import Mesh
         >>> s = NamedSharding(Mesh(np.arange(8), (8,), ("x",)), PartitionSpec("x"))
         >>> s.shard_shape((16, 4))
         (2, 4)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from mesh import AxisRef
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd.errors import DuplicateAxisError, PartitionSpecTypeError
 
-__all__ = ["PartitionSpec", "P", "SpecEntry"]
+__all__ = ["PartitionSpec", "P", "SpecEntry", "spec_on_largest_dim"]
 
 AxisName = AxisRef  # one name for a mesh axis, by name or index (mesh.AxisRef)
 SpecEntry = AxisName | tuple[AxisName, ...] | None
@@ -147,3 +147,21 @@ def _format(entries: tuple[object, ...], limit: int = 16) -> str:
 
 
 P = PartitionSpec
+
+
+def spec_on_largest_dim(shape: Sequence[int], axis: SpecEntry, axis_size: int) -> PartitionSpec:
+    """``axis`` (a mesh axis name, or a tuple of names split over as one, ``axis_size`` devices in
+    all) on the largest dim of ``shape`` it divides, else on the largest dim; ``P()`` for a
+    scalar. FSDP's layout of a parameter (fsdp_xla), which the planner predicts (spmd.plan).
+
+    >>> spec_on_largest_dim((3, 8), "fsdp", 4)
+    P(None, 'fsdp')
+    """
+    if not shape:
+        return P()
+    divisible = [i for i, n in enumerate(shape) if n % axis_size == 0 and n >= axis_size]
+    candidates = divisible or list(range(len(shape)))
+    dim = max(candidates, key=lambda i: (shape[i], -i))
+    entries: list[SpecEntry] = [None] * len(shape)
+    entries[dim] = axis
+    return P(*entries)

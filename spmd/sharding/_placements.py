@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mesh import Mesh, MeshTypeError
-from mesh._checks import is_int
+from mesh.checks import is_int
 from spmd._util import torch_compat
 from spmd.errors import PartialPlacementError, PlacementDimError, PlacementError, ShardingError, SpmdTypeError
 from spmd.sharding._named_sharding import resolve_spec

@@ -1,5 +1,7 @@
 """Wrap policies and mixed precision values: validation with clear messages."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -61,7 +63,30 @@ def test_mixed_precision():
     mp = MixedPrecision(torch.bfloat16)
     assert mp.effective_buffer_dtype is torch.bfloat16 and mp.effective_reduce_dtype is torch.bfloat16
     assert MixedPrecision(torch.bfloat16, reduce_dtype=torch.float32).effective_reduce_dtype is torch.float32
-    with pytest.raises(TypeError, match=r"MixedPrecision.compute_dtype must be a floating torch.dtype"):
+    with pytest.raises(TypeError, match=r"MixedPrecision.param_dtype must be a floating torch.dtype"):
         MixedPrecision("bfloat16")
+    with pytest.raises(TypeError, match=r"MixedPrecision.compute_dtype must be a floating torch.dtype"):
+        MixedPrecision(compute_dtype="bfloat16")  # the message names the keyword given
     with pytest.raises(TypeError, match="reduce_dtype"):
         MixedPrecision(torch.bfloat16, reduce_dtype=torch.int8)
+
+
+def test_mixed_precision_fields_are_fsdp2s_names_and_the_old_ones_are_aliases():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    new = MixedPrecision(param_dtype=torch.bfloat16, cast_forward_inputs=False)
+    old = MixedPrecision(compute_dtype=torch.bfloat16, cast_inputs=False)
+    assert new == old and hash(new) == hash(old)
+    assert (old.param_dtype, old.cast_forward_inputs) == (torch.bfloat16, False)
+    assert (new.compute_dtype, new.cast_inputs) == (torch.bfloat16, False)
+    assert repr(new) == (
+        "MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=None, reduce_dtype=None, cast_forward_inputs=False)"
+    )
+    fsdp2 = {f for f in MixedPrecisionPolicy.__dataclass_fields__}
+    assert {"param_dtype", "reduce_dtype", "cast_forward_inputs"} <= fsdp2
+    assert {"param_dtype", "reduce_dtype", "cast_forward_inputs"} <= set(MixedPrecision.__dataclass_fields__)
+    assert dataclasses.replace(old, reduce_dtype=torch.float32).effective_reduce_dtype is torch.float32
+    with pytest.raises(TypeError, match="compute_dtype is param_dtype's old name: give param_dtype only"):
+        MixedPrecision(param_dtype=torch.bfloat16, compute_dtype=torch.float16)
+    with pytest.raises(TypeError, match="cast_inputs is cast_forward_inputs's old name"):
+        MixedPrecision(cast_forward_inputs=True, cast_inputs=False)

@@ -18,7 +18,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mesh import Mesh  # noqa: E402
-from spmd.plan._compat import compile_with_hlo  # noqa: E402
+from spmd.plan._jax_compat import compile_with_hlo  # noqa: E402
 from spmd.plan.attention import Attention  # noqa: E402
 from spmd.plan.lowering import TrainStepConfig, lower_train_step  # noqa: E402
 from spmd.plan.models import build_meta_model  # noqa: E402

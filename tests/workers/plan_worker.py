@@ -237,7 +237,7 @@ def device_orders(results: dict) -> None:
     """The planner's mesh on tpu7x:2x4x4 (64 devices) for fsdp=32 x tensor=2, over libtpu's own
     devices: the device ids in mesh order, the chip of each, and the order the report names. jax
     0.12 puts each tensor pair on one chip's two cores, 0.10.2 on two chips along x."""
-    from spmd.plan._compat import toolchain
+    from spmd.plan._jax_compat import toolchain
     from spmd.plan.meshes import build_mesh, tpu_devices
     from spmd.plan.topology import parse_slice
 
@@ -276,7 +276,7 @@ def loop_collectives(results: dict) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as JP
 
-    from spmd.plan._compat import compile_with_hlo, topology_devices
+    from spmd.plan._jax_compat import compile_with_hlo, topology_devices
     from spmd.plan.program import step_collectives
 
     mesh = JaxMesh(np.array(topology_devices("v5e:2x2", 1, "TPU v5e")).reshape(4), ("x",))

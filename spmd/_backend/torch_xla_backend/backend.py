@@ -27,7 +27,7 @@ from spmd._backend.torch_xla_backend.shardings import (
     sharding_of,
     to_device_sharded,
 )
-from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
+from spmd.sharding import HloSharding, ShardingKind
 
 __all__ = ["TorchXlaBackend"]
 

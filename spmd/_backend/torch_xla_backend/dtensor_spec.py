@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from mesh import Mesh
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._placements import placements_from_spec
+from spmd.sharding import PartitionSpec, placements_from_spec
 
 __all__ = ["dtensor_spec", "xla_device_mesh"]
 
@@ -21,7 +20,7 @@ def dtensor_spec(tensor: torch.Tensor, mesh: Mesh, spec: PartitionSpec) -> Any:
     Raises:
         ShardingError: the spec does not fit the mesh or the tensor.
     """
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from spmd._util.torch_compat import DTensorSpec, TensorMeta
 
     meta = TensorMeta(shape=tensor.shape, stride=tensor.stride(), dtype=tensor.dtype)
     placements = placements_from_spec(spec, mesh, tensor.dim())

@@ -11,8 +11,7 @@ from mesh import Mesh
 from spmd._backend.torch_xla_backend.runtime import ensure_spmd
 from spmd._backend.torch_xla_backend.shardings import attach_sharding_constraint
 from spmd.errors import ShardingError
-from spmd.sharding._named_sharding import hlo_sharding_for
-from spmd.sharding._partition_spec import PartitionSpec
+from spmd.sharding import PartitionSpec, hlo_sharding_for
 
 __all__ = ["MarkShardingFunction"]
 

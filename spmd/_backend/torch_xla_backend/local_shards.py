@@ -8,7 +8,7 @@ import torch
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError
-from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
+from spmd.sharding import HloSharding, ShardingKind
 
 __all__ = ["local_shards", "load_local_shards"]
 

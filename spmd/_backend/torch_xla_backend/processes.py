@@ -14,7 +14,7 @@ import torch
 
 from spmd._backend.torch_xla_backend import runtime as xla
 from spmd._backend.torch_xla_backend.shardings import device_id, from_cpu_shards
-from spmd.sharding._hlo_sharding import HloSharding
+from spmd.sharding import HloSharding
 
 __all__ = ["process_index", "process_count", "device_processes", "all_process_values", "from_local_blocks"]
 

@@ -24,16 +24,13 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
-from mesh._checks import require_bool, require_optional_bool
+from mesh.checks import require_bool, require_optional_bool
 from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
 from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
 from spmd._backend.torch_xla_backend.shard import Shard
 from spmd.errors import ShardLoadError, SpmdTypeError
-from spmd.sharding._hlo_sharding import HloSharding, ShardBounds
-from spmd.sharding._named_sharding import NamedSharding
-from spmd.sharding._partition_spec import PartitionSpec
-from spmd.sharding._sharding_type import ShardingType
+from spmd.sharding import HloSharding, NamedSharding, PartitionSpec, ShardBounds, ShardingType
 
 __all__ = [
     "Shard",
@@ -108,7 +105,7 @@ class XLAShardedTensor(DTensor):
     def _record(self, mesh_shape: Any, partition_spec: Any) -> None:
         """Record torch_xla's constructor arguments (those not given keep their value) and forget
         the cached `_spec`. Checks them: a mesh shape of ints >= 1 and a spec."""
-        from mesh._mesh import shape_arg
+        from mesh.checks import shape_arg
 
         shape = None if mesh_shape is None else shape_arg(mesh_shape, "XLAShardedTensor's mesh_shape")
         if partition_spec is not None:
@@ -237,7 +234,7 @@ class XLAShardedTensor(DTensor):
 
     def _mesh_and_spec(self, missing: str) -> tuple[Mesh, PartitionSpec]:
         """The mesh and spec it was marked with or that were recorded for it."""
-        from spmd.sharding._placements import PlacementError
+        from spmd.errors import PlacementError
 
         mesh_shape, spec = self.mesh_shape, self.partition_spec
         if mesh_shape is None or spec is None:
@@ -266,7 +263,8 @@ class XLAShardedTensor(DTensor):
                 ``Partial`` (`PartialPlacementError`, a ``NotImplementedError``).
         """
         from mesh import as_mesh
-        from spmd.sharding._placements import PlacementError, spec_from_placements
+        from spmd.errors import PlacementError
+        from spmd.sharding import spec_from_placements
 
         where = f"redistribute(tensor of shape {tuple(self.shape)})"
         async_op = require_bool(async_op, f"{where}: async_op", SpmdTypeError)  # 'no' would have cloned

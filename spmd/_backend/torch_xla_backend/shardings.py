@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from spmd._backend.torch_xla_backend.runtime import _xlac, torch_xla_module
-from spmd.sharding._hlo_sharding import HloSharding, ShardingKind
+from spmd.sharding import HloSharding, ShardingKind
 
 # torch_xla's ShardingType enum values (they are OpSharding.Type's).
 _REPLICATED, _MAXIMAL, _TILED, _MANUAL, _PARTIAL = 0, 1, 3, 4, 5

@@ -56,7 +56,7 @@ def worst_runs(args: argparse.Namespace, script: Path, first: RankRun) -> list[R
 def _missing_support() -> str:
     """What this torch lacks for a dry run ('' if nothing): the fake process group's "every rank
     sends what this one does" (torch 2.15; the torch_xla lane's torch 2.9 has no such option)."""
-    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
+    from spmd._util.torch_compat import FakeProcessGroup
 
     if hasattr(FakeProcessGroup, "Options") and hasattr(FakeProcessGroup.Options(), "simulate_uniform_ranks"):
         return ""

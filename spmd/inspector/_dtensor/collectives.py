@@ -135,7 +135,8 @@ def _first_dtype(value: Any) -> str:
 def _group_ranks(named: dict[str, Any]) -> tuple[int, ...]:
     """Global ranks of the op's group (a ``ProcessGroup`` script object or a group name)."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from spmd._util.torch_compat import resolve_process_group as _resolve_process_group
 
     if "process_group" in named:
         group = named["process_group"]

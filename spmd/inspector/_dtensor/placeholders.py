@@ -10,8 +10,8 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from spmd._util.torch_compat import TorchDispatchMode
 from spmd.inspector._runner import is_user_file, script_line
 
 __all__ = ["Placeholders", "user_line"]
@@ -64,14 +64,14 @@ class Placeholders(TorchDispatchMode):
         return nested(tuple(tensor.shape))
 
     def __enter__(self) -> Placeholders:
-        from torch._subclasses.fake_tensor import FakeTensor
+        from spmd._util.torch_compat import FakeTensor
 
         self._saved_tolist = FakeTensor.__dict__.get("tolist")
         FakeTensor.tolist = lambda tensor: self._tolist(tensor)  # type: ignore[method-assign]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        from torch._subclasses.fake_tensor import FakeTensor
+        from spmd._util.torch_compat import FakeTensor
 
         if self._saved_tolist is not None:
             FakeTensor.tolist = self._saved_tolist  # type: ignore[method-assign]
@@ -80,7 +80,7 @@ class Placeholders(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, unset_fake_temporarily
+        from spmd._util.torch_compat import DataDependentOutputException, FakeTensor, unset_fake_temporarily
 
         try:
             return func(*args, **(kwargs or {}))

@@ -166,7 +166,7 @@ class Recorder:
         tensors: a fake shard is padded anew, a new storage a real run never makes (an uneven
         shard counted as an activation). On fake tensors the storages are compared instead and
         an unchanged shard is kept, with the new one untracked, as a real run keeps it."""
-        from torch._subclasses.fake_tensor import FakeTensor
+        from spmd._util.torch_compat import FakeTensor
 
         def reset(param: Any) -> Any:
             data, sharded = param._sharded_param_data, param.sharded_param
@@ -210,11 +210,10 @@ class Recorder:
 
     # Context -----------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
-        from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
         from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from spmd._util.torch_compat import FSDPParam, FSDPParamGroup, ShardingPropagator
 
         built = torch.optim.Optimizer.__init__
 

@@ -163,7 +163,7 @@ def _dry_world(world: int, rank: int, recorder: Recorder, placeholders: Placehol
                shapes: list[ShardShapes | None]) -> Iterator[None]:  # fmt: skip
     """The world the script runs in: the fake process group, fake tensors, placeholders for the
     values it reads, the shapes of its shards (noted in ``shapes``) and the recorder."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from spmd._util.torch_compat import FakeTensorMode
 
     with ExitStack() as stack:
         stack.enter_context(fake_world(world, rank))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+from spmd._util.torch_compat import TorchDispatchMode
 
 __all__ = ["ShardShapes", "noting_shard_shapes"]
 
@@ -47,7 +47,7 @@ class ShardShapes(TorchDispatchMode):
 
         if not any(issubclass(t, DTensor) for t in types):
             return func(*args, **(kwargs or {}))
-        from torch.utils._pytree import tree_flatten
+        from spmd._util.torch_compat import tree_flatten
 
         for value in tree_flatten((args, kwargs or {}))[0]:
             if isinstance(value, DTensor):
@@ -63,7 +63,7 @@ class ShardShapes(TorchDispatchMode):
     def groups(self, world: int) -> tuple[tuple[int, ...], ...]:
         """The ranks ``0..world-1`` grouped by the local shapes of every layout noted (each group
         in rank order, the groups by their first rank); one group when every split was even."""
-        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+        from spmd._util.torch_compat import local_shape_at_coordinate as _compute_local_shape_and_global_offset
 
         signatures: list[list[Any]] = [[] for _ in range(world)]
         coordinates = {key: _coordinates(mesh) for key, mesh in self._meshes.items()}
@@ -85,7 +85,7 @@ class ShardShapes(TorchDispatchMode):
 
 def _coordinates(mesh: Any) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]]]:
     """(mesh shape, {rank: its coordinate}) of a DeviceMesh (read outside any fake mode)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from spmd._util.torch_compat import unset_fake_temporarily
 
     with unset_fake_temporarily():
         ranks = mesh.mesh.tolist()

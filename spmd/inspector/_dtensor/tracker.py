@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
 from spmd._util.memory import MemoryUsage
+from spmd._util.torch_compat import TOTAL_KEY as _TOTAL_KEY
+from spmd._util.torch_compat import FSDPMemTracker, MemTracker
+from spmd._util.torch_compat import MemRefType as _MemRefType
 from spmd.inspector._dtensor.collectives import CollectiveCall, collective_call, is_collective
 from spmd.inspector.report import StepTotals
 
@@ -219,6 +220,6 @@ class PlainTracker(Recording, MemTracker):
 
     def track_inputs(self, inputs: Any) -> None:
         """Count the root's input tensors as inputs (``FSDPMemTracker.track_inputs``'s job)."""
-        from torch.utils._pytree import tree_map_only
+        from spmd._util.torch_compat import tree_map_only
 
         tree_map_only(torch.Tensor, lambda t: self._update_and_maybe_create_winfos(t, _MemRefType.OTH), inputs)

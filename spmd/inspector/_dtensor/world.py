@@ -52,7 +52,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 def _real_tensors(fn: Any) -> Any:
     """``fn`` run with the fake tensor mode set aside (its tensors are real)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from spmd._util.torch_compat import unset_fake_temporarily
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -146,7 +146,7 @@ def _swap_fake(original: Any) -> Any:
 def _forget_in_fake_memo(tensor: Any) -> None:
     import weakref
 
-    from torch._subclasses.fake_tensor import FakeTensor
+    from spmd._util.torch_compat import FakeTensor
 
     if not isinstance(tensor, FakeTensor):
         return
@@ -209,7 +209,8 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
     """Be rank ``rank`` of ``world`` on the fake process group inside the block; the group is
     destroyed and every replaced function restored after it."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
+
+    from spmd._util.torch_compat import FakeProcessGroup, FakeStore
 
     with _environment(_torchrun_env(world, rank)):
         if dist.is_initialized():
@@ -235,7 +236,10 @@ def _forget_shardings() -> None:
     """Drop DTensor's cached sharding decisions: they hold meshes whose process groups were just
     destroyed, and the next rank's run (``--ranks all``) reuses the group names."""
     import torch
-    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+    from torch.distributed.tensor import DTensor
+
+    from spmd._util.torch_compat import dtensor_collective_utils as _collective_utils
+    from spmd._util.torch_compat import dtensor_redistribute as _redistribute
 
     propagator = DTensor._op_dispatcher.sharding_propagator
     propagator.propagate_op_sharding.cache_clear()

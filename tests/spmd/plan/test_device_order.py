@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spmd.plan._compat import _MockTpu, core_axis_first, device_order
+from spmd.plan._jax_compat import _MockTpu, core_axis_first, device_order
 from spmd.plan.meshes import build_mesh
 from spmd.plan.topology import parse_slice
 from tests.torchrun import child_env
@@ -52,7 +52,7 @@ def test_the_planner_s_mesh_on_tpu7x_follows_the_installed_jax():
 
 
 LIBTPU_TPU7X = """
-from spmd.plan._compat import device_order, topology_devices
+from spmd.plan._jax_compat import device_order, topology_devices
 devices = topology_devices("tpu7x:2x2x1", 1, "TPU7x")
 print(len(devices), devices[0].device_kind, "|", device_order(devices))
 """

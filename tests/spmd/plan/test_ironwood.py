@@ -8,7 +8,7 @@ import json
 import pytest
 
 from spmd.plan import PlanReport
-from spmd.plan._compat import core_axis_first, device_order
+from spmd.plan._jax_compat import core_axis_first, device_order
 from spmd.plan.meshes import build_mesh
 from spmd.plan.topology import parse_slice
 from tests.spmd.plan import plan_results

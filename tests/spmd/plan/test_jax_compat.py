@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from spmd.plan._compat import (
+from spmd.plan._jax_compat import (
     TORCHAX_REMOVED_OPERATORS,
     TORCHAX_REMOVED_OVERLOADS,
     _StandIn,
@@ -65,7 +65,7 @@ def test_a_stand_in_fails_loudly_with_a_typed_error():
 
 # torchax with the flax placeholder (a packaging matter, not torch's) but no ATen stand-ins.
 NO_SHIM = """
-from spmd.plan._compat import _flax_placeholder
+from spmd.plan._jax_compat import _flax_placeholder
 with _flax_placeholder():
     import torchax
     torchax.default_env()
@@ -75,7 +75,7 @@ print("imported")
 
 def test_the_shim_is_still_needed():
     """Fails, saying so, once torchax imports on this torch without the shim: then delete the
-    stand-ins from spmd/plan/_compat.py (and this test's expectation)."""
+    stand-ins from spmd/plan/_jax_compat.py (and this test's expectation)."""
     done = subprocess.run([sys.executable, "-c", NO_SHIM], env=child_env(xla=False), capture_output=True, text=True)
     imported = done.returncode == 0 and "imported" in done.stdout
     if not missing_aten_names():
@@ -83,7 +83,7 @@ def test_the_shim_is_still_needed():
         return
     assert not imported, (
         f"torchax {torch.__version__} imports without the planner's ATen stand-ins: the shim is no longer needed; "
-        "remove TORCHAX_REMOVED_* and aten_stand_ins from spmd/plan/_compat.py."
+        "remove TORCHAX_REMOVED_* and aten_stand_ins from spmd/plan/_jax_compat.py."
     )
     assert "has no overload name" in done.stderr or "no attribute" in done.stderr, done.stderr[-2000:]
 
@@ -94,7 +94,7 @@ def test_planning_leaves_this_process_s_accelerator_alone():
     code = (
         "import torch\n"
         "before = torch.accelerator.current_accelerator(check_available=True)\n"
-        "from spmd.plan._compat import import_torchax\n"
+        "from spmd.plan._jax_compat import import_torchax\n"
         "import_torchax()\n"
         "assert torch.tensor([1.0]).device.type == 'cpu'\n"
         "assert torch.accelerator.current_accelerator(check_available=True) == before, 'accelerator changed'\n"

@@ -1,4 +1,5 @@
-"""Version drift under the planner, in one place: torchax on current torch, libtpu's chips, how
+"""Version drift under the planner, in one place (the jax compat home; torch's is
+`spmd._util.torch_compat`, and `spmd.compat` is torch_xla's public names): torchax on current torch, libtpu's chips, how
 jax lays devices out for a mesh, and reading what jax compiled. Nothing else in `spmd.plan`
 checks a version.
 
@@ -43,6 +44,10 @@ now ``axis_sizes``, ``with mesh:`` is deprecated for ``jax.set_mesh``, and the f
 uses none of the three (it builds ``jax.sharding.Mesh`` from `device_mesh` and passes meshes
 explicitly). ``jax[tpu]==0.12.0.1`` pins libtpu 0.0.50.*; the current lane names jax and libtpu
 separately (libtpu >= 0.0.50), as it did for 0.10.2, whose ``[tpu]`` extra pinned 0.0.42.
+
+It is also the one home of the private jax symbols the product imports (``jax._src.*``):
+`PRIVATE_SYMBOLS` names each once, callers import it from here by that name, and it is imported
+on first use; tests/test_private_upstream.py resolves each on both lanes.
 """
 
 from __future__ import annotations
@@ -63,9 +68,11 @@ import torch
 from spmd._backend.torchax_import import drop_stale_submodules
 from spmd._backend.torchax_import import flax_placeholder as _flax_placeholder
 from spmd._backend.torchax_import import no_accelerator_claim as _no_accelerator_claim
+from spmd._util.private_symbols import PrivateSymbol, resolver
 from spmd.plan.errors import CompilerVersionError, StandInReachedError, TopologyError
 
 __all__ = [
+    "PRIVATE_SYMBOLS",
     "LIBTPU_FOR_TPU7X",
     "TORCHAX_REMOVED_OPERATORS",
     "TORCHAX_REMOVED_OVERLOADS",
@@ -82,6 +89,25 @@ __all__ = [
     "toolchain",
     "topology_devices",
 ]
+
+PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
+    # the Mosaic IR version Pallas kernels are written in (`mosaic_ir_for_libtpu`)
+    "tpu_custom_call": PrivateSymbol("jax._src.tpu_custom_call"),
+    # compiling HLO text for a TPU target (spmd.plan.recompile)
+    "jax_compiler": PrivateSymbol("jax._src.compiler"),
+    "xla_client": PrivateSymbol("jax._src.lib", "xla_client"),
+}
+"""The private jax symbols the product imports, by the name callers import them under."""
+
+
+def _jax_release() -> str:
+    try:
+        return f"jax {importlib.metadata.version('jax')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "this environment (no jax)"
+
+
+__getattr__ = resolver(__name__, PRIVATE_SYMBOLS, _jax_release())
 
 # ATen names torchax 0.0.13 resolves while it loads that torch 2.14 removed (named-tensor
 # overloads; cholesky and qr, whose linalg_ forms remain). Found by reading torchax's sources
@@ -208,8 +234,7 @@ def mosaic_ir_for_libtpu() -> Iterator[None]:
     if cap is None:
         yield
         return
-    from jax._src import tpu_custom_call
-
+    tpu_custom_call = __getattr__("tpu_custom_call")
     newest = tpu_custom_call.get_ir_version
     tpu_custom_call.get_ir_version = lambda ctx: min(cap, newest(ctx) or cap)
     try:
