@@ -205,8 +205,9 @@ def dry_run_issues(run: RankRun, ignore: frozenset[str] = frozenset()) -> tuple[
             Finding(
                 WarningCode.DATA_DEPENDENT,
                 "",
-                f"{line} read a tensor's value {calls} time(s) (.item(), bool(), printing): the dry run has no "
-                "values and gave a placeholder (0); what the script did with it is not real.",
+                f"{line} read a tensor's value {calls} time(s) (.item(), bool(), tolist(), printing): the "
+                "dry run has no values and gave a placeholder (0, False; printed: the fake tensor); what the script "
+                "did with it is not real.",
             )
         )
     return _kept(found, ignore)
