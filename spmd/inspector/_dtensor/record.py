@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from typing import Any
 
 import torch
@@ -30,7 +31,12 @@ from spmd.inspector._dtensor.params import ParameterSummary, summarize_parameter
 from spmd.inspector._dtensor.tracker import CATEGORIES, FsdpTracker, PlainTracker, Recording, StepRecord
 from spmd.inspector._runner import StopScript
 
-__all__ = ["CATEGORIES", "StepRecord", "Recorder", "StopScript"]
+__all__ = ["CATEGORIES", "StepRecord", "Recorder", "StopScript", "ThreadNotFollowedError"]
+
+
+class ThreadNotFollowedError(RuntimeError):
+    """A module ran in a thread other than the script's own: a dry run's fake tensors and its
+    memory tracker are per thread, so it cannot follow training there."""
 
 
 def _outermost(modules: list[torch.nn.Module], params: set[int]) -> list[torch.nn.Module]:
@@ -117,6 +123,13 @@ class Recorder:
             self._step_done = True
 
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._thread:
+            raise ThreadNotFollowedError(
+                f"the script called {type(module).__name__} in a thread of its own "
+                f"({threading.current_thread().name}); the dry run follows only the thread that runs the script (its "
+                "fake tensors and memory tracker are per thread), so it cannot follow this script: run the training "
+                "loop in the script's main thread to dry-run it"
+            )
         started = self._tracker is None and next(module.parameters(), None) is not None
         if started:
             self._start(module, None)  # no optimizer built: the first module called with parameters
@@ -216,6 +229,7 @@ class Recorder:
         from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        self._thread = threading.get_ident()
         built = torch.optim.Optimizer.__init__
 
         def init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:

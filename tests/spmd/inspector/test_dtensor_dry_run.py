@@ -124,3 +124,16 @@ def test_printing_a_tensor_is_listed_among_the_value_reads(tmp_path):
     dry = run_rank(script, [], world=WORLD, rank=0, steps=STEPS)
     assert not dry.failure, dry.failure
     assert dry.placeholders == {line_of(script, read): STEPS for read in reads}
+
+
+def test_training_in_a_thread_is_said_to_be_beyond_the_dry_run(tmp_path):
+    """Fake tensors and the tracker are per thread: a loop in a thread of its own is refused by
+    name, not half followed (it ran on real tensors, untracked, and ended with exit 0)."""
+    main = (
+        "import threading\nt = threading.Thread(target=train, args=(batches(),), name='trainer')\nt.start()\nt.join()"
+    )
+    script = write_script(tmp_path, "threaded.py", main=main)
+    dry = run_rank(script, [], world=WORLD, rank=0, steps=STEPS)
+    assert dry.end.exit_code == 1 and dry.failing_line == line_of(script, "loss = model(x).pow(2).mean()")
+    assert dry.failure.startswith("a thread of the script (trainer) died with ThreadNotFollowedError: ")
+    assert "run the training loop in the script's main thread" in dry.failure
