@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore",
         action="append",
         default=[],
-        choices=[c.value for c in WarningCode],
+        choices=[c.value for c in WarningCode if c is not WarningCode.UNMATCHED_COLLECTIVES],  # an error
         help="leave out a kind of warning (repeatable)",
     )
     parser.add_argument(
