@@ -10,6 +10,8 @@ group, in one process, with no devices.
 - Device meshes are built outside the fake tensor mode: a mesh's rank ids are topology that
   ``DeviceMesh`` reads back (``tolist``), not data a rank holds, and a fake tensor has no values.
 - ``model.to(device)`` works on a model built in the mode (`_swap_fake`).
+- ``cpu:0`` is ``cpu``, as for real tensors (`_cpu_without_index`): the fake mode keeps the index,
+  and then refuses ``cpu`` and ``cpu:0`` in one op (the Trainer puts its batches on ``cpu:0``).
 """
 
 from __future__ import annotations
@@ -158,6 +160,31 @@ def _forget_in_fake_memo(tensor: Any) -> None:
             del memo[key]
 
 
+def _cpu_without_index(original: Any) -> Any:
+    """``FakeTensor._normalize_fake_device`` that drops a CPU device's index, as a real CPU tensor
+    does (``torch.zeros(1, device="cpu:0").device`` is ``cpu``)."""
+
+    @functools.wraps(original)
+    def normalize(device: Any) -> Any:
+        device = original(device)
+        if device.type == "cpu" and device.index is not None:
+            import torch
+
+            return torch.device("cpu")
+        return device
+
+    return normalize
+
+
+def _fake_device_patches() -> list[tuple[Any, str, Any]]:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    found = FakeTensor.__dict__.get("_normalize_fake_device")
+    if not isinstance(found, staticmethod):
+        return []
+    return [(FakeTensor, "_normalize_fake_device", staticmethod(_cpu_without_index(found.__func__)))]
+
+
 def _fsdp_patches() -> list[tuple[Any, str, Any]]:
     """`_chunk_with_empty` where FSDP2 looks it up (each module imported it by name)."""
     import importlib
@@ -201,7 +228,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
             found.append((mesh_class, name, staticmethod(_real_tensors(static.__func__))))
         elif static is not None:
             found.append((mesh_class, name, _real_tensors(static)))
-    return found + _fsdp_patches()
+    return found + _fsdp_patches() + _fake_device_patches()
 
 
 @contextmanager

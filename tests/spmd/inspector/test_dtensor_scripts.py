@@ -79,3 +79,14 @@ def test_our_examples_without_fully_shard(script, args, groups):
     assert run.steps[-1].category_max["optimizer_state"] > 0
     # The only values read are the script's own (its logged loss), not spmd's checks or meshes.
     assert all(line.startswith(f"{path}:") for line in run.placeholders), run.placeholders
+
+
+def test_the_hugging_face_trainer_example():
+    """examples/hf_trainer_fsdp.py as it is: deferred init under the fake mode (a parameter is
+    the fake tensor itself) and the Trainer's batches on ``cpu:0`` (the fake mode kept the index
+    and refused ``cpu`` with ``cpu:0``) ended it in raw tracebacks from inside torch."""
+    pytest.importorskip("transformers")
+    run = run_rank(ROOT / "examples" / "hf_trainer_fsdp.py", [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp and run.root == "GPT2LMHeadModel"
+    assert {c.op for c in run.steps[-1].collectives} >= {"all-gather", "reduce-scatter"}
