@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
 
 from spmd.inspector._dtensor_run import run_rank  # noqa: E402
+from tests.spmd.inspector.dry_scripts import write_script  # noqa: E402
 from tests.torchrun import ROOT  # noqa: E402
 
 TP = ROOT / "tests" / "data" / "tensor_parallel.py"
@@ -90,3 +91,28 @@ def test_the_hugging_face_trainer_example():
     assert not run.failure, f"{run.failure} at {run.failing_line}"
     assert [s.complete for s in run.steps] == [True, True] and run.fsdp and run.root == "GPT2LMHeadModel"
     assert {c.op for c in run.steps[-1].collectives} >= {"all-gather", "reduce-scatter"}
+
+
+def test_a_fully_shard_model_called_under_no_grad_before_its_optimizer(tmp_path):
+    """An evaluation before the optimizer is built: the tracker cannot start inside the call of
+    a ``fully_shard``-ed module (it re-registers the hooks the call has read), and ended the run
+    in a TypeError from inside FSDP."""
+    script = write_script(tmp_path, "evaluates_first.py", before="with torch.no_grad():\n    model(torch.randn(8, 16))")
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    # FSDP leaves the root's weights gathered after a forward (no reshard after the root's), so
+    # the first training step gathers nothing, as in a real run; the next one gathers again.
+    assert [[c.op for c in s.collectives] for s in run.steps] == [["reduce-scatter"], ["all-gather", "reduce-scatter"]]
+
+
+def test_a_fully_shard_model_trained_without_an_optimizer(tmp_path):
+    """No optimizer: followed from the end of its first backward (a step ends at backward)."""
+    update = "with torch.no_grad():\n    for p in model.parameters():\n        p.sub_(p.grad)\nmodel.zero_grad()"
+    script = write_script(tmp_path, "by_hand.py", inside=update)
+    text = script.read_text().replace("optimizer = torch.optim.AdamW(model.parameters())\n", "")
+    script.write_text(text.replace("        optimizer.step()\n        optimizer.zero_grad()\n", ""))
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    assert all([c.op for c in s.collectives] == ["all-gather", "reduce-scatter"] for s in run.steps)
