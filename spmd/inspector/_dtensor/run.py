@@ -20,6 +20,7 @@ from typing import Any
 from spmd._util.memory import format_bytes
 from spmd._util.ranks import rank_ranges
 from spmd.inspector._dtensor.agreement import CollectiveLog, Issued
+from spmd.inspector._dtensor.eager import RunEagerly
 from spmd.inspector._dtensor.params import ParameterSummary
 from spmd.inspector._dtensor.placeholders import Placeholders
 from spmd.inspector._dtensor.record import CATEGORIES, Recorder, StepRecord
@@ -58,6 +59,8 @@ class RankRun:
         end: how the script ended (`spmd.inspector._runner.ScriptEnd`).
         issued: every collective the rank issued in the whole run, in order (to compare with
             other ranks': `spmd.inspector._dtensor.agreement`).
+        compiled: ``{'script.py:12': calls}``: where the script called ``torch.compile``, which
+            the dry run runs eagerly (`spmd.inspector._dtensor.eager`).
     """
 
     rank: int
@@ -73,6 +76,7 @@ class RankRun:
     groups: tuple[tuple[int, ...], ...] = ()
     end: ScriptEnd = ScriptEnd()
     issued: tuple[Issued, ...] = ()
+    compiled: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -164,10 +168,10 @@ def _collective_lines(s: StepRecord, max_collectives: int) -> list[str]:
 
 @contextmanager
 def _dry_world(world: int, rank: int, recorder: Recorder, placeholders: Placeholders, log: CollectiveLog,
-               group_ranks: bool, shapes: list[ShardShapes | None]) -> Iterator[None]:  # fmt: skip
+               eager: RunEagerly, group_ranks: bool, shapes: list[ShardShapes | None]) -> Iterator[None]:  # fmt: skip
     """The world the script runs in: the fake process group, fake tensors, placeholders for the
-    values it reads, the log of its collectives, the shapes of its shards (noted in ``shapes``)
-    and the recorder."""
+    values it reads, the log of its collectives, ``torch.compile`` run eagerly, the shapes of its
+    shards (noted in ``shapes``) and the recorder."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with ExitStack() as stack:
@@ -175,6 +179,7 @@ def _dry_world(world: int, rank: int, recorder: Recorder, placeholders: Placehol
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(placeholders)
         stack.enter_context(log)
+        stack.enter_context(eager)
         shapes.append(stack.enter_context(noting_shard_shapes(group_ranks)))
         stack.enter_context(recorder)
         yield
@@ -187,9 +192,9 @@ def run_rank(
     ``group_ranks``: also group the world's ranks by the shapes of their shards."""
     started = time.perf_counter()
     recorder = Recorder(steps)
-    placeholders, log = Placeholders(), CollectiveLog()
+    placeholders, log, eager = Placeholders(), CollectiveLog(), RunEagerly()
     shapes: list[ShardShapes | None] = []
-    around = _dry_world(world, rank, recorder, placeholders, log, group_ranks, shapes)
+    around = _dry_world(world, rank, recorder, placeholders, log, eager, group_ranks, shapes)
     end = run_script(script, script_args, around)
     failure, line = end.failure, end.line
     groups = shapes[0].groups(world) if shapes and shapes[0] is not None and not failure else ()
@@ -209,4 +214,5 @@ def run_rank(
         groups,
         end,
         tuple(log.issued),
+        dict(eager.lines),
     )

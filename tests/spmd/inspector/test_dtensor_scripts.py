@@ -116,3 +116,26 @@ def test_a_fully_shard_model_trained_without_an_optimizer(tmp_path):
     assert not run.failure, f"{run.failure} at {run.failing_line}"
     assert [s.complete for s in run.steps] == [True, True] and run.fsdp
     assert all([c.op for c in s.collectives] == ["all-gather", "reduce-scatter"] for s in run.steps)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param({"before": "model = torch.compile(model)"}, id="compiled-module"),
+        pytest.param({"main": "torch.compile(train)(batches())"}, id="compiled-step"),
+    ],
+)
+def test_a_compiled_model_or_step_runs_eagerly_and_says_so(tmp_path, where):
+    """``torch.compile(model)`` of a ``fully_shard``-ed model ended the run in an AssertionError
+    from inside torch's memory tracker; it now runs eagerly, and the report says where."""
+    from spmd.inspector.checks import dry_run_issues
+
+    script = write_script(tmp_path, "compiled.py", **where)
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    assert all([c.op for c in s.collectives] == ["all-gather", "reduce-scatter"] for s in run.steps)
+    line = next(f"{script}:{n}" for n, text in enumerate(script.read_text().splitlines(), 1) if "torch.compile" in text)
+    assert run.compiled == {line: 1}
+    (finding,) = [f for f in dry_run_issues(run) if f.code.value == "compiled-eagerly"]
+    assert finding.message.startswith(f"{line} calls torch.compile (1 time(s)): the dry run ran it eagerly")
