@@ -139,3 +139,16 @@ def test_a_compiled_model_or_step_runs_eagerly_and_says_so(tmp_path, where):
     assert run.compiled == {line: 1}
     (finding,) = [f for f in dry_run_issues(run) if f.code.value == "compiled-eagerly"]
     assert finding.message.startswith(f"{line} calls torch.compile (1 time(s)): the dry run ran it eagerly")
+
+
+def test_a_data_loader_with_worker_processes(tmp_path):
+    """Its workers run in this process: as processes they got the fake tensors pickled and ended
+    the run in a RuntimeError from inside torch (a meta tensor's storage set to a CPU one)."""
+    before = "data = torch.utils.data.TensorDataset(torch.randn(64, 16))"
+    main = "loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)\ntrain(x for (x,) in loader)"
+    script = write_script(tmp_path, "loads.py", before=before, main=main)
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True]
+    assert run.steps[-1].category_max["inputs"] == 8 * 16 * 4  # the loader's batch of 8 rows reached the model
+    assert run.placeholders == {}  # the iterator's seed for its workers is no read of the script's
