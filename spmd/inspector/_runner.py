@@ -124,14 +124,24 @@ def _ended_by(error: BaseException) -> ScriptEnd:
             line,
         )
     if isinstance(error, SystemExit):
-        code = error.code if isinstance(error.code, int) else 1
-        return ScriptEnd(code, f"the script exited with code {error.code}")
+        if isinstance(error.code, int):
+            return ScriptEnd(error.code, f"the script exited with code {error.code}")
+        return ScriptEnd(1, f"the script exited with the message {error.code!r:.200} (exit code 1)")
+    if isinstance(error, SyntaxError) and not _from_script_frames(error):  # the script's file does not compile
+        where = f"{error.filename}:{error.lineno}" if error.filename and error.lineno else ""
+        detail = "".join(traceback.format_exception_only(type(error), error))
+        return ScriptEnd(1, f"the script does not compile: {type(error).__name__}: {error.msg}", where, detail)
     text = f"{type(error).__name__}: {error}".strip().rstrip(":")
     frames = traceback.extract_tb(error.__traceback__)
     first = text.splitlines()[0] if text else type(error).__name__
     return ScriptEnd(
         1, first, script_line(frames), "".join(traceback.format_exception(type(error), error, _from_script(error)))
     )
+
+
+def _from_script_frames(error: BaseException) -> bool:
+    """Whether any frame of ``error``'s traceback is the script's own code."""
+    return any(is_user_file(f.filename) for f in traceback.extract_tb(error.__traceback__))
 
 
 def _from_script(error: BaseException) -> TracebackType | None:

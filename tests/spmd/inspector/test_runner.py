@@ -104,3 +104,17 @@ def test_a_thread_that_dies_fails_the_run(tmp_path):
     assert end.exit_code == 1 and end.line == f"{path}:3"
     assert end.failure == "a thread of the script (trainer) died with KeyError: 'lost'"
     assert threading.excepthook is hook  # put back
+
+
+@pytest.mark.parametrize("body", ["def f(:\n", "x = 1\x00\n"], ids=["syntax-error", "null-byte"])
+def test_a_script_that_does_not_compile_names_its_line_not_the_runner(tmp_path, body):
+    path = script(tmp_path, body)
+    end = run_script(path, [])
+    assert end.exit_code == 1 and end.failure.startswith("the script does not compile: SyntaxError: ")
+    assert "_runner.py" not in end.traceback and "runpy" not in end.traceback
+    assert end.line == (f"{path}:1" if "(" in body else "")
+
+
+def test_exit_with_a_message_is_exit_code_1_with_the_message(tmp_path):
+    end = run_script(script(tmp_path, "import sys\nsys.exit('bye')\n"), [])
+    assert end == ScriptEnd(1, "the script exited with the message 'bye' (exit code 1)")
