@@ -138,7 +138,10 @@ class Recorder:
             self._step_done = True
 
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
-        if threading.get_ident() != self._thread:
+        # A thread the script started (not one of torch's own, such as autograd's device threads,
+        # which Python sees as dummy threads).
+        thread = threading.current_thread()
+        if threading.get_ident() != self._thread and not isinstance(thread, threading._DummyThread):
             raise ThreadNotFollowedError(
                 f"the script called {type(module).__name__} in a thread of its own "
                 f"({threading.current_thread().name}); the dry run follows only the thread that runs the script (its "
