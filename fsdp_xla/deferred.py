@@ -49,7 +49,11 @@ def params_on_meta() -> Iterator[None]:
         original(self, name, param)
         p = self._parameters.get(name)
         if p is not None and p.device.type != "meta":
-            self._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+            # A Parameter subclass keeps its class; a parameter that is a tensor subclass (a fake
+            # tensor in the inspector's dry run: ``nn.Parameter`` returns the subclass itself,
+            # marked as a parameter) cannot be built from its class alone.
+            kind = type(p) if issubclass(type(p), torch.nn.Parameter) else torch.nn.Parameter
+            self._parameters[name] = kind(p.to("meta"), requires_grad=p.requires_grad)
 
     torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
     try:

@@ -105,6 +105,8 @@ PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
     "DataDependentOutputException": PrivateSymbol(_FAKE, "DataDependentOutputException"),
     "unset_fake_temporarily": PrivateSymbol(_FAKE, "unset_fake_temporarily"),
     "TorchDispatchMode": PrivateSymbol("torch.utils._python_dispatch", "TorchDispatchMode"),
+    # a DataLoader's in-process iterator (the dry run runs worker processes' loading in process)
+    "SingleProcessDataLoaderIter": PrivateSymbol("torch.utils.data.dataloader", "_SingleProcessDataLoaderIter"),
     # pytrees (no public torch.utils.pytree in 2.9 or 2.15)
     "tree_flatten": PrivateSymbol(_PYTREE, "tree_flatten"),
     "tree_unflatten": PrivateSymbol(_PYTREE, "tree_unflatten"),

@@ -197,16 +197,27 @@ def _uneven_shards(run: RankRun) -> Iterable[Finding]:
 
 def dry_run_issues(run: RankRun, ignore: frozenset[str] = frozenset()) -> tuple[Finding, ...]:
     """Every warning about a dry run's rank ``run`` (the one with the highest peak), minus the
-    ``ignore``-d codes: uneven (padded) shards with their cost, and the placeholders the script
-    read."""
+    ``ignore``-d codes: uneven (padded) shards with their cost, the placeholders the script
+    read, and where it called ``torch.compile`` (run eagerly)."""
     found = list(_uneven_shards(run))
     for line, calls in sorted(run.placeholders.items()):
         found.append(
             Finding(
                 WarningCode.DATA_DEPENDENT,
                 "",
-                f"{line} read a tensor's value {calls} time(s) (.item(), bool(), printing): the dry run has no "
-                "values and gave a placeholder (0); what the script did with it is not real.",
+                f"{line} read a tensor's value {calls} time(s) (.item(), bool(), tolist(), printing): the "
+                "dry run has no values and gave a placeholder (0, False; printed: the fake tensor); what the script "
+                "did with it is not real.",
+            )
+        )
+    for line, calls in sorted(run.compiled.items()):
+        found.append(
+            Finding(
+                WarningCode.COMPILED_EAGERLY,
+                "",
+                f"{line} calls torch.compile ({calls} time(s)): the dry run ran it eagerly (its memory tracker follows "
+                "modules, not compiled graphs), so the memory shown is eager mode's; compiled code can fuse ops and "
+                "hold fewer activations. The collectives are the program's either way.",
             )
         )
     return _kept(found, ignore)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from spmd._util.cli_args import input_file, int_in, output_dir, output_file
 from spmd.devices import MAX_DEVICES
@@ -22,10 +23,24 @@ __all__ = ["main", "build_parser"]
 MAX_RANKS = 1 << 20
 """The largest ``--world`` (a dry run's process group numbers ranks in C++ ints)."""
 
+_XLA_ONLY = {"devices": 8, "dump_dir": None, "threshold": 1 << 20, "warmup_steps": 2}
+"""The flags only torch_xla's capture reads (argparse's ``dest``) and their defaults: each
+defaults to None in the parser, so a dry run can tell one given from one left out."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, naming what is missing when no script is given (argparse lists the
+    script's optional arguments as required too)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required: script"):
+            message = "give the script to run: python -m spmd.inspector [options] SCRIPT [its arguments]"
+        super().error(message)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m spmd.inspector",
         description=(
             "Dry-run a training script: run it on virtual CPU devices (or the TPU it finds) and report, for "
@@ -40,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("script", type=input_file, help="the Python script to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.add_argument(
-        "--devices", type=int_in(1, MAX_DEVICES), default=8, help="virtual CPU devices when no TPU is present (8)"
+        "--devices", type=int_in(1, MAX_DEVICES), default=None, help="virtual CPU devices when no TPU is present (8)"
     )
     parser.add_argument(
         "--steps",
@@ -58,15 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threshold",
         type=int_in(0),
-        default=1 << 20,
+        default=None,
         help="warn about replicated tensors of at least this many bytes (1 MiB)",
     )
-    parser.add_argument("--warmup-steps", type=int_in(0), default=2, help="steps allowed to compile (2)")
+    parser.add_argument("--warmup-steps", type=int_in(0), default=None, help="steps allowed to compile (2)")
     parser.add_argument(
         "--ignore",
         action="append",
         default=[],
-        choices=[c.value for c in WarningCode],
+        choices=[c.value for c in WarningCode if c is not WarningCode.UNMATCHED_COLLECTIVES],  # an error
         help="leave out a kind of warning (repeatable)",
     )
     parser.add_argument(
@@ -98,6 +113,33 @@ def _dry_run(args: argparse.Namespace) -> bool:
     return args.world is not None or importlib.util.find_spec("torch_xla") is None
 
 
+def _xla_only_given(args: argparse.Namespace) -> list[str]:
+    """The torch_xla-only flags given (``['--devices', '--dump-dir']``)."""
+    return ["--" + name.replace("_", "-") for name in _XLA_ONLY if getattr(args, name) is not None]
+
+
+def _with_xla_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the torch_xla-only flags left out set to their defaults."""
+    for name, default in _XLA_ONLY.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def _refuse_xla_only(args: argparse.Namespace) -> Outcome | None:
+    """The refusal of torch_xla-only flags in a dry run (they would be ignored), or None."""
+    given = _xla_only_given(args)
+    if not given:
+        return None
+    why = "--world asks for" if args.world is not None else "without torch_xla this is"
+    return Outcome(
+        None,
+        2,
+        f"error: {', '.join(given)} only apply to torch_xla's compiled graphs, and {why} the dry run on DTensor, "
+        "which does not read them; leave them out (or leave out --world to inspect the torch_xla program).",
+    )
+
+
 def _show(outcome: Outcome, args: argparse.Namespace) -> int:
     """Print what a capture found, the same way for both lanes; the exit code."""
     report = outcome.report
@@ -122,11 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     script = Path(args.script)
     if _dry_run(args):
+        refused = _refuse_xla_only(args)
+        if refused is not None:
+            return _show(refused, args)
         from spmd.inspector._dtensor.cli import dry_run
 
         args.world = args.world or 8
         return _show(dry_run(args, script), args)
     from spmd.inspector._xla.cli import inspect
 
-    with inspect(args, script) as outcome:  # its temporary dumps are removed after the JSON copied them
+    with inspect(
+        _with_xla_defaults(args), script
+    ) as outcome:  # its temporary dumps are removed after the JSON copied them
         return _show(outcome, args)

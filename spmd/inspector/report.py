@@ -58,6 +58,10 @@ class WarningCode(enum.Enum):
     RECOMPILATION = "recompilation"
     UNEVEN_SHARD = "uneven-shard"
     DATA_DEPENDENT = "data-dependent-call"
+    COMPILED_EAGERLY = "compiled-eagerly"
+    UNMATCHED_COLLECTIVES = "unmatched-collectives"
+    """An error, not a warning: ranks of a dry run issue different collectives (a real run hangs);
+    it fails the run and cannot be ignored."""
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,13 @@ def test_from_pretrained_is_refused_since_meta_would_discard_its_weights():
 
     with pytest.raises(FSDPTypeError, match=r"from_pretrained.*weights are discarded.*FSDP\(Model.from_pretrained"):
         deferred_init(GPT2LMHeadModel.from_pretrained, "any/checkpoint")
+
+
+def test_deferred_build_inside_a_fake_tensor_mode():
+    """The inspector's dry run builds models under a fake tensor mode, where a parameter is the
+    fake tensor itself (marked a parameter): deferred init builds it on meta all the same."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        model = deferred_init(torch.nn.Linear, 4, 4)
+    assert model.weight.is_meta and isinstance(model.weight, torch.nn.Parameter) and model.weight.requires_grad

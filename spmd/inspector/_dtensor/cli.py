@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from spmd._util.ranks import rank_ranges
+from spmd.inspector._dtensor.agreement import comparison_ranks
 from spmd.inspector._dtensor.report import DryRunReport
 from spmd.inspector._dtensor.run import RankRun, run_rank
 from spmd.inspector._runner import Outcome
@@ -86,23 +87,45 @@ def _runs(args: argparse.Namespace, script: Path) -> list[RankRun]:
     return runs
 
 
+def _comparisons(args: argparse.Namespace, script: Path, runs: list[RankRun]) -> list[RankRun]:
+    """Runs of the ranks to compare collectives with that ``runs`` lack (`comparison_ranks` of the
+    first), up to the first that fails; none after a failure, or when every rank ran."""
+    if args.ranks == "all" or runs[-1].failure:
+        return []
+    have = {r.rank for r in runs}
+    compared: list[RankRun] = []
+    for rank in comparison_ranks(runs[0].rank, args.world, runs[0].issued):
+        if rank in have:
+            continue
+        run = run_rank(script, list(args.script_args), world=args.world, rank=rank, steps=args.steps or 2)
+        compared.append(run)
+        if run.failure:
+            break
+    return compared
+
+
 def dry_run(args: argparse.Namespace, script: Path) -> Outcome:
-    """Run the dry runs; their report, and the exit code (the failing script's, 2 when this
-    torch cannot dry-run)."""
+    """Run the dry runs (and the runs of ranks to compare collectives with); their report, and
+    the exit code (the failing script's, 1 when ranks would not meet in the same collectives, 2
+    when this torch cannot dry-run)."""
     missing = _missing_support()
     if missing:
         return Outcome(None, 2, f"error: {missing}")
     runs = _runs(args, script)
     ignore = frozenset(args.ignore)
-    dry = DryRunReport(str(script), args.world, tuple(runs), ignore)
+    compared = tuple(_comparisons(args, script, runs))
+    dry = DryRunReport(str(script), args.world, tuple(runs), ignore, compared)
     if args.ranks == "worst" and not dry.partial:
         highest = dry.worst()
         tried = ", ".join(str(r.rank) for r in runs)
         print(
             f"--ranks worst: ran ranks {tried}; rank {highest.rank} has the highest peak, {highest.peak_bytes:,} bytes"
         )
-        dry = DryRunReport(str(script), args.world, (highest,), ignore)
+        others = tuple(r for r in runs if r is not highest) + compared
+        dry = DryRunReport(str(script), args.world, (highest,), ignore, others)
+    if dry.mismatch:
+        return Outcome(dry.report, 1, dry.mismatch)
     if not dry.partial:
-        return Outcome(dry.report)
-    end = runs[-1].end
+        return Outcome(dry.report, notes=(dry.agreement_note(),) if dry.agreement_note() else ())
+    end = next(r.end for r in runs + list(compared) if r.failure)
     return Outcome(dry.report, end.exit_code or 1, dry.partial, end.traceback)

@@ -1,6 +1,12 @@
 """Data-dependent calls in a dry run: ``loss.item()``, ``bool(t)``, ``float(t)``, ``t.tolist()``
 need values a fake tensor does not have. Rather than stop the run at a logging line, each returns
-a placeholder (zero, False) and the report lists where the script asked for one."""
+a placeholder (zero, False) and the report lists where the script asked for one.
+
+Printing one (``print(loss)``, ``str``, ``f"{loss}"``) reads its value too: it prints the fake
+tensor (``FakeTensor(..., size=())``), and ``f"{loss:.4f}"`` (torch formats a 0-d tensor's
+value; a fake one has none) formats the placeholder; both are listed with the script's line.
+Printing from torch's own code (an error message naming a tensor) is not the script's read
+and is not listed."""
 
 from __future__ import annotations
 
@@ -63,20 +69,42 @@ class Placeholders(TorchDispatchMode):
 
         return nested(tuple(tensor.shape))
 
+    def _repr(self, tensor: Any, **kwargs: Any) -> str:
+        """The fake tensor printed as torch prints it; a read of its value when the script prints it."""
+        line = user_line()
+        if line:
+            self.lines[line] += 1
+        return torch.Tensor.__repr__(tensor, **kwargs)
+
+    def _format(self, tensor: Any, spec: str) -> str:
+        """``f"{loss:.4f}"``: torch formats a 0-d tensor's value (here the placeholder's), any
+        other tensor as its ``str`` (and refuses a format spec for it, as for a real one)."""
+        if tensor.dim() != 0 or not spec:
+            return object.__format__(tensor, spec)
+        self.lines[user_line() or "(library code)"] += 1
+        return format(_placeholder(torch.ops.aten._local_scalar_dense.default, (tensor,)), spec)
+
     def __enter__(self) -> Placeholders:
         from spmd._util.torch_compat import FakeTensor
 
-        self._saved_tolist = FakeTensor.__dict__.get("tolist")
-        FakeTensor.tolist = lambda tensor: self._tolist(tensor)  # type: ignore[method-assign]
+        replacements = {
+            "tolist": lambda tensor: self._tolist(tensor),
+            "__repr__": lambda tensor, **kwargs: self._repr(tensor, **kwargs),
+            "__format__": lambda tensor, spec: self._format(tensor, spec),
+        }
+        self._saved = {name: FakeTensor.__dict__.get(name) for name in replacements}
+        for name, replacement in replacements.items():
+            setattr(FakeTensor, name, replacement)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         from spmd._util.torch_compat import FakeTensor
 
-        if self._saved_tolist is not None:
-            FakeTensor.tolist = self._saved_tolist  # type: ignore[method-assign]
-        else:
-            del FakeTensor.tolist
+        for name, saved in self._saved.items():
+            if saved is not None:
+                setattr(FakeTensor, name, saved)
+            else:
+                delattr(FakeTensor, name)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]

@@ -22,15 +22,22 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from typing import Any
 
 import torch
 
+from spmd._util.torch_compat import tree_leaves
 from spmd.inspector._dtensor.params import ParameterSummary, summarize_parameters
 from spmd.inspector._dtensor.tracker import CATEGORIES, FsdpTracker, PlainTracker, Recording, StepRecord
 from spmd.inspector._runner import StopScript
 
-__all__ = ["CATEGORIES", "StepRecord", "Recorder", "StopScript"]
+__all__ = ["CATEGORIES", "StepRecord", "Recorder", "StopScript", "ThreadNotFollowedError"]
+
+
+class ThreadNotFollowedError(RuntimeError):
+    """A module ran in a thread other than the script's own: a dry run's fake tensors and its
+    memory tracker are per thread, so it cannot follow training there."""
 
 
 def _outermost(modules: list[torch.nn.Module], params: set[int]) -> list[torch.nn.Module]:
@@ -53,6 +60,12 @@ def _root_of(optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
     fsdp = _outermost([m for m in modules if issubclass(type(m), FSDPModule)], params)
     found = fsdp or _outermost(modules, params)
     return found[0] if found else None
+
+
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return issubclass(type(module), FSDPModule)
 
 
 def _tracker_for(root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Recording:
@@ -84,6 +97,10 @@ class Recorder:
         self._root: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None  # the one whose step ends a step
         self._step_done = False
+        # A fully_shard-ed module called before any optimizer, to follow from between steps
+        # (`_start_between_steps`): the module, and the hook on its call's end (or None once it ended).
+        self._pending: torch.nn.Module | None = None
+        self._pending_hook: Any = None
         self._names: dict[int, str] = {}
         self._undo: list[Any] = []
 
@@ -94,6 +111,7 @@ class Recorder:
         root = _root_of(optimizer)
         if root is None:
             return
+        self._drop_pending()
         if self._tracker is not None:  # followed from a forward before any step: the optimizer says what trains
             tracker, self._tracker = self._tracker, None
             tracker.__exit__(None, None, None)
@@ -113,11 +131,29 @@ class Recorder:
             self._step_done = True
 
     def _backward_done(self) -> None:
+        if self._pending is not None and self._pending_hook is None:
+            self._start_pending()
+            return
         if self._tracker is not None and self._optimizer is None:
             self._step_done = True
 
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
+        # A thread the script started (not one of torch's own, such as autograd's device threads,
+        # which Python sees as dummy threads).
+        thread = threading.current_thread()
+        if threading.get_ident() != self._thread and not isinstance(thread, threading._DummyThread):
+            raise ThreadNotFollowedError(
+                f"the script called {type(module).__name__} in a thread of its own "
+                f"({threading.current_thread().name}); the dry run follows only the thread that runs the script (its "
+                "fake tensors and memory tracker are per thread), so it cannot follow this script: run the training "
+                "loop in the script's main thread to dry-run it"
+            )
+        if self._pending is not None:  # before the fully_shard-ed module's step ends
+            return
         started = self._tracker is None and next(module.parameters(), None) is not None
+        if started and _is_fsdp(module):
+            self._start_between_steps(module)
+            return
         if started:
             self._start(module, None)  # no optimizer built: the first module called with parameters
         if module is not self._root or self._tracker is None:
@@ -134,6 +170,34 @@ class Recorder:
         self._tracker.track_inputs(args)
         if started:  # torch runs the global hooks it had when this call began: not the tracker's
             self._tracker._mod_tracker._fw_pre_hook(module, args)
+
+    def _start_between_steps(self, module: torch.nn.Module) -> None:
+        """Follow a ``fully_shard``-ed module called before any optimizer was built (an
+        evaluation under ``torch.no_grad()``, a script with no optimizer) from between steps: from
+        the end of this call when it computes no gradients, else from the end of its backward.
+        ``FSDPMemTracker`` re-registers the module's FSDP hooks as it starts: this call has read
+        them already (it would call the old pre-forward hook without its arguments), and the
+        backward of a forward it did not see finds no record of it."""
+
+        def ended(module: torch.nn.Module, args: Any, output: Any) -> None:
+            self._pending_hook.remove()
+            self._pending_hook = None
+            outputs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+            if not any(t.requires_grad for t in outputs):
+                self._start_pending()
+
+        self._pending = module
+        self._pending_hook = module.register_forward_hook(ended)
+
+    def _drop_pending(self) -> None:
+        if self._pending_hook is not None:
+            self._pending_hook.remove()
+        self._pending = self._pending_hook = None
+
+    def _start_pending(self) -> None:
+        module, self._pending = self._pending, None
+        if module is not None and self._tracker is None:
+            self._start(module, None)
 
     def _backward(self, original: Any) -> Any:
         """``torch.autograd.backward`` (what ``loss.backward()`` calls) that ends a step when
@@ -215,6 +279,7 @@ class Recorder:
 
         from spmd._util.torch_compat import FSDPParam, FSDPParamGroup, ShardingPropagator
 
+        self._thread = threading.get_ident()
         built = torch.optim.Optimizer.__init__
 
         def init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
@@ -255,3 +320,4 @@ class Recorder:
             for undo in reversed(self._undo):
                 undo()
             self._undo = []
+            self._drop_pending()

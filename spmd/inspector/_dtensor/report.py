@@ -1,15 +1,17 @@
 """The dry runs of one script, gathered into the inspector's one `Report` (its ``ranks``): the
-ranks run, the one with the highest peak, its warnings and why a run stopped early."""
+ranks run, the one with the highest peak, its warnings, why a run stopped early, and whether
+the ranks run (those reported and those run only to compare) issue the same collectives."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from spmd.inspector._dtensor.agreement import first_mismatch
 from spmd.inspector._dtensor.record import StepRecord
 from spmd.inspector._dtensor.run import RankRun
 from spmd.inspector.checks import dry_run_issues
-from spmd.inspector.report import Finding, Report
+from spmd.inspector.report import Finding, Report, WarningCode
 
 __all__ = ["DryRunReport", "PLATFORM"]
 
@@ -23,22 +25,45 @@ _step_dict = StepRecord.to_dict
 @dataclass(frozen=True)
 class DryRunReport:
     """The dry runs of one script: one `RankRun` per rank inspected; ``ignore``: warning codes
-    left out (`WarningCode` values). ``report`` is their `Report`, whose attributes (``table()``,
-    ``to_dict()``, ``write_json()``) can be read from here directly, as from `Capture`."""
+    left out (`WarningCode` values); ``compared``: runs of other ranks made only to compare their
+    collectives with (not reported). ``report`` is their `Report`, whose attributes
+    (``table()``, ``to_dict()``, ``write_json()``) can be read from here directly, as from
+    `Capture`."""
 
     script: str
     world: int
     runs: tuple[RankRun, ...]
     ignore: frozenset[str] = frozenset()
+    compared: tuple[RankRun, ...] = ()
 
     @property
     def partial(self) -> str:
         """Why a run stopped early ('' if none did)."""
-        for run in self.runs:
+        for run in self.runs + self.compared:
             if run.failure:
                 where = f" at {run.failing_line}" if run.failing_line else ""
                 return f"rank {run.rank}: {run.failure}{where}"
         return ""
+
+    @property
+    def mismatch(self) -> str:
+        """How the ranks run first differ in the collectives of a group they share ('' if they
+        do not, or a run stopped early: its collectives end there)."""
+        if self.partial:
+            return ""
+        return first_mismatch({r.rank: r.issued for r in self.runs + self.compared})
+
+    def agreement_note(self) -> str:
+        """What the comparison of collectives covered, for a run that found no mismatch."""
+        ranks = sorted({r.rank for r in self.runs + self.compared})
+        if self.world == 1:
+            return ""
+        if len(ranks) == 1:
+            return f"collectives: rank {ranks[0]} alone was run; no other rank was compared with it."
+        same = f"collectives: ranks {', '.join(map(str, ranks))} issue the same collectives on every group they share"
+        if len(ranks) == self.world:
+            return same + " (every rank of the job compared)."
+        return same + f"; the other ranks were not run (--ranks all runs and compares all {self.world})."
 
     def worst(self) -> RankRun:
         """The run with the highest peak (the lowest rank among equal peaks)."""
@@ -47,7 +72,10 @@ class DryRunReport:
     def warnings(self) -> list[Finding]:
         """Uneven (padded) shards with their cost, and the placeholders the script read, for the
         run with the highest peak (`spmd.inspector.checks.dry_run_issues`)."""
-        return list(dry_run_issues(self.worst(), self.ignore))
+        found = list(dry_run_issues(self.worst(), self.ignore))
+        if self.mismatch:  # an error: never left out
+            found.insert(0, Finding(WarningCode.UNMATCHED_COLLECTIVES, "", self.mismatch))
+        return found
 
     @property
     def report(self) -> Report:

@@ -19,6 +19,8 @@ from typing import Any
 
 from spmd._util.memory import format_bytes
 from spmd._util.ranks import rank_ranges
+from spmd.inspector._dtensor.agreement import CollectiveLog, Issued
+from spmd.inspector._dtensor.eager import RunEagerly
 from spmd.inspector._dtensor.params import ParameterSummary
 from spmd.inspector._dtensor.placeholders import Placeholders
 from spmd.inspector._dtensor.record import CATEGORIES, Recorder, StepRecord
@@ -55,6 +57,10 @@ class RankRun:
         groups: the ranks of the world grouped by the local shapes of their shards (one group
             when every split is even; `spmd.inspector._dtensor.shards`), if asked for, else ().
         end: how the script ended (`spmd.inspector._runner.ScriptEnd`).
+        issued: every collective the rank issued in the whole run, in order (to compare with
+            other ranks': `spmd.inspector._dtensor.agreement`).
+        compiled: ``{'script.py:12': calls}``: where the script called ``torch.compile``, which
+            the dry run runs eagerly (`spmd.inspector._dtensor.eager`).
     """
 
     rank: int
@@ -69,6 +75,8 @@ class RankRun:
     fsdp: bool = False
     groups: tuple[tuple[int, ...], ...] = ()
     end: ScriptEnd = ScriptEnd()
+    issued: tuple[Issued, ...] = ()
+    compiled: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -159,16 +167,19 @@ def _collective_lines(s: StepRecord, max_collectives: int) -> list[str]:
 
 
 @contextmanager
-def _dry_world(world: int, rank: int, recorder: Recorder, placeholders: Placeholders, group_ranks: bool,
-               shapes: list[ShardShapes | None]) -> Iterator[None]:  # fmt: skip
+def _dry_world(world: int, rank: int, recorder: Recorder, placeholders: Placeholders, log: CollectiveLog,
+               eager: RunEagerly, group_ranks: bool, shapes: list[ShardShapes | None]) -> Iterator[None]:  # fmt: skip
     """The world the script runs in: the fake process group, fake tensors, placeholders for the
-    values it reads, the shapes of its shards (noted in ``shapes``) and the recorder."""
+    values it reads, the log of its collectives, ``torch.compile`` run eagerly, the shapes of its
+    shards (noted in ``shapes``) and the recorder."""
     from spmd._util.torch_compat import FakeTensorMode
 
     with ExitStack() as stack:
         stack.enter_context(fake_world(world, rank))
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(placeholders)
+        stack.enter_context(log)
+        stack.enter_context(eager)
         shapes.append(stack.enter_context(noting_shard_shapes(group_ranks)))
         stack.enter_context(recorder)
         yield
@@ -181,9 +192,10 @@ def run_rank(
     ``group_ranks``: also group the world's ranks by the shapes of their shards."""
     started = time.perf_counter()
     recorder = Recorder(steps)
-    placeholders = Placeholders()
+    placeholders, log, eager = Placeholders(), CollectiveLog(), RunEagerly()
     shapes: list[ShardShapes | None] = []
-    end = run_script(script, script_args, _dry_world(world, rank, recorder, placeholders, group_ranks, shapes))
+    around = _dry_world(world, rank, recorder, placeholders, log, eager, group_ranks, shapes)
+    end = run_script(script, script_args, around)
     failure, line = end.failure, end.line
     groups = shapes[0].groups(world) if shapes and shapes[0] is not None and not failure else ()
     if not failure and not recorder.steps:
@@ -201,4 +213,6 @@ def run_rank(
         recorder.fsdp,
         groups,
         end,
+        tuple(log.issued),
+        dict(eager.lines),
     )

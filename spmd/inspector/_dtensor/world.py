@@ -10,6 +10,12 @@ group, in one process, with no devices.
 - Device meshes are built outside the fake tensor mode: a mesh's rank ids are topology that
   ``DeviceMesh`` reads back (``tolist``), not data a rank holds, and a fake tensor has no values.
 - ``model.to(device)`` works on a model built in the mode (`_swap_fake`).
+- A ``DataLoader``'s workers run in this process (`_loader_in_process`): a worker is a process of
+  its own, which would get the fake tensors pickled (refused: a meta tensor's storage set to
+  CPU's) and not the fake world. The batches are the same; ``worker_init_fn`` does not run and
+  ``get_worker_info()`` is None, as with ``num_workers=0``.
+- ``cpu:0`` is ``cpu``, as for real tensors (`_cpu_without_index`): the fake mode keeps the index,
+  and then refuses ``cpu`` and ``cpu:0`` in one op (the Trainer puts its batches on ``cpu:0``).
 """
 
 from __future__ import annotations
@@ -158,6 +164,55 @@ def _forget_in_fake_memo(tensor: Any) -> None:
             del memo[key]
 
 
+def _loader_in_process(original: Any) -> Any:
+    """``DataLoader._get_iterator`` that iterates in this process whatever its ``num_workers``
+    (the loader's own single-process iterator, made while the loader reads as one without
+    workers: it checks ``num_workers`` and ``timeout`` are 0). The iterator draws a seed for its
+    workers as it is made (``.item()`` of a random tensor): drawn real, it is no read of the
+    script's."""
+
+    @functools.wraps(original)
+    def get_iterator(loader: Any) -> Any:
+        from spmd._util.torch_compat import SingleProcessDataLoaderIter, unset_fake_temporarily
+
+        saved = loader.num_workers, loader.timeout
+        object.__setattr__(loader, "num_workers", 0)
+        object.__setattr__(loader, "timeout", 0)
+        try:
+            with unset_fake_temporarily():  # the iterator draws its workers' seed: a real value
+                return SingleProcessDataLoaderIter(loader)
+        finally:
+            object.__setattr__(loader, "num_workers", saved[0])
+            object.__setattr__(loader, "timeout", saved[1])
+
+    return get_iterator
+
+
+def _cpu_without_index(original: Any) -> Any:
+    """``FakeTensor._normalize_fake_device`` that drops a CPU device's index, as a real CPU tensor
+    does (``torch.zeros(1, device="cpu:0").device`` is ``cpu``)."""
+
+    @functools.wraps(original)
+    def normalize(device: Any) -> Any:
+        device = original(device)
+        if device.type == "cpu" and device.index is not None:
+            import torch
+
+            return torch.device("cpu")
+        return device
+
+    return normalize
+
+
+def _fake_device_patches() -> list[tuple[Any, str, Any]]:
+    from spmd._util.torch_compat import FakeTensor
+
+    found = FakeTensor.__dict__.get("_normalize_fake_device")
+    if not isinstance(found, staticmethod):
+        return []
+    return [(FakeTensor, "_normalize_fake_device", staticmethod(_cpu_without_index(found.__func__)))]
+
+
 def _fsdp_patches() -> list[tuple[Any, str, Any]]:
     """`_chunk_with_empty` where FSDP2 looks it up (each module imported it by name)."""
     import importlib
@@ -201,7 +256,10 @@ def _patches() -> list[tuple[Any, str, Any]]:
             found.append((mesh_class, name, staticmethod(_real_tensors(static.__func__))))
         elif static is not None:
             found.append((mesh_class, name, _real_tensors(static)))
-    return found + _fsdp_patches()
+    from torch.utils.data import DataLoader
+
+    found.append((DataLoader, "_get_iterator", _loader_in_process(DataLoader._get_iterator)))
+    return found + _fsdp_patches() + _fake_device_patches()
 
 
 @contextmanager

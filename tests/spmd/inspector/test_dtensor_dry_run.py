@@ -11,6 +11,7 @@ pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
 
 from spmd.inspector._dtensor_report import _step_dict  # noqa: E402
 from spmd.inspector._dtensor_run import run_rank  # noqa: E402
+from tests.spmd.inspector.dry_scripts import line_of, write_script  # noqa: E402
 from tests.torchrun import ROOT, torchrun  # noqa: E402
 
 WORLD, STEPS = 4, 2
@@ -118,3 +119,26 @@ def test_item_gets_a_placeholder_and_the_line_is_listed():
     assert not dry.failure
     line = BARE.read_text().splitlines().index('            print(f"step {step} loss {loss.item():.4f}")') + 1
     assert dry.placeholders == {f"{BARE}:{line}": 1}
+
+
+def test_printing_a_tensor_is_listed_among_the_value_reads(tmp_path):
+    """``print(loss)``, ``str``, f-strings with and without a format, ``tolist`` and ``item``: each
+    reads the loss's value, which a dry run does not have; each line is listed once per step."""
+    reads = ["print(loss)", "text = str(loss)", 'text = f"{loss}"', 'text = f"{loss:.4f}"', "loss.tolist()"]
+    script = write_script(tmp_path, "prints.py", inside="\n".join(reads))
+    dry = run_rank(script, [], world=WORLD, rank=0, steps=STEPS)
+    assert not dry.failure, dry.failure
+    assert dry.placeholders == {line_of(script, read): STEPS for read in reads}
+
+
+def test_training_in_a_thread_is_said_to_be_beyond_the_dry_run(tmp_path):
+    """Fake tensors and the tracker are per thread: a loop in a thread of its own is refused by
+    name, not half followed (it ran on real tensors, untracked, and ended with exit 0)."""
+    main = (
+        "import threading\nt = threading.Thread(target=train, args=(batches(),), name='trainer')\nt.start()\nt.join()"
+    )
+    script = write_script(tmp_path, "threaded.py", main=main)
+    dry = run_rank(script, [], world=WORLD, rank=0, steps=STEPS)
+    assert dry.end.exit_code == 1 and dry.failing_line == line_of(script, "loss = model(x).pow(2).mean()")
+    assert dry.failure.startswith("a thread of the script (trainer) died with ThreadNotFollowedError: ")
+    assert "run the training loop in the script's main thread" in dry.failure

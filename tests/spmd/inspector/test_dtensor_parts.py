@@ -120,3 +120,16 @@ def test_a_device_meshs_ranks_read_back_real_in_the_fake_world():
         fake_value = torch.ones(2).sum().item()  # a fake tensor's value: a placeholder, listed
     assert ours.device_ids.tolist() == [3, 2, 1, 0] and dict(ours.shape()) == {"a": 2, "b": 2}
     assert fake_value == 0.0 and sum(placeholders.lines.values()) == 1
+
+
+def test_cpu_0_is_cpu_in_the_fake_world():
+    """A real CPU tensor drops the index (the Trainer moves batches to ``cpu:0``); the fake mode
+    kept it and refused ``cpu`` and ``cpu:0`` in one op."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from spmd.inspector._dtensor.world import fake_world
+
+    with fake_world(2, 0), FakeTensorMode(allow_non_fake_inputs=True):
+        total = torch.zeros(2) + torch.zeros(2).to("cpu:0")
+    assert total.device == torch.device("cpu")

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
 
 from spmd.inspector._dtensor_run import run_rank  # noqa: E402
+from tests.spmd.inspector.dry_scripts import write_script  # noqa: E402
 from tests.torchrun import ROOT  # noqa: E402
 
 TP = ROOT / "tests" / "data" / "tensor_parallel.py"
@@ -79,3 +80,75 @@ def test_our_examples_without_fully_shard(script, args, groups):
     assert run.steps[-1].category_max["optimizer_state"] > 0
     # The only values read are the script's own (its logged loss), not spmd's checks or meshes.
     assert all(line.startswith(f"{path}:") for line in run.placeholders), run.placeholders
+
+
+def test_the_hugging_face_trainer_example():
+    """examples/hf_trainer_fsdp.py as it is: deferred init under the fake mode (a parameter is
+    the fake tensor itself) and the Trainer's batches on ``cpu:0`` (the fake mode kept the index
+    and refused ``cpu`` with ``cpu:0``) ended it in raw tracebacks from inside torch."""
+    pytest.importorskip("transformers")
+    run = run_rank(ROOT / "examples" / "hf_trainer_fsdp.py", [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp and run.root == "GPT2LMHeadModel"
+    assert {c.op for c in run.steps[-1].collectives} >= {"all-gather", "reduce-scatter"}
+
+
+def test_a_fully_shard_model_called_under_no_grad_before_its_optimizer(tmp_path):
+    """An evaluation before the optimizer is built: the tracker cannot start inside the call of
+    a ``fully_shard``-ed module (it re-registers the hooks the call has read), and ended the run
+    in a TypeError from inside FSDP."""
+    script = write_script(tmp_path, "evaluates_first.py", before="with torch.no_grad():\n    model(torch.randn(8, 16))")
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    # FSDP leaves the root's weights gathered after a forward (no reshard after the root's), so
+    # the first training step gathers nothing, as in a real run; the next one gathers again.
+    assert [[c.op for c in s.collectives] for s in run.steps] == [["reduce-scatter"], ["all-gather", "reduce-scatter"]]
+
+
+def test_a_fully_shard_model_trained_without_an_optimizer(tmp_path):
+    """No optimizer: followed from the end of its first backward (a step ends at backward)."""
+    update = "with torch.no_grad():\n    for p in model.parameters():\n        p.sub_(p.grad)\nmodel.zero_grad()"
+    script = write_script(tmp_path, "by_hand.py", inside=update)
+    text = script.read_text().replace("optimizer = torch.optim.AdamW(model.parameters())\n", "")
+    script.write_text(text.replace("        optimizer.step()\n        optimizer.zero_grad()\n", ""))
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    assert all([c.op for c in s.collectives] == ["all-gather", "reduce-scatter"] for s in run.steps)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param({"before": "model = torch.compile(model)"}, id="compiled-module"),
+        pytest.param({"main": "torch.compile(train)(batches())"}, id="compiled-step"),
+    ],
+)
+def test_a_compiled_model_or_step_runs_eagerly_and_says_so(tmp_path, where):
+    """``torch.compile(model)`` of a ``fully_shard``-ed model ended the run in an AssertionError
+    from inside torch's memory tracker; it now runs eagerly, and the report says where."""
+    from spmd.inspector.checks import dry_run_issues
+
+    script = write_script(tmp_path, "compiled.py", **where)
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True] and run.fsdp
+    assert all([c.op for c in s.collectives] == ["all-gather", "reduce-scatter"] for s in run.steps)
+    line = next(f"{script}:{n}" for n, text in enumerate(script.read_text().splitlines(), 1) if "torch.compile" in text)
+    assert run.compiled == {line: 1}
+    (finding,) = [f for f in dry_run_issues(run) if f.code.value == "compiled-eagerly"]
+    assert finding.message.startswith(f"{line} calls torch.compile (1 time(s)): the dry run ran it eagerly")
+
+
+def test_a_data_loader_with_worker_processes(tmp_path):
+    """Its workers run in this process: as processes they got the fake tensors pickled and ended
+    the run in a RuntimeError from inside torch (a meta tensor's storage set to a CPU one)."""
+    before = "data = torch.utils.data.TensorDataset(torch.randn(64, 16))"
+    main = "loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)\ntrain(x for (x,) in loader)"
+    script = write_script(tmp_path, "loads.py", before=before, main=main)
+    run = run_rank(script, [], world=4, rank=0, steps=2)
+    assert not run.failure, f"{run.failure} at {run.failing_line}"
+    assert [s.complete for s in run.steps] == [True, True]
+    assert run.steps[-1].category_max["inputs"] == 8 * 16 * 4  # the loader's batch of 8 rows reached the model
+    assert run.placeholders == {}  # the iterator's seed for its workers is no read of the script's
