@@ -1,0 +1,175 @@
+"""Healing HSDP: two replica groups of two ranks train one model, and a lost rank costs only its
+group a restart: the other group goes on, and the restarted group fetches the weights and the
+optimizer state from it (torchft; docs/reliability.md).
+
+    python -m fsdp_xla.ft run --groups 2 --nproc-per-group 2 examples/train_heal.py --steps 300
+    python examples/train_heal.py --steps 300             # the same: starts the lighthouse and groups
+    torchrun --nproc_per_node 4 examples/train_heal.py --plain   # plain HSDP (data 2 x fsdp 2), no torchft
+
+Each group is a torchrun job whose ranks are FSDP's shard axis (``fsdp``); the replicate axis is
+the `fsdp_xla.ft.ReplicaGroup`, torchft's managed process group over the live groups. The task is
+a student MLP fitting a fixed random teacher on fresh samples each step; the samples of a step
+depend on (step, replica group, shard rank) only, so runs with and without failures see the same
+data at the same step. ``--records DIR`` writes one JSON line per step and rank (for
+benchmarks/chaos_heal.py and tests/fsdp_xla/test_heal.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fsdp_xla import FSDP, transformer_auto_wrap_policy
+from mesh import ParallelDims
+
+D, HIDDEN, BLOCKS, BATCH, LR = 64, 256, 4, 32, 2e-3
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(D, HIDDEN), torch.nn.Linear(HIDDEN, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Student(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.head = torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def batch(seed: int, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples of data-parallel part ``part`` at ``step``, and the teacher's targets."""
+    teacher = torch.Generator().manual_seed(seed)
+    a = torch.randn(D, HIDDEN, generator=teacher) / D**0.5
+    b = torch.randn(HIDDEN, D, generator=teacher) / HIDDEN**0.5
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + part)
+    x = torch.randn(BATCH, D, generator=g)
+    return x, torch.tanh(x @ a) @ b
+
+
+def digest(model: torch.nn.Module) -> str:
+    """This rank's shards of the weights, hashed: equal on the same rank of every replica group."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().to_local().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain", action="store_true", help="plain HSDP over all ranks, no torchft")
+    parser.add_argument("--groups", type=int, default=2, help="replica groups (--plain: the data axis)")
+    parser.add_argument("--records", type=Path, help="directory for one JSON line per step and rank")
+    parser.add_argument("--digest", action="store_true", help="record a hash of the weight shards each step")
+    parser.add_argument("--heartbeat-timeout", type=float, default=2.0, help="the lighthouse's, when started here")
+    parser.add_argument("--timeout", type=float, default=10.0, help="cross-group collective timeout (s)")
+    parser.add_argument(
+        "--min-step-seconds", type=float, default=0.0, help="pad each step to this long: a larger model's compute"
+    )
+    return parser.parse_args(argv)
+
+
+class Recorder:
+    """One JSON line per event to ``DIR/replica{r}-rank{k}.jsonl``, appended across restarts."""
+
+    def __init__(self, root: Path | None, replica: int, rank: int) -> None:
+        self.file = None
+        self.base = {"replica": replica, "rank": rank, "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+            self.file = open(root / f"replica{replica}-rank{rank}.jsonl", "a")  # noqa: SIM115
+
+    def __call__(self, **fields: object) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps({**self.base, **fields}) + "\n")
+            self.file.flush()
+
+
+def build(args: argparse.Namespace, replicate_axis: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(args.seed)  # every rank of every group starts from the same weights
+    student = Student()
+    if args.plain:
+        mesh = ParallelDims(data=args.groups, fsdp=dist.get_world_size() // args.groups).mesh()
+    else:
+        mesh = ParallelDims(fsdp=dist.get_world_size()).mesh()
+    policy = transformer_auto_wrap_policy({Block})
+    model = FSDP(student, mesh=mesh, auto_wrap_policy=policy, replicate_axis=replicate_axis)
+    return model, torch.optim.AdamW(model.parameters(), lr=LR)
+
+
+def train_step(model, optimizer, x, y) -> float:
+    optimizer.zero_grad()  # healing: joins this step's quorum
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()  # gradients: reduce-scatter in the group, then all-reduce across the replicas
+    optimizer.step()  # healing: updates only if every live group committed the step
+    return loss.item()
+
+
+def run_plain(args: argparse.Namespace, record: Recorder) -> None:
+    model, optimizer = build(args, None)
+    for step in range(args.steps):
+        t0 = time.time()
+        loss = train_step(model, optimizer, *batch(args.seed, step, dist.get_rank()))
+        record(step=step, committed=True, participants=args.groups, loss=loss, t0=t0, t1=time.time())
+
+
+def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> None:
+    from fsdp_xla import ft
+
+    group = ft.ReplicaGroup(lighthouse=os.environ["TORCHFT_LIGHTHOUSE"], replica_id=replica, timeout=args.timeout)
+    model, optimizer = build(args, group)
+    optimizer = group.optimizer(optimizer, model)
+    part = replica * dist.get_world_size() + dist.get_rank()
+    try:
+        while (step := group.step) < args.steps:
+            t0 = time.time()
+            loss = train_step(model, optimizer, *batch(args.seed, step, part))
+            time.sleep(max(0.0, t0 + args.min_step_seconds - time.time()))
+            fields = {"participants": group.participants, "healing": not group.is_participating()}
+            fields["digest"] = digest(model) if args.digest else None
+            record(step=step, committed=group.step > step, loss=loss, t0=t0, t1=time.time(), **fields)
+    finally:
+        group.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    if "WORLD_SIZE" not in os.environ:  # a plain `python examples/train_heal.py`: start the whole run
+        command = [sys.executable, "-m", "fsdp_xla.ft", "run", "--groups", str(args.groups)]
+        command += ["--heartbeat-timeout", str(args.heartbeat_timeout), __file__, *(argv or sys.argv[1:])]
+        return subprocess.call(command)
+    dist.init_process_group("gloo")
+    replica = 0 if args.plain else int(os.environ["REPLICA_GROUP_ID"])
+    record = Recorder(args.records, replica, dist.get_rank())
+    record(event="start", pid=os.getpid(), t=time.time())
+    if args.plain:
+        run_plain(args, record)
+    else:
+        run_healing(args, record, replica)
+    record(event="done", t=time.time())
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
