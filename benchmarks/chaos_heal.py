@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,32 +72,66 @@ class Killer(threading.Thread):
         self.random, self.events, self.done = random.Random(seed), [], threading.Event()
 
     def _state(self) -> tuple[int, bool, dict]:
-        """(highest committed step, every group at full strength since the last kill, pids)."""
+        """(highest committed step, healed: every rank of the last killed group committed a step
+        in a newer attempt with every group taking part, {(group, rank): (attempt, pid)})."""
         records = read_records(self.out)
-        pids = {(r["replica"], r["rank"]): r["pid"] for r in records if r.get("event") == "start"}
+        latest: dict[tuple[int, int], tuple[int, int]] = {}
+        for r in records:
+            if r.get("event") == "start":
+                key = (r["replica"], r["rank"])
+                latest[key] = max(latest.get(key, (-1, 0)), (r["attempt"], r["pid"]))
         committed = [r for r in steps_of(records) if r["committed"]]
-        last = self.events[-1]["time"] if self.events else 0.0
-        healed = all(
-            any(
-                r["replica"] == g and r["t1"] > last and r["participants"] == GROUPS and not r["healing"]
+        healed = True
+        if self.events:
+            kill = self.events[-1]
+            back = {
+                r["rank"]
                 for r in committed
-            )
-            for g in range(GROUPS)
-        )
-        return max((r["step"] for r in committed), default=-1), healed, pids
+                if r["replica"] == kill["replica"]
+                and r["attempt"] > kill["attempt"]
+                and r["participants"] == GROUPS
+                and not r["healing"]
+            }
+            healed = len(back) == NPROC
+        return max((r["step"] for r in committed), default=-1), healed, latest
 
     def run(self) -> None:
         target = self.random.randint(*self.gaps)
         while not self.done.is_set() and len(self.events) < self.kills:
-            step, healed, pids = self._state()
+            step, healed, latest = self._state()
             if step >= self.steps - self.tail:
                 return
-            if step >= target and healed:
+            if step >= target and healed and len(latest) == GROUPS * NPROC:
                 victim = (self.random.randrange(GROUPS), self.random.randrange(NPROC))
-                os.kill(pids[victim], 9)
-                self.events.append({"time": time.time(), "step": step, "replica": victim[0], "rank": victim[1]})
+                attempt, pid = latest[victim]
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # its group is restarting after all: choose again
+                    continue
+                kill = {"time": time.time(), "step": step, "replica": victim[0], "rank": victim[1], "attempt": attempt}
+                self.events.append(kill)
                 target = step + self.random.randint(*self.gaps)
             time.sleep(0.05)
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL ``process`` and every process below it (torchrun starts its workers in sessions
+    of their own, so killing torchrun alone leaves them running)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    todo, found = [process.pid], []
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_healing(out: Path, steps: int, args: argparse.Namespace, killer: Killer | None) -> float:
@@ -127,7 +162,7 @@ def run_healing(out: Path, steps: int, args: argparse.Namespace, killer: Killer 
                 killer.done.set()
             for g in groups:
                 if g.poll() is None:
-                    g.kill()
+                    kill_tree(g)
     if any(codes):
         raise RuntimeError(f"a replica group failed ({codes}); see {out}/group*.log")
     return time.time() - start
@@ -162,16 +197,17 @@ def losses(records: list[dict]) -> dict[tuple[int, int], float]:
 
 
 def heals(records: list[dict], kills: list[dict]) -> list[dict]:
-    """Per kill: the killed group's first committed step in a newer incarnation, and how long after
-    the kill it ended (both ranks; ``None`` if it never came)."""
+    """Per kill: when every rank of the killed group had committed a step in a newer attempt
+    (after fetching the weights and optimizer state from the live group), how long after the kill
+    that was, and at which step (``healed`` False if it never came)."""
     found = []
     for kill in kills:
-        before = max(
-            r["attempt"] for r in steps_of(records) if r["replica"] == kill["replica"] and r["t1"] < kill["time"]
-        )
-        first = {}
+        first: dict[int, dict] = {}
         for r in steps_of(records):
-            if r["replica"] == kill["replica"] and r["attempt"] > before and r["committed"]:
+            back = r["replica"] == kill["replica"] and r["attempt"] > kill["attempt"] and r["committed"]
+            # with every group again, and at the live group's step: a group that found no peer and
+            # started over from step 0 has not healed
+            if back and r["participants"] == GROUPS and r["step"] >= kill["step"]:
                 first[r["rank"]] = min(first.get(r["rank"], r), r, key=lambda x: x["t1"])
         done = len(first) == NPROC
         found.append(
@@ -180,7 +216,6 @@ def heals(records: list[dict], kills: list[dict]) -> list[dict]:
                 "healed": done,
                 "seconds": max(r["t1"] for r in first.values()) - kill["time"] if done else None,
                 "at_step": min(r["step"] for r in first.values()) if done else None,
-                "new_attempt": min(r["attempt"] for r in first.values()) if done else None,
             }
         )
     return found
@@ -251,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--kills", type=int, default=100, help="at most this many kills")
     parser.add_argument("--gap", type=int, nargs=2, default=(20, 40), help="steps between kills: min max")
-    parser.add_argument("--quiet-tail", type=int, default=40, help="no kill in the last this many steps")
+    parser.add_argument("--quiet-tail", type=int, default=30, help="no kill in the last this many steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heartbeat-timeout", type=float, default=2.0, help="the lighthouse's (s)")
     parser.add_argument("--timeout", type=float, default=10.0, help="cross-group collective timeout (s)")
@@ -259,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-step-seconds",
         type=float,
-        default=0.5,
+        default=1.0,
         help="chaos run only: pad each step to this long (a larger model's step; a restart takes seconds)",
     )
     parser.add_argument("--run-timeout", type=float, default=1800.0)
@@ -276,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summary))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=1))
+        partial = args.json.with_name(args.json.name + ".partial")
+        partial.write_text(json.dumps(summary, indent=1))
+        os.replace(partial, args.json)  # whole or not at all
     return 0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import spmd
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
 from mesh import ParallelDims
 
@@ -63,6 +64,29 @@ def batch(seed: int, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + part)
     x = torch.randn(BATCH, D, generator=g)
     return x, torch.tanh(x @ a) @ b
+
+
+def reference_losses(steps: int, seed: int = 0, parts: int = 4) -> list[float]:
+    """The failure-free run in one process, no FSDP: each step's loss averaged over the ``parts``
+    data-parallel parts (2 groups x 2 ranks), and one AdamW step on the gradient of that average,
+    which is what HSDP's reduce-scatter and cross-group all-reduce compute."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (torchrun's OMP_NUM_THREADS=1); 10x faster on a busy host
+    try:
+        torch.manual_seed(seed)
+        model = Student()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        found = []
+        for step in range(steps):
+            parts_of_step = (batch(seed, step, p) for p in range(parts))
+            loss = torch.stack([torch.nn.functional.mse_loss(model(x), y) for x, y in parts_of_step]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            found.append(loss.item())
+        return found
+    finally:
+        torch.set_num_threads(threads)
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -136,7 +160,10 @@ def run_plain(args: argparse.Namespace, record: Recorder) -> None:
 def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> None:
     from fsdp_xla import ft
 
-    group = ft.ReplicaGroup(lighthouse=os.environ["TORCHFT_LIGHTHOUSE"], replica_id=replica, timeout=args.timeout)
+    # init_sync off: every group builds the same weights from --seed, so step 0 averages all of them
+    # (with it on, the groups but one take the first's weights at step 0 and add no gradient to it).
+    lighthouse = os.environ["TORCHFT_LIGHTHOUSE"]
+    group = ft.ReplicaGroup(lighthouse=lighthouse, replica_id=replica, timeout=args.timeout, init_sync=False)
     model, optimizer = build(args, group)
     optimizer = group.optimizer(optimizer, model)
     part = replica * dist.get_world_size() + dist.get_rank()
@@ -147,7 +174,11 @@ def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> Non
             time.sleep(max(0.0, t0 + args.min_step_seconds - time.time()))
             fields = {"participants": group.participants, "healing": not group.is_participating()}
             fields["digest"] = digest(model) if args.digest else None
-            record(step=step, committed=group.step > step, loss=loss, t0=t0, t1=time.time(), **fields)
+            # a replacement's first step starts at 0 and ends at the live group's step (it healed
+            # in between): the step committed is the one before the count's new value
+            committed = group.step > step
+            step = group.step - 1 if committed else step
+            record(step=step, committed=committed, loss=loss, t0=t0, t1=time.time(), **fields)
     finally:
         group.shutdown()
 
@@ -158,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "fsdp_xla.ft", "run", "--groups", str(args.groups)]
         command += ["--heartbeat-timeout", str(args.heartbeat_timeout), __file__, *(argv or sys.argv[1:])]
         return subprocess.call(command)
-    dist.init_process_group("gloo")
+    spmd.init_process_group("gloo", timeout=60)  # a prefix per torchrun attempt: restarts can rendezvous
     replica = 0 if args.plain else int(os.environ["REPLICA_GROUP_ID"])
     record = Recorder(args.records, replica, dist.get_rank())
     record(event="start", pid=os.getpid(), t=time.time())

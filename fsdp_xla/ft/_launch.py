@@ -49,6 +49,10 @@ def launch_groups(
     for group in range(groups):
         child = dict(os.environ if env is None else env)
         child[LIGHTHOUSE_ENV], child[REPLICA_ID_ENV] = lighthouse, str(group)
+        # A new rendezvous store per restart: torchrun's shared one keeps the dead attempt's gloo
+        # addresses, and a restarted group's plain dist.init_process_group reads them ("connectFullMesh
+        # failed ... Connection refused"; spmd.init_process_group avoids it the other way).
+        child.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
         # --monitor-interval: torchrun notices a dead worker (and restarts the group) this fast.
         command += [str(nproc_per_group), "--max-restarts", str(max_restarts), "--monitor-interval", "0.2"]
