@@ -134,12 +134,15 @@ def kill_tree(process: subprocess.Popen) -> None:
             pass
 
 
-def run_healing(out: Path, steps: int, args: argparse.Namespace, killer: Killer | None) -> float:
-    """Run 2 or 3 (with ``killer``); returns its wall time in seconds."""
+def run_healing(
+    out: Path, steps: int, args: argparse.Namespace, killer: Killer | None, more: tuple[str, ...] = ()
+) -> float:
+    """Run 2 or 3 (with ``killer``; ``more``: more arguments of examples/train_heal.py); returns
+    its wall time in seconds."""
     from fsdp_xla import ft
 
     out.mkdir(parents=True, exist_ok=True)
-    train = ["--steps", str(steps), "--records", str(out), "--timeout", str(args.timeout)]
+    train = ["--steps", str(steps), "--records", str(out), "--timeout", str(args.timeout), *more]
     train += ["--digest", "--min-step-seconds", str(args.min_step_seconds)] if killer is not None else []
     start = time.time()
     with ft.Lighthouse(min_replicas=1, bind="[::]:0", heartbeat_timeout=args.heartbeat_timeout) as lighthouse:
@@ -168,11 +171,11 @@ def run_healing(out: Path, steps: int, args: argparse.Namespace, killer: Killer 
     return time.time() - start
 
 
-def run_plain(out: Path, steps: int, args: argparse.Namespace) -> float:
+def run_plain(out: Path, steps: int, args: argparse.Namespace, more: tuple[str, ...] = ()) -> float:
     """Run 1: plain HSDP on 4 ranks, no torchft; returns its wall time in seconds."""
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(GROUPS * NPROC)]
-    command += [str(SCRIPT), "--plain", "--groups", str(GROUPS), "--steps", str(steps), "--records", str(out)]
+    command += [str(SCRIPT), "--plain", "--groups", str(GROUPS), "--steps", str(steps), "--records", str(out), *more]
     start = time.time()
     with open(out / "plain.log", "w") as log:
         subprocess.run(
@@ -269,6 +272,17 @@ def summarize(plain: list[dict], clean: list[dict], chaos: list[dict], kills: li
     }
 
 
+def overhead_wide(args: argparse.Namespace) -> dict:
+    """The overhead again with a wider student (a longer step, as a real model's)."""
+    plain, healing = (median_step_time(read_records(args.out / n)) for n in ("plain_wide", "failure_free_wide"))
+    return {
+        "wide_hidden": args.overhead_hidden,
+        "wide_step_seconds_plain_hsdp": plain,
+        "wide_step_seconds_torchft": healing,
+        "wide_torchft_overhead_ratio": healing / plain,
+    }
+
+
 def table(summary: dict) -> str:
     rows = [(k, v) for k, v in summary.items() if k != "heal_events"]
     width = max(len(k) for k, _ in rows)
@@ -297,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="chaos run only: pad each step to this long (a larger model's step; a restart takes seconds)",
     )
+    parser.add_argument("--overhead-hidden", type=int, default=4096, help="the wider student's width")
+    parser.add_argument("--overhead-steps", type=int, default=60, help="steps of each wide run")
     parser.add_argument("--run-timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path, default=Path("runs/chaos_heal"))
     parser.add_argument("--json", type=Path)
@@ -304,10 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse in this process: one line per quorum otherwise
     walls = {"plain": run_plain(args.out / "plain", args.steps, args)}
     walls["failure_free"] = run_healing(args.out / "failure_free", args.steps, args, None)
+    wide = ("--hidden", str(args.overhead_hidden))
+    walls["plain_wide"] = run_plain(args.out / "plain_wide", args.overhead_steps, args, wide)
+    walls["failure_free_wide"] = run_healing(args.out / "failure_free_wide", args.overhead_steps, args, None, wide)
     killer = Killer(args.out / "chaos", args.steps, tuple(args.gap), args.kills, args.quiet_tail, args.seed)
     walls["chaos"] = run_healing(args.out / "chaos", args.steps, args, killer)
     runs = [read_records(args.out / name) for name in ("plain", "failure_free", "chaos")]
-    summary = {**summarize(*runs, killer.events), "wall_seconds": walls, "steps": args.steps}
+    summary = {**summarize(*runs, killer.events), **overhead_wide(args), "wall_seconds": walls, "steps": args.steps}
     print(table(summary))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

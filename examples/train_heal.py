@@ -30,24 +30,25 @@ import torch.distributed as dist
 
 import spmd
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
+from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded
 from mesh import ParallelDims
 
 D, HIDDEN, BLOCKS, BATCH, LR = 64, 256, 4, 32, 2e-3
 
 
 class Block(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN) -> None:
         super().__init__()
-        self.up, self.down = torch.nn.Linear(D, HIDDEN), torch.nn.Linear(HIDDEN, D)
+        self.up, self.down = torch.nn.Linear(D, hidden), torch.nn.Linear(hidden, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(torch.nn.functional.gelu(self.up(x)))
 
 
 class Student(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN) -> None:
         super().__init__()
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.blocks = torch.nn.ModuleList(Block(hidden) for _ in range(BLOCKS))
         self.head = torch.nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,18 +98,39 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=positive, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plain", action="store_true", help="plain HSDP over all ranks, no torchft")
-    parser.add_argument("--groups", type=int, default=2, help="replica groups (--plain: the data axis)")
+    parser.add_argument("--groups", type=positive, default=2, help="replica groups (--plain: the data axis)")
     parser.add_argument("--records", type=Path, help="directory for one JSON line per step and rank")
-    parser.add_argument("--digest", action="store_true", help="record a hash of the weight shards each step")
-    parser.add_argument("--heartbeat-timeout", type=float, default=2.0, help="the lighthouse's, when started here")
-    parser.add_argument("--timeout", type=float, default=10.0, help="cross-group collective timeout (s)")
     parser.add_argument(
-        "--min-step-seconds", type=float, default=0.0, help="pad each step to this long: a larger model's compute"
+        "--checkpoint", type=Path, help="the fallback: each group saves to DIR/group<i>, resumes from it"
+    )
+    parser.add_argument("--save-every", type=positive, default=50, help="steps between checkpoints")
+    parser.add_argument("--hidden", type=positive, default=HIDDEN, help="the student's width (a longer step)")
+    parser.add_argument("--digest", action="store_true", help="record a hash of the weight shards each step")
+    parser.add_argument("--heartbeat-timeout", type=seconds, default=2.0, help="the lighthouse's, when started here")
+    parser.add_argument("--timeout", type=seconds, default=10.0, help="cross-group collective timeout (s)")
+    parser.add_argument(
+        "--min-step-seconds", type=seconds, default=0.0, help="pad each step to this long: a larger model's compute"
     )
     return parser.parse_args(argv)
 
@@ -131,7 +153,7 @@ class Recorder:
 
 def build(args: argparse.Namespace, replicate_axis: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(args.seed)  # every rank of every group starts from the same weights
-    student = Student()
+    student = Student(args.hidden)
     if args.plain:
         mesh = ParallelDims(data=args.groups, fsdp=dist.get_world_size() // args.groups).mesh()
     else:
@@ -164,8 +186,11 @@ def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> Non
     # (with it on, the groups but one take the first's weights at step 0 and add no gradient to it).
     lighthouse = os.environ["TORCHFT_LIGHTHOUSE"]
     group = ft.ReplicaGroup(lighthouse=lighthouse, replica_id=replica, timeout=args.timeout, init_sync=False)
-    model, optimizer = build(args, group)
-    optimizer = group.optimizer(optimizer, model)
+    model, inner = build(args, group)
+    saves = args.checkpoint / f"group{replica}" if args.checkpoint is not None else None
+    if saves is not None and has_checkpoint(saves):  # the fallback: every group was lost at once
+        group.load_state_dict(load_sharded(saves, model, inner)["replicas"])
+    optimizer = group.optimizer(inner, model)
     part = replica * dist.get_world_size() + dist.get_rank()
     try:
         while (step := group.step) < args.steps:
@@ -179,6 +204,8 @@ def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> Non
             committed = group.step > step
             step = group.step - 1 if committed else step
             record(step=step, committed=committed, loss=loss, t0=t0, t1=time.time(), **fields)
+            if saves is not None and committed and group.step % args.save_every == 0:
+                save_sharded(saves, model, inner, extra={"replicas": group.state_dict()})
     finally:
         group.shutdown()
 

@@ -161,6 +161,30 @@ class ReplicaGroup(ReplicaSync):
         runs on the live peer, ``load_state_dict(state)`` on the replacement."""
         self.manager.register_state_dict_fn(key, load_state_dict, state_dict)
 
+    def state_dict(self) -> dict[str, int]:
+        """The group's step count and torchft's count of committed batches: save it with the
+        checkpoint (``save_sharded(..., extra={"replicas": group.state_dict()})``)."""
+        return {k: int(v) for k, v in self.manager.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Take a checkpoint's step count back (after ``load_sharded``), before the first step.
+
+        Our checkpoints stay the fallback: when every replica group was lost, each one resumes
+        from its own last checkpoint and the quorum takes the newest step from there (the others
+        heal from it); a group restarted beside a live one heals from that one as before.
+
+        Raises:
+            FSDPTypeError: not the dict `state_dict` returned.
+        """
+        if not isinstance(state, dict) or set(state) != {"step", "batches_committed"}:
+            raise FSDPTypeError(
+                f"ReplicaGroup.load_state_dict takes what ReplicaGroup.state_dict returned, a dict with 'step' and "
+                f"'batches_committed', got {state!r:.80}."
+            )
+        for key, value in state.items():
+            require_int(value, f"ReplicaGroup.load_state_dict: {key}", FSDPTypeError, minimum=0)
+        self.manager.load_state_dict({k: int(v) for k, v in state.items()})
+
     @property
     def step(self) -> int:
         """Steps committed so far (a replacement takes its peer's count when it heals)."""

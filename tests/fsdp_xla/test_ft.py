@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import fsdp_xla
 from fsdp_xla import (
     FaultToleranceError,
     FSDPError,
@@ -187,3 +188,12 @@ def test_a_replacement_takes_the_shards_and_optimizer_state_and_fsdp_calls_the_h
     assert result["hook_scales"]  # the hook zeroed them: the optimizer sees what the replicas made of them
     assert result["transfer"]  # the replacement's next step equals its peer's, bit for bit
     assert not result["without_optimizer"]  # the weights alone would not do: Adam's moments differ
+
+
+def test_fsdp_on_the_torch_xla_lane_refuses_a_replica_group(xla):
+    from tests.fsdp_xla.helpers import fsdp_mesh
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(FaultToleranceError, match=r"healing HSDP \(torchft\) runs on the dtensor backend only"):
+        fsdp_xla.FSDP(model, mesh=fsdp_mesh(8), replicate_axis=Sync())
+    assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in model.parameters())

@@ -80,3 +80,21 @@ def test_the_losses_are_the_failure_free_runs(chaos):
     final = statistics.fmean(v for s in range(STEPS - 10, STEPS) for v in by_step[s])
     expected = statistics.fmean(reference[-10:])
     assert abs(final - expected) <= FINAL_LOSS_TOLERANCE * expected, (final, expected)
+
+
+def test_checkpoints_stay_the_fallback_when_every_group_is_lost(tmp_path):
+    """Both groups gone (here: the run ended at step 12); started again, each resumes from its own
+    last checkpoint (step 10) with the step count, and trains on as if never stopped."""
+    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
+    args = argparse.Namespace(
+        timeout=10.0, min_step_seconds=0.0, heartbeat_timeout=2.0, max_restarts=0, run_timeout=170.0
+    )
+    saves = ("--checkpoint", str(tmp_path / "checkpoints"), "--save-every", "5")
+    bench.run_healing(tmp_path / "first", 12, args, None, saves)
+    bench.run_healing(tmp_path / "again", 16, args, None, saves)
+    records = bench.steps_of(bench.read_records(tmp_path / "again"))
+    assert sorted({r["step"] for r in records}) == list(range(10, 16))  # from the checkpoint of step 10
+    reference = _load(ROOT / "examples" / "train_heal.py", "train_heal").reference_losses(16)
+    for step in range(10, 16):
+        losses = [r["loss"] for r in records if r["step"] == step]
+        assert len(losses) == 4 and statistics.fmean(losses) == pytest.approx(reference[step], rel=1e-5), step
