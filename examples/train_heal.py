@@ -31,6 +31,7 @@ import torch.distributed as dist
 import spmd
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
 from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded
+from fsdp_xla.errors import FaultToleranceError, TorchftNotInstalledError
 from mesh import ParallelDims
 
 D, HIDDEN, BLOCKS, BATCH, LR = 64, 256, 4, 32, 2e-3
@@ -216,14 +217,27 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "fsdp_xla.ft", "run", "--groups", str(args.groups)]
         command += ["--heartbeat-timeout", str(args.heartbeat_timeout), __file__, *(argv or sys.argv[1:])]
         return subprocess.call(command)
+    missing = [k for k in ("TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID") if k not in os.environ]
+    if missing and not args.plain:
+        print(
+            f"train_heal.py: {' and '.join(missing)} not set: run `python examples/train_heal.py` (or `python -m "
+            "fsdp_xla.ft run ...`), which starts the lighthouse and the groups, or set them for each group's torchrun "
+            "(docs/reliability.md); --plain for HSDP without torchft.",
+            file=sys.stderr,
+        )
+        return 2
     spmd.init_process_group("gloo", timeout=60)  # a prefix per torchrun attempt: restarts can rendezvous
     replica = 0 if args.plain else int(os.environ["REPLICA_GROUP_ID"])
     record = Recorder(args.records, replica, dist.get_rank())
     record(event="start", pid=os.getpid(), t=time.time())
-    if args.plain:
-        run_plain(args, record)
-    else:
-        run_healing(args, record, replica)
+    try:
+        if args.plain:
+            run_plain(args, record)
+        else:
+            run_healing(args, record, replica)
+    except (TorchftNotInstalledError, FaultToleranceError) as e:  # one line, not a traceback per rank
+        print(f"train_heal.py: {e}", file=sys.stderr)
+        return 2
     record(event="done", t=time.time())
     dist.destroy_process_group()
     return 0

@@ -197,3 +197,48 @@ def test_fsdp_on_the_torch_xla_lane_refuses_a_replica_group(xla):
     with pytest.raises(FaultToleranceError, match=r"healing HSDP \(torchft\) runs on the dtensor backend only"):
         fsdp_xla.FSDP(model, mesh=fsdp_mesh(8), replicate_axis=Sync())
     assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ({"step": 3}, "a dict with 'step' and 'batches_committed', got"),
+        ([3, 6], "a dict with 'step' and 'batches_committed', got"),
+        ({"step": -1, "batches_committed": 0}, "step must be an int >= 0, got -1"),
+        ({"step": 1.5, "batches_committed": 0}, "step must be an int >= 0, got 1.5"),
+    ],
+)
+def test_a_replica_group_takes_back_only_the_step_count_it_saved(state, message):
+    group = object.__new__(ft.ReplicaGroup)  # the check comes before torchft's manager is touched
+    with pytest.raises(FSDPTypeError, match=message):
+        group.load_state_dict(state)
+
+
+@pytest.mark.skipif(HAS_TORCHFT, reason="checks a host without torchft (the torch_xla lane's venv)")
+def test_without_torchft_the_example_says_so_in_one_line(tmp_path):
+    env = child_env(xla=False)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_heal.py"), "--steps", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert len(run.stderr.strip().splitlines()) == 1 and "pip install 'xla-spmd[ft]'" in run.stderr, run.stderr
+
+
+def test_the_example_under_a_bare_torchrun_says_what_to_set(tmp_path):
+    env = {k: v for k, v in child_env(xla=False).items() if k not in ("TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID")}
+    env["WORLD_SIZE"] = "1"  # as torchrun sets it
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_heal.py"), "--steps", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID not set" in run.stderr
