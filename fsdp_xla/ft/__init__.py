@@ -8,12 +8,13 @@ rank dies, torchrun restarts its group (``--max-restarts``), and the new group f
 weights and optimizer state from a live peer, while the other groups go on training. Off unless
 used; torchft is the optional extra ``xla-spmd[ft]``. The current lane only (docs/reliability.md).
 
+    spmd.init_process_group("gloo")      # this group's ranks (a restart gets a rendezvous of its own)
     group = ft.ReplicaGroup(lighthouse=address, replica_id=i)
     model = FSDP(model, mesh=ParallelDims(fsdp=n).mesh(), replicate_axis=group, ...)
     optimizer = group.optimizer(torch.optim.AdamW(model.parameters()), model)
-    for batch in batches:
+    while group.step < steps:            # a replacement takes a live group's step when it heals
         optimizer.zero_grad()            # joins this step's quorum
-        model(batch).backward()          # reduce-scatter in the group, all-reduce across groups
+        loss_fn(model(batch(group.step))).backward()  # reduce-scatter in the group, all-reduce across
         optimizer.step()                 # only if the step committed everywhere
 """
 

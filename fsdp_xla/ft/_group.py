@@ -67,8 +67,9 @@ class ReplicaGroup(ReplicaSync):
         timeout: how long a cross-group collective, a commit or a checkpoint fetch may take before
             the step is dropped (seconds).
         quorum_timeout: how long to wait for the lighthouse's quorum (seconds).
-        init_sync: at step 0, replica groups other than the first take its weights (off only if
-            every group initializes identically, e.g. FSDP's deferred init with one ``init_seed``).
+        init_sync: at step 0, replica groups other than the first take its weights, and add no
+            gradient to that step. Turn it off when every group builds the same weights (one
+            seed, or FSDP's deferred init with one ``init_seed``): step 0 then averages them all.
         hostname: the name other hosts reach this one by.
 
     Raises:
@@ -101,8 +102,9 @@ class ReplicaGroup(ReplicaSync):
         )
         if not dist.is_initialized():
             raise FaultToleranceError(
-                "ReplicaGroup: torch.distributed is not initialized. Call dist.init_process_group(...) first (under "
-                "torchrun: one torchrun per replica group), then build the group's mesh and this."
+                "ReplicaGroup: torch.distributed is not initialized. Call spmd.init_process_group('gloo') first (one "
+                "torchrun per replica group; it keeps a restarted group's rendezvous apart from the dead one's), then "
+                "build this, then FSDP over the group's own ranks."
             )
         manager_module = torchft_module("torchft.manager")
         host = hostname or socket.gethostname()
