@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torchft") is None, reason="torchft is not installed (the extra xla-spmd[ft])"
 )
 
-STEPS = 80
+STEPS = 90
 STEP_SECONDS = 0.6  # a restart costs seconds of imports: the live group must still be training after it
 HEAL_BOUND = 75.0  # seconds from the kill to both killed ranks committing with the live group again
 FINAL_LOSS_TOLERANCE = 0.10  # relative, mean of the last 10 steps, against the failure-free run
