@@ -13,9 +13,11 @@ from fsdp_xla.errors import (  # noqa: F401
     CheckpointError,
     CheckpointTypeError,
     DeferredInitError,
+    FaultToleranceError,
     FSDPError,
     FSDPTypeError,
     MeshAxisError,
+    TorchftNotInstalledError,
     WrapPolicyError,
 )
 from fsdp_xla.policies import (

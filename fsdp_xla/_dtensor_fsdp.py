@@ -266,7 +266,7 @@ class DTensorEngine:
     def apply(self, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
         plans = plan_units(module, options.auto_wrap_policy)
         device_type = device_type_of(next(iter(module.parameters())))
-        return fully_shard_on_dtensor(
+        sharded = fully_shard_on_dtensor(
             module,
             plans,
             fsdp_shard_dims(plans, options),
@@ -278,3 +278,16 @@ class DTensorEngine:
             init_seed=options.init_seed,
             device_type=device_type,
         )
+        if options.replicate_sync is not None:
+            _install_all_reduce_hook(sharded, options.replicate_sync.all_reduce_hook())
+        return sharded
+
+
+def _install_all_reduce_hook(module: torch.nn.Module, hook: Callable[[torch.Tensor], None]) -> None:
+    """Every unit's reduce-scattered gradient shard goes through ``hook`` (the replicas'
+    all-reduce, `fsdp_xla._replicas`): FSDP2 calls it per unit, in the unit's own backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_all_reduce_hook(hook)

@@ -21,7 +21,7 @@ from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import default_fsdp_spec, spec_from_fn, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
-from fsdp_xla.errors import FSDPError
+from fsdp_xla.errors import FaultToleranceError, FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh
 from spmd import PartitionSpec, mark_sharding, use_shardable_layer_norm
@@ -38,6 +38,7 @@ class GspmdEngine:
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
         """Everything GSPMD's FSDP accepts (every parameter's layout, deferred init's hooks); the
         runtime in SPMD mode over the mesh's devices. Nothing is changed before this passes."""
+        _refuse_replica_sync(options)
         torch_xla_backend.ensure_spmd()
         options.mesh.check_device_count(
             torch_xla_backend.device_count(), torch_xla_backend.TorchXlaBackend.more_devices
@@ -175,3 +176,16 @@ def _place_buffers(plan: UnitPlan, precision: MixedPrecision | None) -> None:
         if not torch_xla_backend.is_xla_tensor(b):
             b = torch_xla_backend.to_device_sharded(b.detach().cpu(), HloSharding.replicated())
         owner._buffers[attr] = b
+
+
+def _refuse_replica_sync(options: FSDPOptions) -> None:
+    """Healing HSDP needs each replica group to be a job of its own whose gradients leave the
+    step through an eager hook; a GSPMD program is one compiled graph over every device of the
+    mesh, with no point where another job's replicas could join or leave."""
+    if options.replicate_sync is not None:
+        raise FaultToleranceError(
+            f"FSDP replicate_axis={options.replicate_sync.describe()}: healing HSDP (torchft) runs on the dtensor "
+            "backend only (the current lane: torch 2.11 to 2.15 under torchrun, pip install 'xla-spmd[current,ft]'). "
+            "On the torch_xla lane a lost device stops the compiled program: resume from fsdp_xla.checkpoint."
+            "save_sharded's checkpoints, and pass replicate_axis as mesh axis names."
+        )

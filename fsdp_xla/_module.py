@@ -18,6 +18,7 @@ import torch
 from fsdp_xla._axes import AxisNames
 from fsdp_xla._engines import engine_for
 from fsdp_xla._options import FSDPOptions
+from fsdp_xla._replicas import ReplicaSync
 from fsdp_xla._rollback import ModuleSnapshot
 from fsdp_xla._runtime import UnitRuntime
 from fsdp_xla._sharding import SpecFn
@@ -149,7 +150,7 @@ def fully_shard(
     *,
     mesh: Mesh | None = None,
     fsdp_axis: AxisNames | None = None,
-    replicate_axis: AxisNames | None = None,
+    replicate_axis: AxisNames | ReplicaSync | None = None,
     auto_wrap_policy: WrapPolicy | None = None,
     mixed_precision: MixedPrecision | torch.dtype | None = None,
     reshard_after_forward: bool = True,

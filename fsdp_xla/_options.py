@@ -5,17 +5,19 @@ every engine gets options that are already right, and `fully_shard` only builds 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from fsdp_xla._axes import AxisNames, axis_entry, resolve_replicate_axes, resolve_shard_axes
+from fsdp_xla._axes import AxisNames, axis_entry, resolve_replicate_axes, resolve_shard_axes, total_size
+from fsdp_xla._replicas import ReplicaSync
 from fsdp_xla._sharding import SpecFn
-from fsdp_xla.errors import FSDPTypeError, WrapPolicyError
+from fsdp_xla.errors import FSDPTypeError, MeshAxisError, WrapPolicyError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh, mesh_or_global
 from mesh.checks import require_bool, require_int, require_optional_bool
+from mesh.roles import replicate_axes as replicate_role_axes
 from spmd import PartitionSpec
 from spmd.errors import ShardingError
 from spmd.sharding import resolve_spec
@@ -50,7 +52,10 @@ class FSDPOptions:
             gradients are all-reduced over it after the reduce-scatter over the shard axes.
             Default: the mesh's replicate-role axes (`mesh.roles.replicate_axes`: ``data``) of
             size above 1 that ``fsdp_axis`` does not shard over; ``()`` for none. Resolved like
-            ``fsdp_axis``, ``()`` when there is none.
+            ``fsdp_axis``, ``()`` when there is none. A `fsdp_xla.ft.ReplicaGroup` (a
+            `ReplicaSync`) instead: the replicas are other jobs, kept in step by torchft across
+            the replica groups alive at each step (healing HSDP, dtensor backend only); it is
+            kept in ``replicate_sync`` and ``replicate_axis`` resolves to ``()``.
         auto_wrap_policy: which submodules become units of their own: one
             `TransformerWrapPolicy` or `SizeWrapPolicy` (``None``: the root only, ZeRO-2-like).
         mixed_precision: a `MixedPrecision` (or a dtype, for ``MixedPrecision(dtype)``).
@@ -84,7 +89,7 @@ class FSDPOptions:
 
     mesh: Mesh | None = None
     fsdp_axis: AxisNames | None = None
-    replicate_axis: AxisNames | None = None
+    replicate_axis: AxisNames | ReplicaSync | None = None
     auto_wrap_policy: WrapPolicy | None = None
     mixed_precision: MixedPrecision | torch.dtype | None = None
     reshard_after_forward: bool = True
@@ -96,6 +101,7 @@ class FSDPOptions:
     init_seed: int = 0
     sync_after_backward: bool | None = None
     shardable_layer_norm: bool = True
+    replicate_sync: ReplicaSync | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for flag in (
@@ -110,7 +116,11 @@ class FSDPOptions:
             _check_hook(hook, getattr(self, hook))
         mesh = mesh_or_global(self.mesh, "FSDP")
         shard = resolve_shard_axes(mesh, self.fsdp_axis)
-        replicate = resolve_replicate_axes(mesh, self.replicate_axis, shard)
+        sync = self.replicate_axis if isinstance(self.replicate_axis, ReplicaSync) else None
+        if sync is not None:
+            _check_no_replicas_in_mesh(mesh, shard, sync)
+        replicate = () if sync is not None else resolve_replicate_axes(mesh, self.replicate_axis, shard)
+        object.__setattr__(self, "replicate_sync", sync)
         _check_shard_output(self.shard_output, mesh)
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "fsdp_axis", axis_entry(shard))
@@ -138,6 +148,19 @@ class FSDPOptions:
         part of the batch, and gradients are averaged over all of them."""
         names = tuple(self.mesh.axis_names or ())
         return tuple(sorted((*self.replicate_axes, *self.shard_axes), key=names.index))
+
+
+def _check_no_replicas_in_mesh(mesh: Mesh, shard: tuple[str, ...], sync: ReplicaSync) -> None:
+    """With the replicas outside the mesh, a replicate axis of size > 1 inside it would hold
+    copies that nothing keeps in step (FSDP2 takes one replicate dim: the hook's)."""
+    inside = [a for a in replicate_role_axes(mesh.axis_names) if a not in shard and total_size(mesh, (a,)) > 1]
+    if inside:
+        raise MeshAxisError(
+            f"FSDP replicate_axis={sync.describe()} keeps the replicas in step across replica groups, but "
+            f"{mesh.describe()} has replicate axis {inside[0]!r} of size {total_size(mesh, (inside[0],))} inside the "
+            "group too, whose copies nothing would average. Give each replica group a mesh of its own ranks over "
+            f"the shard axes only (ParallelDims(fsdp=n).mesh()), or shard over it: fsdp_axis=({inside[0]!r}, ...)."
+        )
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:

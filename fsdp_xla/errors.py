@@ -10,6 +10,8 @@ __all__ = [
     "DeferredInitError",
     "CheckpointError",
     "CheckpointTypeError",
+    "FaultToleranceError",
+    "TorchftNotInstalledError",
 ]
 
 
@@ -40,3 +42,13 @@ class CheckpointError(FSDPError):
 class CheckpointTypeError(FSDPTypeError):
     """A checkpoint function's argument of the wrong type (a state_dict for the model, a tensor in
     ``extra``, ...)."""
+
+
+class FaultToleranceError(FSDPError):
+    """Healing HSDP (`fsdp_xla.ft`, torchft) asked of a runtime or process group it cannot run on:
+    the torch_xla lane, or a backend torchft has no reconfigurable process group for."""
+
+
+class TorchftNotInstalledError(ModuleNotFoundError):
+    """`fsdp_xla.ft` was used where torchft is not installed. The message names the extra to
+    install (``xla-spmd[ft]``); a ``ModuleNotFoundError``, which a bare ``import torchft`` raises."""

@@ -68,6 +68,8 @@ SETUP: dict[tuple[str, int], str | None] = {
     # TorchTPU's launch recipe needs a TPU (torch.tpu): compiled only.
     ("backends.md", 2): None,
     ("multiprocess.md", 1): None,  # needs a torchrun job to run in; docs/multiprocess.md's first snippet runs one
+    ("reliability.md", 0): None,  # needs a lighthouse and torchrun groups: examples/train_heal.py runs it
+    ("reliability.md", 1): None,  # a fragment of the loop above
     ("long_context.md", 0): "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
     + "from examples.train_long_context import Llama, synthetic_tokens\n"
     + "torch.manual_seed(0)\nmodel = Llama(d_model=64, layers=2)\ntokens = synthetic_tokens(0, 2, 64, 256)\n",

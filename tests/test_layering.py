@@ -122,19 +122,30 @@ def test_mesh_imports_nothing_of_ours_above_it():
     assert upward == []
 
 
-def test_only_the_torch_xla_backend_imports_torch_xla():
+def _imports_of(top: str, allowed: str) -> list[str]:
+    """Import statements of ``top`` (or its modules) outside the files under ``allowed``."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith("spmd/_backend/torch_xla_backend/"):
+            if rel.startswith(allowed):
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 if isinstance(node, ast.ImportFrom):
                     names = [node.module or ""]
-                found += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == "torch_xla"]
-    assert found == []
+                found += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == top]
+    return found
+
+
+def test_only_the_torch_xla_backend_imports_torch_xla():
+    assert _imports_of("torch_xla", "spmd/_backend/torch_xla_backend/") == []
+
+
+def test_only_one_module_imports_torchft():
+    # torchft is an optional extra: fsdp_xla.ft._torchft imports it by name (importlib) and says
+    # what to install when it is missing; a plain import elsewhere would be a raw ModuleNotFoundError.
+    assert _imports_of("torchft", "fsdp_xla/ft/_torchft.py") == []
 
 
 MAX_FUNCTION_LINES = 60

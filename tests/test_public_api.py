@@ -17,6 +17,7 @@ import pytest
         "spmd.compat",
         "spmd.inspector",
         "fsdp_xla.hf",
+        "fsdp_xla.ft",
         "fsdp_xla.communication",
         "spmd.mfu",
         "spmd.logical_axes",

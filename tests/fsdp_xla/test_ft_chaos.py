@@ -1,0 +1,100 @@
+"""Healing HSDP under a kill, the short version of benchmarks/chaos_heal.py (under 3 minutes):
+2 replica groups x 2 gloo ranks train examples/train_heal.py under a lighthouse while a driver
+SIGKILLs one random rank. The job never restarts as a whole (the other group's ranks stay on
+their first attempt), the killed group is back within a bound with the live group's weights, and
+the losses are those of one process training on all 4 parts: equal before the kill, and within
+the stated tolerance at the end (while one group trains alone its steps see half the batch).
+"""
+
+import argparse
+import importlib.util
+import statistics
+
+import pytest
+
+from tests.torchrun import ROOT
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torchft") is None, reason="torchft is not installed (the extra xla-spmd[ft])"
+)
+
+STEPS = 90
+STEP_SECONDS = 0.6  # a restart costs seconds of imports: the live group must still be training after it
+HEAL_BOUND = 75.0  # seconds from the kill to both killed ranks committing with the live group again
+FINAL_LOSS_TOLERANCE = 0.10  # relative, mean of the last 10 steps, against the failure-free run
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory):
+    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
+    out = tmp_path_factory.mktemp("chaos")
+    args = argparse.Namespace(
+        timeout=10.0, min_step_seconds=STEP_SECONDS, heartbeat_timeout=2.0, max_restarts=2, run_timeout=170.0
+    )
+    killer = bench.Killer(out, STEPS, gaps=(10, 14), kills=1, tail=30, seed=1)
+    bench.run_healing(out, STEPS, args, killer)  # raises if a group's torchrun did not end with 0
+    return bench, bench.read_records(out), killer.events
+
+
+def test_one_kill_is_healed_without_restarting_the_job(chaos):
+    bench, records, kills = chaos
+    assert len(kills) == 1
+    kill = kills[0]
+    (healed,) = bench.heals(records, kills)
+    assert healed["healed"] and healed["seconds"] <= HEAL_BOUND, healed
+    assert healed["at_step"] >= kill["step"]  # it took the live group's step, not step 0
+    attempts = {r["replica"]: set() for r in records}
+    for r in records:
+        attempts[r["replica"]].add(r["attempt"])
+    assert attempts[1 - kill["replica"]] == {0}  # the live group was never restarted
+    assert attempts[kill["replica"]] == {0, 1}  # the killed group once, by its torchrun
+    done = [r for r in records if r.get("event") == "done"]
+    assert len(done) == 4 and {r["attempt"] for r in done if r["replica"] == kill["replica"]} == {1}
+
+
+def test_the_groups_hold_the_same_weights_at_every_step_both_commit(chaos):
+    bench, records, kills = chaos
+    compared, differing = bench.digests_compared(records)
+    after = {r["step"] for r in bench.steps_of(records) if r["attempt"] == 1 and r["participants"] == 2}
+    assert differing == [] and compared >= 2 * (kills[0]["step"] + len(after)), (compared, differing)
+
+
+def test_the_losses_are_the_failure_free_runs(chaos):
+    bench, records, kills = chaos
+    reference = _load(ROOT / "examples" / "train_heal.py", "train_heal").reference_losses(STEPS)
+    by_step: dict[int, list[float]] = {}
+    for r in bench.steps_of(records):
+        if r["committed"] and not r["healing"]:
+            by_step.setdefault(r["step"], []).append(r["loss"])
+    before = [s for s in range(kills[0]["step"]) if len(by_step.get(s, [])) == 4]
+    assert len(before) >= kills[0]["step"] - 1
+    for step in before:  # 4 parts, one process or HSDP across two torchft groups: the same numbers
+        assert statistics.fmean(by_step[step]) == pytest.approx(reference[step], rel=1e-5), step
+    final = statistics.fmean(v for s in range(STEPS - 10, STEPS) for v in by_step[s])
+    expected = statistics.fmean(reference[-10:])
+    assert abs(final - expected) <= FINAL_LOSS_TOLERANCE * expected, (final, expected)
+
+
+def test_checkpoints_stay_the_fallback_when_every_group_is_lost(tmp_path):
+    """Both groups gone (here: the run ended at step 12); started again, each resumes from its own
+    last checkpoint (step 10) with the step count, and trains on as if never stopped."""
+    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
+    args = argparse.Namespace(
+        timeout=10.0, min_step_seconds=0.0, heartbeat_timeout=2.0, max_restarts=0, run_timeout=170.0
+    )
+    saves = ("--checkpoint", str(tmp_path / "checkpoints"), "--save-every", "5")
+    bench.run_healing(tmp_path / "first", 12, args, None, saves)
+    bench.run_healing(tmp_path / "again", 16, args, None, saves)
+    records = bench.steps_of(bench.read_records(tmp_path / "again"))
+    assert sorted({r["step"] for r in records}) == list(range(10, 16))  # from the checkpoint of step 10
+    reference = _load(ROOT / "examples" / "train_heal.py", "train_heal").reference_losses(16)
+    for step in range(10, 16):
+        losses = [r["loss"] for r in records if r["step"] == step]
+        assert len(losses) == 4 and statistics.fmean(losses) == pytest.approx(reference[step], rel=1e-5), step
