@@ -13,7 +13,15 @@ CP 4 (context 4), at the same global batch.
 - torch's ``context_parallel`` beside ours: tried on every arm with a context axis; on this CPU it
   does not run (its ring handlers cover CUDA's kernels), and the table says so with its error.
 
+With torch_xla installed (the torch_xla lane) it measures the compiled step instead: the same
+model on 8 XLA devices (CP 1: fsdp 8; CP c: fsdp 8/c x context c; global batch 8), per-device peak
+memory and bytes sent from XLA's own reports of the compiled program (``python -m
+spmd.inspector --json``), attention's all-gathers over the context axis against the K/V gathers' minimum, and the context
+axis's other all-gathers (the embedding's backward: torch_xla flattens its tokens, once a step). GSPMD
+runs dot attention (a ``[queries, keys]`` matrix per shard), so ``--seqs`` stays shorter there.
+
     python benchmarks/context_parallel.py [--seqs 4096,8192,16384,32768] [--steps 3] [--json out.json]
+    python benchmarks/context_parallel.py --seqs 1024,2048,4096 --json out.json   # torch_xla lane
 
 Prints one table and writes the JSON (``--json``). Long: at 32K tokens a CP 1 step takes minutes
 on 2 cores; shorten with ``--seqs``.
@@ -22,6 +30,7 @@ on 2 cores; shorten with ``--seqs``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -147,6 +156,71 @@ def bytes_sent(step: dict, context: int) -> tuple[int, int]:
     return total, over_context
 
 
+XLA_DEVICES, XLA_BATCH = 8, 8
+
+
+def compiled_step(context: int, seq: int) -> dict:
+    """XLA's report of the example's compiled training step on 8 devices (the inspector's JSON)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "spmd.inspector", "--steps", "1", "--json", str(report)]
+        command += [str(ROOT / "examples" / "train_long_context.py"), "--backend", "torch_xla", "--steps", "2"]
+        command += ["--seq", str(seq), "--context", str(context), "--batch", str(XLA_BATCH), *MODEL]
+        env = {**_env(), "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(XLA_DEVICES)}
+        env.pop("USE_TORCH_XLA")
+        run = subprocess.run(command, env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
+        return json.loads(report.read_text())
+
+
+def kv_gather_minimum(context: int, seq: int) -> int:
+    """Bytes each device sends gathering K and V over the context axis in one forward: 2 layers x
+    K and V x (c - 1) / c of ``[rows, kv_heads, seq, head_dim]``, float32, rows = c of the 8."""
+    layers, kv_heads, head_dim = 2, 2, 128 // 4
+    rows = XLA_BATCH // (XLA_DEVICES // context)
+    return layers * 2 * rows * kv_heads * seq * head_dim * 4 * (context - 1) // context
+
+
+def compiled_steps(seqs: list[int], contexts: list[int], out: Path | None) -> None:
+    rows = []
+    print(
+        f"{'seq':>6} {'arm':<22} {'peak/device':>13} {'sent/device':>13} {'K/V gathers':>15} {'x min':>10}"
+        f" {'other gathers':>15}"
+    )
+    for seq in seqs:
+        for context in contexts:
+            arm = f"fsdp {XLA_DEVICES // context}" + (f" x context {context}" if context > 1 else " (no CP)")
+            report = compiled_step(context, seq)
+            row = {"context": context, "arm": arm, "seq": seq, "lane": "torch_xla"}
+            if "error" in report:
+                row["error"] = report["error"]
+                print(f"{seq:>6} {arm:<22} failed: {row['error']}", flush=True)
+                rows.append(row)
+                continue
+            (step,) = [g for g in report["graphs"] if g["collectives"]] or report["graphs"][:1]
+            over_context = [
+                c for c in step["collectives"] if context > 1 and c["group_size"] == context and c["op"] == "all-gather"
+            ]
+            in_attention = sum(c["bytes_sent_per_device"] for c in over_context if ".attn" in (c["op_name"] or ""))
+            row.update(
+                peak_bytes=report["totals"]["peak_bytes_per_device"],
+                bytes_sent=report["totals"]["bytes_sent_per_device"],
+                attention_gather_bytes=in_attention,
+                other_context_gather_bytes=sum(c["bytes_sent_per_device"] for c in over_context) - in_attention,
+                kv_gather_minimum=kv_gather_minimum(context, seq),
+            )
+            versus = f"{in_attention / row['kv_gather_minimum']:.3f}x" if context > 1 else "-"
+            print(
+                f"{seq:>6} {arm:<22} {row['peak_bytes'] / 2**20:>9,.1f} MiB {row['bytes_sent'] / 2**20:>9,.2f} MiB"
+                f" {in_attention / 2**20:>11,.2f} MiB {versus:>10} {row['other_context_gather_bytes'] / 2**20:>11,.2f} MiB",
+                flush=True,
+            )
+            rows.append(row)
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", default="4096,8192,16384,32768")
@@ -160,6 +234,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.context, args.seq, args.steps, args.out)
+    if importlib.util.find_spec("torch_xla") is not None:
+        return compiled_steps(
+            [int(s) for s in args.seqs.split(",")], [int(c) for c in args.contexts.split(",")], args.json
+        )
     rows = []
     print(
         f"{'seq':>6} {'arm':<20} {'tokens/s':>10} {'x CP 1':>7} {'peak/rank':>13} {'sent/rank':>12} {'over context':>13}"

@@ -278,7 +278,9 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], optimizer
     """Forward, backward and AdamW on ``batch``; returns this process's mean loss over the
     tokens it holds (torch_xla: all of them)."""
     logits = model(batch["input_ids"], batch["position_ids"])
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
+    # classes on dim 1, the tokens left [rows, seq]: flattening them would make GSPMD gather the
+    # logits along the sequence (rows and tokens are split over different mesh axes)
+    loss = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"])
     optimizer.zero_grad()
     loss.backward()  # FSDP averages every process's gradients: each holds as many tokens
     optimizer.step()

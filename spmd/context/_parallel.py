@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from mesh import Mesh, Role, mesh_or_global, roles
-from spmd._backend import backend_for
+from spmd._backend import backend_for, torch_xla_backend
 from spmd._backend.dtensor_context import all_gather_dim, axis_coordinate
 from spmd.context._batch import shard_batch
 from spmd.context._blockwise import span_attention
@@ -50,7 +50,8 @@ def _order(seq_len: int, context: int, load_balance: bool) -> SequenceOrder:
 
 
 class _AttentionMode(TorchFunctionMode):
-    """Takes ``scaled_dot_product_attention`` calls to the plan while the model runs."""
+    """Takes ``scaled_dot_product_attention`` calls to the plan while the model runs, and on
+    torch_xla the ``linear`` calls on the batch's tokens (`ContextParallel._linear`)."""
 
     def __init__(self, plan: ContextParallel) -> None:
         super().__init__()
@@ -59,6 +60,8 @@ class _AttentionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is F.scaled_dot_product_attention:
             return self.plan._attention(*args, **(kwargs or {}))
+        if func is F.linear and self.plan._takes_linear(args[0] if args else kwargs["input"]):
+            return self.plan._linear(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
@@ -135,6 +138,16 @@ class ContextParallel:
             return output
         spec = [roles.batch_axes(self.mesh.axis_names) or None, self.axis] + [None] * (output.dim() - 2)
         return with_sharding_constraint(output, self.mesh, P(*spec))
+
+    def _takes_linear(self, x: torch.Tensor) -> bool:
+        return self._tokens is not None and x.dim() > 2 and tuple(x.shape[:2]) == self._tokens
+
+    def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002
+        """torch_xla: a linear layer on the batch's ``[rows, seq, ...]`` tokens as one einsum, so
+        rows keep their split over the batch axes and tokens theirs over the context axis (the
+        flattening ``linear`` lowers to gathered the sequence, forward and for the weight's
+        gradient: `spmd._backend.torch_xla_backend.linear`)."""
+        return torch_xla_backend.einsum_linear(input, weight, bias)
 
     def _stack(self) -> list[str]:
         if not hasattr(self._local, "stack"):

@@ -11,6 +11,7 @@ Only these modules import torch_xla, and only when called.
 """
 
 from spmd._backend.torch_xla_backend.backend import TorchXlaBackend
+from spmd._backend.torch_xla_backend.linear import einsum_linear
 from spmd._backend.torch_xla_backend.runtime import (
     checkpoint,
     compile_count,
@@ -70,6 +71,7 @@ __all__ = [
     "device_count",
     "device_id",
     "device_kind",
+    "einsum_linear",
     "ensure_spmd",
     "from_cpu_shards",
     "full_to_shard_shape",

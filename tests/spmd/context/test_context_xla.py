@@ -77,6 +77,17 @@ def test_the_compiled_step_gathers_keys_and_values_over_the_context_axis_at_thei
     for layer, ops in per_layer.items():
         gathers = [c for c in ops if c.kind is CollectiveKind.ALL_GATHER]
         assert sum(sum(a.nbytes for a in c.arrays) for c in gathers) == 2 * kv_bytes, layer  # K and V, whole
+    # No block gathers its activations along the sequence: linear layers run as einsums over
+    # [rows, seq] (flattened, GSPMD gathered the sequence for each, forward and for dW), and the
+    # loss keeps its tokens [rows, seq]. Left outside attention: the embedding's ids and, in
+    # backward, its gradient (torch_xla's embedding backward flattens them), once a step.
+    others = [
+        c
+        for c in step.collectives
+        if c.group_size == 2 and c.kind is CollectiveKind.ALL_GATHER and ".attn" not in c.op_name
+    ]
+    assert not [c.op_name for c in others if "layers." in c.op_name or "lm_head" in c.op_name]
+    assert len(others) <= 2, [(c.op_name, c.arrays) for c in others]
     reductions = [c for c in step.collectives if c.group_size == 2 and c.op_type == "xla__einsum_backward"]
     assert len(reductions) == 2 * layers  # dK and dV of each layer
     assert all(c.kind is CollectiveKind.ALL_REDUCE and c.result_bytes == kv_bytes for c in reductions)
