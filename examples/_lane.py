@@ -24,10 +24,12 @@ import torch
 
 __all__ = [
     "CPU_RANKS",
+    "INT_FLAG_MAX",
     "at_least",
     "default_backend",
     "exit_needing_torch_xla",
     "launch_ranks",
+    "non_negative_float",
     "positive_float",
     "settle_backend",
     "under_torchrun",
@@ -92,8 +94,14 @@ def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> 
             return ranks.wait()
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum`` (``-1`` saves-every would otherwise read as "every step")."""
+INT_FLAG_MAX = 2**31 - 1
+"""The largest whole number a number flag takes: a step count, a size or a seed past it is a typo
+(torch's sizes and numpy's seeds would overflow with an error of their own)."""
+
+
+def at_least(minimum: int, maximum: int = INT_FLAG_MAX) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``minimum`` to ``maximum`` (``-1`` saves-every would
+    otherwise read as "every step")."""
 
     def parse(text: str) -> int:
         try:
@@ -102,17 +110,31 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text[:40]}")
         return value
 
     return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (a learning rate, a timeout)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate, a timeout)."""
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a tolerance, a jitter)."""
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
     return value

@@ -98,17 +98,21 @@ def is_main_process() -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--batch", type=int, default=16, help="global batch (per_device_train_batch_size under SPMD)")
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--steps", type=_lane.at_least(1), default=12)
+    parser.add_argument(
+        "--batch", type=_lane.at_least(1), default=16, help="global batch (per_device_train_batch_size under SPMD)"
+    )
+    parser.add_argument("--seq", type=_lane.at_least(1), default=64)
+    parser.add_argument("--vocab", type=_lane.at_least(2), default=512)
+    parser.add_argument("--n-embd", type=_lane.at_least(1), default=128)
+    parser.add_argument("--n-layer", type=_lane.at_least(1), default=4)
+    parser.add_argument("--n-head", type=_lane.at_least(1), default=4)
+    parser.add_argument("--lr", type=_lane.positive_float, default=3e-3)
     parser.add_argument("--eager-init", action="store_true", help="build the model on the host first")
     parser.add_argument("--output-dir", default="runs/hf_trainer_fsdp")
-    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: no checkpoints)")
+    parser.add_argument(
+        "--save-steps", type=_lane.at_least(0), default=0, help="checkpoint every N steps (0: no checkpoints)"
+    )
     parser.add_argument("--resume-from", default=None, help="a checkpoint directory to continue from")
     parser.add_argument("--json", default=None, help="write the losses and memory numbers here (rank 0)")
     return parser.parse_args(argv)

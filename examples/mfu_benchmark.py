@@ -343,13 +343,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
         choices=["torch_xla", "fully_shard", "none"],
         help="default: torch_xla's FSDPv2 on torch_xla, FSDP2's fully_shard on dtensor",
     )
-    parser.add_argument("--tensor", type=int, default=2, help="size of the tensor axis for 2d")
-    parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="steps before timing (they compile)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per chip")
-    parser.add_argument("--chips", type=float, default=None, help="chips (default: devices / devices per chip)")
+    parser.add_argument("--tensor", type=_lane.at_least(1), default=2, help="size of the tensor axis for 2d")
+    parser.add_argument("--batch", type=_lane.at_least(1), default=16, help="global batch (sequences)")
+    parser.add_argument("--seq", type=_lane.at_least(1), default=128)
+    parser.add_argument("--steps", type=_lane.at_least(1), default=5, help="timed steps")
+    parser.add_argument("--warmup", type=_lane.at_least(0), default=2, help="steps before timing (they compile)")
+    parser.add_argument("--peak-tflops", type=_lane.positive_float, default=None, help="peak TFLOP/s per chip")
+    parser.add_argument(
+        "--chips", type=_lane.positive_float, default=None, help="chips (default: devices / devices per chip)"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"

@@ -89,3 +89,44 @@ def test_messages_of_the_tensor_verbs_name_the_fix():
         mark_sharding([1.0, 2.0], MESH, P("data"))
     with pytest.raises(SpmdTypeError, match=r"(?s)one structure, got .*; pair the tensors alike in both"):
         shard_as([torch.zeros(2)], (torch.zeros(2), torch.zeros(2)))
+
+
+XLA_ONLY = pytest.mark.torch_xla  # these benchmarks exit with "needs torch_xla" before parsing on the current lane
+
+
+@pytest.mark.parametrize(
+    "script, flags, said",
+    [
+        ("agreement_cost", ["--calls", "0"], "argument --calls: must be at least 1, got 0"),
+        ("dtensor_fsdp_overhead", ["--layers", "-1"], "argument --layers: must be at least 1, got -1"),
+        ("hf_trainer_memory", ["--nproc", "1.5"], "argument --nproc: expected a whole number, got '1.5'"),
+        ("kill_ranks", ["--save-every", "0"], "argument --save-every: must be at least 1, got 0"),
+        ("kill_ranks", ["--jitter", "nan"], "argument --jitter: must be a finite number of at least 0, got nan"),
+        ("kill_ranks", ["--timeout", "-5"], "argument --timeout: must be a finite number above 0, got -5"),
+        ("plan_advise_time", ["--jobs", "0"], "argument --jobs: must be at least 1, got 0"),
+        ("stopped_rank_repeat", ["--runs", "9" * 30], "argument --runs: must be at most 2147483647"),
+        pytest.param("fsdp_soak", ["--rss-tolerance", "-0.1"], "argument --rss-tolerance: must be", marks=XLA_ONLY),
+        pytest.param("fsdp_memory", ["--steps", "0"], "argument --steps: must be at least 1, got 0", marks=XLA_ONLY),
+        pytest.param(
+            "rendezvous_abort", ["--nice", "-5"], "argument --nice: must be at least 0, got -5", marks=XLA_ONLY
+        ),
+        pytest.param(
+            "deferred_init_memory", ["--eager-limit", "inf"], "argument --eager-limit: must be", marks=XLA_ONLY
+        ),
+        pytest.param("replace_recompiles", ["--steps", "-1"], "argument --steps: must be at least 1", marks=XLA_ONLY),
+        pytest.param(
+            "sharded_tensor_tracing", ["--repeats", "0"], "argument --repeats: must be at least 1", marks=XLA_ONLY
+        ),
+    ],
+)
+def test_benchmark_number_flags_are_checked_when_parsed(script, flags, said, monkeypatch, capsys):
+    """Every benchmark's number flags are checked as documented (a negative --steps or a NaN
+    --timeout ran, or failed later inside torch), in argparse's one line."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *flags])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "benchmarks" / f"{script}.py"), run_name="__main__")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err

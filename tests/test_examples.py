@@ -230,3 +230,36 @@ def test_train_fsdp_flags_are_checked_as_documented(argv, said, capsys):
         load("train_fsdp").parse_args(argv)
     assert exit_.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, entry, argv, said",
+    [
+        ("train_spmd", "main", ["--steps", "-1"], "argument --steps: must be at least 1, got -1"),
+        ("train_spmd", "main", ["--model-axis", "0"], "argument --model-axis: must be at least 1, got 0"),
+        ("train_spmd", "main", ["--lr", "inf"], "argument --lr: must be a finite number above 0, got inf"),
+        ("train_spmd", "main", ["--batch", "9" * 30], "argument --batch: must be at most 2147483647"),
+        ("one_script", "main", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        ("mfu_benchmark", "parse_args", ["--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+        ("mfu_benchmark", "parse_args", ["--tensor", "1.5"], "argument --tensor: expected a whole number, got '1.5'"),
+        (
+            "mfu_benchmark",
+            "parse_args",
+            ["--chips", "nan"],
+            "argument --chips: must be a finite number above 0, got nan",
+        ),
+        ("mfu_benchmark", "parse_args", ["--peak-tflops", "-3"], "argument --peak-tflops: must be a finite number"),
+        ("hf_trainer_fsdp", "parse_args", ["--save-steps", "-1"], "argument --save-steps: must be at least 0, got -1"),
+        ("hf_trainer_fsdp", "parse_args", ["--n-head", "0"], "argument --n-head: must be at least 1, got 0"),
+        ("hf_trainer_fsdp", "parse_args", ["--lr", "0"], "argument --lr: must be a finite number above 0, got 0"),
+        ("hf_trainer_fsdp", "parse_args", ["--vocab", "1"], "argument --vocab: must be at least 2, got 1"),
+    ],
+)
+def test_every_example_checks_its_number_flags_when_parsed(name, entry, argv, said, capsys):
+    """Each number flag of every example is checked as its help says, before any rank starts (a
+    negative --steps trained 0 steps and reported success, --save-steps -1 saved every step)."""
+    with pytest.raises(SystemExit) as exit_:
+        getattr(load(name), entry)(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err
