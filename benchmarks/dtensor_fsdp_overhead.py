@@ -134,13 +134,13 @@ def print_rows(rows: list[dict], config: dict, n: int, steps: int, minimum: int,
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
-    from examples._lane import at_least
+    from examples._lane import at_least, output_file
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=at_least(1), default=20)
     parser.add_argument("--layers", type=at_least(1), default=4)
     parser.add_argument("--d-model", type=at_least(1), default=256)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "dtensor_fsdp_overhead.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "dtensor_fsdp_overhead.json")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")

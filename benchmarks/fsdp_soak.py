@@ -49,13 +49,13 @@ def rss_bytes() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
-    from examples._lane import at_least, non_negative_float
+    from examples._lane import at_least, non_negative_float, output_file
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=at_least(1), default=200)
     parser.add_argument("--warmup", type=at_least(0), default=20)
     parser.add_argument("--rss-tolerance", type=non_negative_float, default=0.05)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "fsdp_soak.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "fsdp_soak.json")
     args = parser.parse_args(argv)
 
     spmd.enable_spmd()

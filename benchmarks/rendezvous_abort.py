@@ -152,7 +152,7 @@ def summarize(results: list[dict], arms: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
-    from examples._lane import at_least, positive_float
+    from examples._lane import at_least, output_file, positive_float
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch", type=at_least(1), default=16)
     parser.add_argument("--nice", type=at_least(0, 19), default=10)
     parser.add_argument("--timeout", type=positive_float, default=1800)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "rendezvous_abort.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "rendezvous_abort.json")
     args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.steps, args.width, args.batch)

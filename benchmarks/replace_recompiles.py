@@ -60,11 +60,11 @@ def loop(replace, mesh, steps: int) -> dict:  # noqa: ANN001 (either library's m
 
 def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
-    from examples._lane import at_least
+    from examples._lane import at_least, output_file
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=at_least(1), default=20)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "replace_recompiles.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "replace_recompiles.json")
     args = parser.parse_args(argv)
     spmd.enable_spmd()
     theirs = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -30,7 +31,9 @@ __all__ = [
     "exit_needing_torch_xla",
     "launch_ranks",
     "non_negative_float",
+    "output_file",
     "positive_float",
+    "ranks_to_launch",
     "settle_backend",
     "under_torchrun",
 ]
@@ -80,7 +83,7 @@ def exit_needing_torch_xla(script: str, feature: str, hint: str = "") -> None:
 def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> int:
     """Run ``script argv`` as ``torchrun --standalone --nproc_per_node nproc`` (default: one rank
     per GPU, else `CPU_RANKS` CPU processes); their exit status."""
-    nproc = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else CPU_RANKS)
+    nproc = nproc or ranks_to_launch()
     flags = ["--standalone", "--nproc_per_node", str(nproc)]
     where = f"{nproc} GPU processes (nccl)" if torch.cuda.is_available() else f"{nproc} CPU processes (gloo)"
     shown = os.path.relpath(script) if not os.path.relpath(script).startswith("..") else script
@@ -97,6 +100,12 @@ def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> 
 INT_FLAG_MAX = 2**31 - 1
 """The largest whole number a number flag takes: a step count, a size or a seed past it is a typo
 (torch's sizes and numpy's seeds would overflow with an error of their own)."""
+
+
+def ranks_to_launch() -> int:
+    """The ranks `launch_ranks` starts by default: one per GPU, else `CPU_RANKS` CPU processes (so a
+    script can check a flag against them before it launches any)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else CPU_RANKS
 
 
 def at_least(minimum: int, maximum: int = INT_FLAG_MAX) -> Callable[[str], int]:
@@ -138,3 +147,33 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
     return value
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file this run will write (``--json``), checked before the run rather
+    than after it: not a directory or a special file, in a directory that exists (or can be made)
+    and takes new files."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
+    target = Path(text)
+    if target.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path (e.g. {target / 'report.json'})")
+    if target.exists() and not target.is_file():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a regular file; give another path")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:  # the nearest directory that exists
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _read_only(parent):
+        raise argparse.ArgumentTypeError(f"cannot create files in the directory {parent}; give a path you can write")
+    return target
+
+
+def _read_only(directory: Path) -> bool:
+    """Whether ``directory`` is on a file system that takes no new files (``/proc``, ``/sys``; root
+    passes ``os.access`` there)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY) or str(directory.resolve()).startswith(
+            ("/proc", "/sys")
+        )
+    except OSError:
+        return True

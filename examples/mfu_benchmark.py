@@ -352,13 +352,42 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
     parser.add_argument(
         "--chips", type=_lane.positive_float, default=None, help="chips (default: devices / devices per chip)"
     )
-    parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
+    parser.add_argument("--json", type=_lane.output_file, default=Path("runs") / "mfu_benchmark.json")
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
     args = parser.parse_args(argv)
+    check_args(args, parser)
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args, parser
+
+
+STRATEGIES = ("fsdp", "2d", "dp")
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What the flags' types cannot see, before any rank starts: one line, not one per rank (with
+    torchrun's traceback) once each has built its model."""
+    unknown = sorted(set(filter(None, (args.strategies or "").split(","))) - set(STRATEGIES))
+    if unknown:
+        parser.error(f"--strategies {args.strategies}: unknown {unknown}; give a comma list of {', '.join(STRATEGIES)}")
+    if (args.backend or _lane.default_backend()) == "dtensor":
+        if args.baseline == "torch_xla":
+            parser.error("--baseline torch_xla runs on torch_xla only; on dtensor the baseline is fully_shard")
+        if set(filter(None, (args.strategies or "").split(","))) - {"fsdp"}:
+            parser.error(
+                f"--strategies {args.strategies}: only fsdp runs on dtensor here (2d and dp need torch's "
+                "parallelize_module and DDP, which this benchmark does not apply); use --strategies fsdp"
+            )
+    elif args.baseline == "fully_shard":
+        parser.error("--baseline fully_shard runs on dtensor only (torchrun, or --backend dtensor)")
+    if args.config is not None:
+        if not args.config.is_file():
+            parser.error(f"--config {args.config} is not a file; give a Hugging Face config.json (gpt2 or llama)")
+        try:
+            TransformerShape.from_hf_config(make_config(None, args.config, args.seq))
+        except Exception as e:  # transformers' and huggingface_hub's own errors for a file it cannot read
+            parser.error(f"--config {args.config}: {str(e).strip().splitlines()[0][:300]}")
 
 
 def start_lane(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str, int]:
@@ -381,7 +410,10 @@ def start_lane(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tup
     import torch_xla.runtime as xr
 
     spmd.enable_spmd()
-    return xr.global_runtime_device_count(), xr.device_type(), 0
+    n = xr.global_runtime_device_count()
+    if "2d" in args.strategies.split(",") and n % args.tensor:
+        parser.error(f"--tensor {args.tensor} does not divide the {n} devices (the 2d strategy's mesh)")
+    return n, xr.device_type(), 0
 
 
 def peak_for(args: argparse.Namespace, parser: argparse.ArgumentParser, platform: str, n: int):

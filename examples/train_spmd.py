@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> list[float]:
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
     args = parser.parse_args(argv)
+    if (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun():
+        launching = _lane.ranks_to_launch()  # checked here: one line, not one per rank and torchrun's traceback
+        if launching % args.model_axis:
+            parser.error(f"--model-axis {args.model_axis} does not divide the {launching} ranks this launches")
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
 
     rank = 0

@@ -263,3 +263,56 @@ def test_every_example_checks_its_number_flags_when_parsed(name, entry, argv, sa
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert said in err and err.count("error:") == 1, err
+
+
+def _files(tmp_path):
+    (tmp_path / "garbled.json").write_text('{"min_num_params": ')
+    (tmp_path / "wrong_type.json").write_text('{"min_num_params": "x"}')
+    (tmp_path / "bert.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "bad_width.json").write_text('{"model_type": "gpt2", "n_embd": "x"}')
+    (tmp_path / "a_dir").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "name, entry, argv, said",
+    [
+        ("hf_trainer_fsdp", "parse_args", ["--fsdp-config", "{}/garbled.json"], "--fsdp-config: fsdp_config file"),
+        (
+            "hf_trainer_fsdp",
+            "parse_args",
+            ["--fsdp-config", "{}/wrong_type.json"],
+            "'min_num_params' must be an integer",
+        ),
+        ("hf_trainer_fsdp", "parse_args", ["--fsdp-config", "{}/a_dir"], "is a directory; it must be a regular file"),
+        ("hf_trainer_fsdp", "parse_args", ["--n-head", "3"], "--n-head 3 must divide --n-embd 128"),
+        ("hf_trainer_fsdp", "parse_args", ["--resume-from", "{}/none"], "is not a directory; give a checkpoint-N"),
+        ("hf_trainer_fsdp", "parse_args", ["--output-dir", "{}/garbled.json"], "is a file; give a directory"),
+        ("hf_trainer_fsdp", "parse_args", ["--json", "{}/a_dir"], "is a directory; give a file path"),
+        ("one_script", "main", ["--json", "/proc/losses.json"], "cannot create files in the directory /proc"),
+        ("mfu_benchmark", "parse_args", ["--json", ""], "argument --json: expected a file path, got ''"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/none.json"], "is not a file; give a Hugging Face config.json"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/garbled.json"], "is not a valid JSON file"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/bert.json"], "No FLOP model for model_type 'bert'"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/bad_width.json"], "bad_width.json: "),
+        ("mfu_benchmark", "parse_args", ["--strategies", "fsdp,3d"], "--strategies fsdp,3d: unknown ['3d']"),
+        pytest.param(
+            "train_spmd",
+            "main",
+            ["--model-axis", "3", "--backend", "dtensor"],
+            "--model-axis 3 does not divide the 4 ranks this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+    ],
+)
+def test_example_files_and_combinations_are_checked_before_any_rank_starts(name, entry, argv, said, tmp_path, capsys):
+    """A flag naming a file that cannot be read or written, or flags that do not fit together, end
+    in one argparse line before the example launches its ranks (each rank raised its own traceback
+    after building its model, or the run was lost at the end: a --json that was a directory)."""
+    files = _files(tmp_path)
+    argv = [a.format(files) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        getattr(load(name), entry)(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err
