@@ -130,3 +130,54 @@ def test_benchmark_number_flags_are_checked_when_parsed(script, flags, said, mon
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert said in err and err.count("error:") == 1, err
+
+
+def _module_as_specs():
+    from spmd import shard_parameters
+
+    shard_parameters(torch.nn.Linear(8, 8), MESH, torch.nn.Linear(2, 2))
+
+
+def _one_argument_spec_function():
+    from spmd import shard_parameters
+
+    shard_parameters(torch.nn.Linear(8, 8), MESH, lambda name: None)
+
+
+@pytest.mark.parametrize(
+    "call, error, said",
+    [
+        (
+            lambda: __import__("spmd").spec_from_placements([], MESH, 1, by_index="yes"),
+            SpmdTypeError,
+            "spec_from_placements: by_index must be True or False, got 'yes'",
+        ),
+        (_module_as_specs, SpmdTypeError, "specs is a module (Linear); the order is shard_parameters(module, mesh"),
+        (_one_argument_spec_function, SpmdTypeError, "must take two arguments (name, parameter)"),
+        (
+            lambda: __import__("spmd").ProcessDataLoader(None, 8, MESH, P("data")),
+            SpmdTypeError,
+            "dataset must be a map-style dataset (len(dataset) and dataset[i]), got NoneType",
+        ),
+        (
+            lambda: __import__("spmd").make_global_tensor(np.zeros((8, 2), dtype=object), MESH, P("data")),
+            SpmdTypeError,
+            "a numpy array of dtype object has no torch dtype",
+        ),
+        (
+            lambda: __import__("spmd").make_global_batch({1: torch.zeros(8), "x": torch.zeros(8)}, MESH, P("data")),
+            SpmdTypeError,
+            "batch keys must be strings (names of the batch's fields), got 1 (int)",
+        ),
+        (lambda: __import__("mesh").get_1d_mesh("x", 2**70), DeviceCountError, "num_devices must be an int from 1 to"),
+        (lambda: __import__("mesh").get_1d_mesh("x", 0), DeviceCountError, "num_devices must be an int from 1 to"),
+    ],
+)
+def test_api_arguments_that_reached_python_or_a_dependency(call, error, said):
+    """Each raised a dependency's or Python's own error (numpy's "Maximum allowed size exceeded",
+    torch's "can't convert np.ndarray of type numpy.object_", "object of type 'NoneType' has no
+    len()", a module's forward called as a spec function) or took 'yes' as True (issue 36)."""
+    import re
+
+    with pytest.raises(error, match=re.escape(said)):
+        call()

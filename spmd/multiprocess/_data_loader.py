@@ -287,6 +287,11 @@ class ProcessDataLoader:
         self.check_shapes = _flag(check_shapes, "check_shapes")
         if collate_fn is not None and not callable(collate_fn):
             raise SpmdTypeError(f"collate_fn is a function of a list of rows, or None; got {collate_fn!r:.60}.")
+        if isinstance(dataset, (str, bytes)) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise SpmdTypeError(
+                f"ProcessDataLoader: dataset must be a map-style dataset (len(dataset) and dataset[i]), got "
+                f"{type(dataset).__name__}. Wrap an iterable in a list, or give a torch.utils.data.Dataset."
+            )
         self.dataset, self.mesh, self.specs = dataset, mesh, specs
         self.sampler = ProcessSampler(
             len(dataset),

@@ -37,7 +37,13 @@ SpecLike = PartitionSpec | Sequence[SpecEntry]
 
 def _as_tensor(local: object, what: str) -> torch.Tensor:
     if isinstance(local, np.ndarray):
-        return torch.from_numpy(local)
+        try:
+            return torch.from_numpy(local)
+        except TypeError:  # object, string or unsigned dtypes torch has no tensor of
+            raise SpmdTypeError(
+                f"{what}: a numpy array of dtype {local.dtype} has no torch dtype; give numbers (e.g. "
+                "array.astype(np.float32) or np.int64)."
+            ) from None
     if not isinstance(local, torch.Tensor):
         raise SpmdTypeError(
             f"{what}: the local data must be a torch.Tensor or numpy array, got {type(local).__name__}."
@@ -247,6 +253,12 @@ def global_batch(
     what = "make_global_batch"
     if not isinstance(batch, Mapping):
         raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
+    odd = [k for k in batch if not isinstance(k, str)]
+    if odd:  # the ranks' exchange and the messages sort the keys: mixed types cannot be
+        raise SpmdTypeError(
+            f"{what}: batch keys must be strings (names of the batch's fields), got {odd[0]!r:.60} "
+            f"({type(odd[0]).__name__}); name the fields, e.g. {{'input_ids': tensor}}."
+        )
     tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
     _check_flag(check, what)
     _agree(backend_for(None), what, mesh, specs, tensors, more)  # first: ranks with other keys fail together
