@@ -36,6 +36,7 @@ __all__ = [
     "SequenceLengthError",
     "UnsupportedAttentionError",
     "MfuError",
+    "ProcessGroupError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -197,3 +198,8 @@ class MfuError(ValueError):
     """A FLOP count, size, time, chip count or peak that MFU's arithmetic cannot use (`spmd.mfu`):
     negative, zero where it divides, not finite, or a model or chip it has no numbers for. The
     message names the argument and what to give instead."""
+
+
+class ProcessGroupError(ValueError):
+    """`spmd.init_process_group` cannot start the process group as asked: one is already running
+    in this process. (A ``ValueError``, as torch's own refusal was.)"""

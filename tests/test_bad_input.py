@@ -181,3 +181,54 @@ def test_api_arguments_that_reached_python_or_a_dependency(call, error, said):
 
     with pytest.raises(error, match=re.escape(said)):
         call()
+
+
+@pytest.fixture(scope="module")
+def lone_refusals(tmp_path_factory):
+    import json
+
+    from tests.torchrun import WORKERS, torchrun
+
+    out = tmp_path_factory.mktemp("lone_refusals")
+    run = torchrun(WORKERS / "lone_refusal_worker.py", 2, str(out), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", ["check_no_on_one_rank", "list_on_one_rank", "int_key_on_one_rank"])
+def test_an_argument_refused_on_one_rank_fails_every_rank_at_once(lone_refusals, case):
+    """The refusing rank raised before the ranks' exchange and the others waited in it until the
+    timeout, then got gloo's raw "Timed out waiting 12000ms" (issue 36): now it takes part in the
+    exchange and every rank raises the same RankDisagreementError, naming its refusal, at once."""
+    (kind0, said0, took0), (kind1, said1, took1) = (r[case] for r in lone_refusals)
+    assert kind0 == kind1 == "RankDisagreementError" and said0 == said1, (said0, said1)
+    assert "arguments:" in said0 and "refused (" in said0 and max(took0, took1) < 15
+
+
+def test_an_argument_refused_on_every_rank_is_the_type_error(lone_refusals):
+    assert [r["check_no_on_every_rank"][0] for r in lone_refusals] == ["SpmdTypeError"] * 2
+
+
+@pytest.mark.parametrize(
+    "case, kind, said",
+    [
+        ("init_twice", "ProcessGroupError", "already has its process group (gloo, rank"),
+        ("init_unknown_keyword", "SpmdTypeError", "got ['bogus'], which torch.distributed.init_process_group does not"),
+    ],
+)
+def test_init_process_group_refusals_are_ours(lone_refusals, case, kind, said):
+    """torch's own ValueError ("trying to initialize the default process group twice!") and
+    TypeError (an unexpected keyword, from inside torch) before."""
+    for r in lone_refusals:
+        assert r[case][0] == kind and said in r[case][1], r[case]
+
+
+def test_a_plain_model_saved_by_every_rank_names_the_likely_cause(lone_refusals):
+    """A model without DTensors is saved whole by each rank; the rank whose save came second was
+    told another run's checkpoint was there, with no hint that the other run was its sibling."""
+    outcomes = sorted(r["plain_model_saved_by_every_rank"][0] for r in lone_refusals)
+    assert outcomes == ["CheckpointError", "ok"]
+    said = next(
+        r["plain_model_saved_by_every_rank"][1] for r in lone_refusals if r["plain_model_saved_by_every_rank"][1]
+    )
+    assert "another rank of this job" in said and "if dist.get_rank() == 0" in said
