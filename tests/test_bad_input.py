@@ -232,3 +232,11 @@ def test_a_plain_model_saved_by_every_rank_names_the_likely_cause(lone_refusals)
         r["plain_model_saved_by_every_rank"][1] for r in lone_refusals if r["plain_model_saved_by_every_rank"][1]
     )
     assert "another rank of this job" in said and "if dist.get_rank() == 0" in said
+
+
+def test_fsdp_of_a_model_that_differs_on_one_rank_is_refused_on_every_rank(lone_refusals):
+    """Each rank sharded its own shapes and the first all-gather aborted the process (gloo's
+    "Connection reset by peer" on the other): now one exchange before anything is sharded."""
+    (kind0, said0, _), (kind1, said1, _) = (r["fsdp_of_another_model_on_one_rank"] for r in lone_refusals)
+    assert kind0 == kind1 == "RankDisagreementError" and said0 == said1
+    assert "parameters: rank 0 0.weight (4, 4)" in said0 and "rank 1 0.weight (6, 4)" in said0

@@ -1,5 +1,6 @@
 """Run under torchrun by tests/test_bad_input.py: an argument refused on one rank only, and
-process-group and checkpoint misuse, on 2 gloo ranks (issue 36).
+process-group and checkpoint misuse, and FSDP of a model that differs on one rank, on 2 gloo
+ranks (issue 36).
 
     torchrun --nproc_per_node 2 tests/workers/lone_refusal_worker.py OUT_DIR
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import fsdp_xla
 import fsdp_xla.checkpoint as ck
 import spmd
 from mesh import Mesh
@@ -51,6 +53,12 @@ case("int_key_on_one_rank", lambda: spmd.make_global_batch({(1 if rank else "x")
 case("check_no_on_every_rank", lambda: spmd.make_global_tensor(torch.zeros(4, 2), mesh, P("data"), check="no"))
 case("init_twice", lambda: spmd.init_process_group("gloo"))
 case("init_unknown_keyword", lambda: spmd.init_process_group("gloo", bogus=1))
+case(
+    "fsdp_of_another_model_on_one_rank",
+    lambda: fsdp_xla.fully_shard(
+        torch.nn.Sequential(torch.nn.Linear(4, 4 + 2 * rank)), mesh=Mesh(np.arange(world), (world,), ("fsdp",))
+    ),
+)
 case("plain_model_saved_by_every_rank", lambda: ck.save_sharded(out / "plain", torch.nn.Linear(2, 2)))
 (out / f"rank{rank}.json").write_text(json.dumps(results))
 dist.destroy_process_group()
