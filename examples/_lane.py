@@ -31,6 +31,7 @@ __all__ = [
     "exit_needing_torch_xla",
     "launch_ranks",
     "non_negative_float",
+    "output_dir",
     "output_file",
     "positive_float",
     "ranks_to_launch",
@@ -165,6 +166,23 @@ def output_file(text: str) -> Path:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _read_only(parent):
         raise argparse.ArgumentTypeError(f"cannot create files in the directory {parent}; give a path you can write")
+    return target
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type: a directory this run will write into (``--checkpoint-dir``,
+    ``--output-dir``), checked before the run: not a file, and the directory (or the nearest one
+    above it that exists, where it will be made) takes new files."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"expected a directory path, got {text!r}")
+    target = Path(text)
+    if target.exists() and not target.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory; give a directory path")
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing):
+        raise argparse.ArgumentTypeError(f"cannot create files in the directory {existing}; give a path you can write")
     return target
 
 

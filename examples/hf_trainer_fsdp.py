@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-head", type=_lane.at_least(1), default=4)
     parser.add_argument("--lr", type=_lane.positive_float, default=3e-3)
     parser.add_argument("--eager-init", action="store_true", help="build the model on the host first")
-    parser.add_argument("--output-dir", default="runs/hf_trainer_fsdp")
+    parser.add_argument("--output-dir", type=_lane.output_dir, default=Path("runs/hf_trainer_fsdp"))
     parser.add_argument(
         "--save-steps", type=_lane.at_least(0), default=0, help="checkpoint every N steps (0: no checkpoints)"
     )
@@ -66,8 +66,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     from each rank once each has built its model)."""
     if args.n_embd % args.n_head:
         parser.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd}")
-    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
-        parser.error(f"--output-dir {args.output_dir} is a file; give a directory for the run's checkpoints")
     if args.resume_from is not None and not Path(args.resume_from).is_dir():
         parser.error(f"--resume-from {args.resume_from} is not a directory; give a checkpoint-N directory of a run")
     from fsdp_xla.hf import HFConfigError, read_fsdp_config
@@ -159,7 +157,7 @@ def build_trainer(args: argparse.Namespace) -> FSDPTrainer:
         model = fsdp_xla.deferred_init(AutoModelForCausalLM.from_config, config)  # no parameter memory yet
 
     training_args = TrainingArguments(
-        output_dir=args.output_dir,
+        output_dir=str(args.output_dir),
         fsdp=True,  # --fsdp full_shard on the command line
         fsdp_config=args.fsdp_config,
         per_device_train_batch_size=args.batch,

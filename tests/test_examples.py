@@ -271,6 +271,8 @@ def _files(tmp_path):
     (tmp_path / "bert.json").write_text('{"model_type": "bert"}')
     (tmp_path / "bad_width.json").write_text('{"model_type": "gpt2", "n_embd": "x"}')
     (tmp_path / "a_dir").mkdir()
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "LATEST").write_text("v-20260101T000000-00000000\n")  # names no version there
     return tmp_path
 
 
@@ -287,7 +289,20 @@ def _files(tmp_path):
         ("hf_trainer_fsdp", "parse_args", ["--fsdp-config", "{}/a_dir"], "is a directory; it must be a regular file"),
         ("hf_trainer_fsdp", "parse_args", ["--n-head", "3"], "--n-head 3 must divide --n-embd 128"),
         ("hf_trainer_fsdp", "parse_args", ["--resume-from", "{}/none"], "is not a directory; give a checkpoint-N"),
-        ("hf_trainer_fsdp", "parse_args", ["--output-dir", "{}/garbled.json"], "is a file; give a directory"),
+        ("hf_trainer_fsdp", "parse_args", ["--output-dir", "{}/garbled.json"], "is a file, not a directory; give a"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "{}/garbled.json"], "is a file, not a directory; give a"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "/proc/ckpt"], "cannot create files in the directory /proc"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "{}/damaged"], "--checkpoint-dir: "),
+        ("train_long_context", "parse_args", ["--checkpoint-dir", ""], "expected a directory path, got ''"),
+        ("train_long_context", "parse_args", ["--checkpoint-dir", "{}/damaged"], "--checkpoint-dir: "),
+        ("train_long_context", "parse_args", ["--seq", "30", "--context", "4"], "must divide into 8 equal chunks"),
+        pytest.param(
+            "train_long_context",
+            "parse_args",
+            ["--context", "3", "--seq", "768", "--backend", "dtensor"],
+            "4 devices do not divide into data 1 x context 3",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
         ("hf_trainer_fsdp", "parse_args", ["--json", "{}/a_dir"], "is a directory; give a file path"),
         ("one_script", "main", ["--json", "/proc/losses.json"], "cannot create files in the directory /proc"),
         ("mfu_benchmark", "parse_args", ["--json", ""], "argument --json: expected a file path, got ''"),
