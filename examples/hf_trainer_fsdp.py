@@ -66,6 +66,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     from each rank once each has built its model)."""
     if args.n_embd % args.n_head:
         parser.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd}")
+    if not _lane.under_torchrun() and _lane.default_backend() == "dtensor" and args.batch % _lane.ranks_to_launch():
+        parser.error(f"--batch {args.batch} does not split over the {_lane.ranks_to_launch()} ranks this launches")
     if args.resume_from is not None and not Path(args.resume_from).is_dir():
         parser.error(f"--resume-from {args.resume_from} is not a directory; give a checkpoint-N directory of a run")
     from fsdp_xla.hf import HFConfigError, read_fsdp_config

@@ -273,6 +273,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--save-every needs --checkpoint-dir")
     if args.checkpoint_dir is not None:
         check_checkpoint_dir(args.checkpoint_dir)  # before any rank starts: one line, not one per rank
+    launching = (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun()
+    if launching and args.batch is not None and args.batch % _lane.ranks_to_launch():
+        parser.error(f"--batch {args.batch} does not split over the {_lane.ranks_to_launch()} ranks this launches")
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 

@@ -191,7 +191,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:  # the sequence's chunks over the context shards, and, where this launches the ranks, the world
         SequenceOrder(args.seq, args.context, load_balance=not args.no_load_balance)
         if (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun():
-            ParallelDims.for_world(_lane.ranks_to_launch(), context=args.context, tensor=args.tensor)
+            dims = ParallelDims.for_world(_lane.ranks_to_launch(), context=args.context, tensor=args.tensor)
+            rows = dims.fsdp * max(1, dims.data)  # the batch's rows split over the data and fsdp axes
+            if args.batch is not None and args.batch % rows:
+                parser.error(f"--batch {args.batch} does not split over the {rows} data x fsdp shards this launches")
     except (SequenceLengthError, MeshError) as e:
         parser.error(str(e))
     args.backend = _lane.settle_backend(args.backend, __file__, argv)

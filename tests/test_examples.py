@@ -297,6 +297,27 @@ def _files(tmp_path):
         ("train_long_context", "parse_args", ["--checkpoint-dir", "{}/damaged"], "--checkpoint-dir: "),
         ("train_long_context", "parse_args", ["--seq", "30", "--context", "4"], "must divide into 8 equal chunks"),
         pytest.param(
+            "train_fsdp",
+            "parse_args",
+            ["--batch", "3", "--backend", "dtensor"],
+            "--batch 3 does not split over the 4 ranks this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+        pytest.param(
+            "train_long_context",
+            "parse_args",
+            ["--batch", "3", "--context", "2", "--backend", "dtensor"],
+            "--batch 3 does not split over the 2 data x fsdp shards this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+        pytest.param(
+            "hf_trainer_fsdp",
+            "parse_args",
+            ["--batch", "6"],
+            "--batch 6 does not split over the 4 ranks this launches",
+            marks=pytest.mark.skipif(HAS_TORCH_XLA or torch.cuda.is_available(), reason="GSPMD: one process"),
+        ),
+        pytest.param(
             "train_long_context",
             "parse_args",
             ["--context", "3", "--seq", "768", "--backend", "dtensor"],
