@@ -43,8 +43,8 @@ def worker(calls: int, rounds: int) -> None:
     import spmd
     from mesh import Mesh
     from spmd import P
-    from spmd._backend import backend_for
     from spmd._backend.agreement import agree, sharding_fields
+    from spmd.backend import backend_for
     from spmd.mark_sharding import resolve_sharding
 
     spmd.init_process_group("gloo", timeout=60)
@@ -83,9 +83,12 @@ def worker(calls: int, rounds: int) -> None:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=at_least(1), default=200)
+    parser.add_argument("--rounds", type=at_least(1), default=5)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -124,11 +124,16 @@ def child(mode: str, config: dict, eager_limit: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=CONFIG["n_layer"])
-    parser.add_argument("--d-model", type=int, default=CONFIG["d_model"])
-    parser.add_argument("--json", type=Path, default=Path("runs") / "deferred_init_memory.json")
-    parser.add_argument("--eager-limit", type=float, default=2.5, help="stop the torch_xla eager run past this x")
+    parser.add_argument("--layers", type=at_least(1), default=CONFIG["n_layer"])
+    parser.add_argument("--d-model", type=at_least(1), default=CONFIG["d_model"])
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "deferred_init_memory.json")
+    parser.add_argument(
+        "--eager-limit", type=positive_float, default=2.5, help="stop the torch_xla eager run past this x"
+    )
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     config = {**CONFIG, "n_layer": args.layers, "d_model": args.d_model}

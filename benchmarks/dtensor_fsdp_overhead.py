@@ -37,7 +37,7 @@ from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch  # noqa: E4
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from fsdp_xla.communication import Phase, bytes_by_phase, dtensor_traffic_mode, zero3_minimum_bytes  # noqa: E402
 from mesh import Mesh  # noqa: E402
-from spmd._backend.dtensor_backend import device_mesh  # noqa: E402
+from spmd.backend import dtensor_device_mesh as device_mesh  # noqa: E402
 
 BARE = "bare fully_shard"
 
@@ -133,11 +133,14 @@ def print_rows(rows: list[dict], config: dict, n: int, steps: int, minimum: int,
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "dtensor_fsdp_overhead.json")
+    parser.add_argument("--steps", type=at_least(1), default=20)
+    parser.add_argument("--layers", type=at_least(1), default=4)
+    parser.add_argument("--d-model", type=at_least(1), default=256)
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "dtensor_fsdp_overhead.json")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")

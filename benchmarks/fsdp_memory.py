@@ -220,17 +220,20 @@ NAMES = {"torch_xla": "torch_xla FSDPv2", "fsdp_xla": "fsdp_xla", "fsdp_xla_no_b
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16, help="global batch")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps")
+    parser.add_argument("--layers", type=at_least(1), default=6)
+    parser.add_argument("--d-model", type=at_least(1), default=512)
+    parser.add_argument("--heads", type=at_least(1), default=8)
+    parser.add_argument("--vocab", type=at_least(2), default=2048)
+    parser.add_argument("--seq", type=at_least(1), default=128)
+    parser.add_argument("--batch", type=at_least(1), default=16, help="global batch")
+    parser.add_argument("--warmup", type=at_least(0), default=3)
+    parser.add_argument("--steps", type=at_least(1), default=8, help="timed steps")
     parser.add_argument("--no-tpu", action="store_true", help="skip compiling the graphs again for a TPU slice")
-    parser.add_argument("--json", type=Path, default=Path("runs") / "fsdp_memory.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "fsdp_memory.json")
     return parser.parse_args(argv)
 
 

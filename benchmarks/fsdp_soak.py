@@ -37,7 +37,7 @@ import spmd  # noqa: E402
 from examples.train_fsdp import GPT, Block, synthetic_batch, xla_step  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from mesh import Mesh  # noqa: E402
-from spmd._backend import backend  # noqa: E402
+from spmd.backend import torch_xla_backend as backend  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -48,11 +48,14 @@ def rss_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, non_negative_float, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--rss-tolerance", type=float, default=0.05)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "fsdp_soak.json")
+    parser.add_argument("--steps", type=at_least(1), default=200)
+    parser.add_argument("--warmup", type=at_least(0), default=20)
+    parser.add_argument("--rss-tolerance", type=non_negative_float, default=0.05)
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "fsdp_soak.json")
     args = parser.parse_args(argv)
 
     spmd.enable_spmd()

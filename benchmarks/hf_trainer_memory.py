@@ -49,11 +49,14 @@ def baseline_rss() -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=1024)
-    parser.add_argument("--n-layer", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--nproc", type=at_least(1), default=4)
+    parser.add_argument("--n-embd", type=at_least(1), default=1024)
+    parser.add_argument("--n-layer", type=at_least(1), default=8)
+    parser.add_argument("--vocab", type=at_least(2), default=32000)
     args = parser.parse_args(argv)
     model = ["--n-embd", str(args.n_embd), "--n-layer", str(args.n_layer), "--vocab", str(args.vocab)]
     model += ["--n-head", "16", "--batch", str(4 * args.nproc), "--seq", "128"]

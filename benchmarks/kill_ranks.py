@@ -147,17 +147,20 @@ def run_uninterrupted(args: argparse.Namespace, train: list[str], ref_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, non_negative_float, output_file, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=6, help="random SIGKILLs (one per attempt)")
-    parser.add_argument("--stops", type=int, default=0, help="random SIGSTOPs (each costs torchrun's 30 s)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--save-every", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=20.0)
-    parser.add_argument("--span", type=int, default=8, help="a fault comes 1..span steps into an attempt")
-    parser.add_argument("--jitter", type=float, default=0.3, help="and 0..jitter seconds into that step")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kills", type=at_least(0), default=6, help="random SIGKILLs (one per attempt)")
+    parser.add_argument("--stops", type=at_least(0), default=0, help="random SIGSTOPs (each costs torchrun's 30 s)")
+    parser.add_argument("--steps", type=at_least(1), default=60)
+    parser.add_argument("--save-every", type=at_least(1), default=3)
+    parser.add_argument("--timeout", type=positive_float, default=20.0)
+    parser.add_argument("--span", type=at_least(1), default=8, help="a fault comes 1..span steps into an attempt")
+    parser.add_argument("--jitter", type=non_negative_float, default=0.3, help="and 0..jitter seconds into that step")
+    parser.add_argument("--seed", type=at_least(0), default=0)
     parser.add_argument("--workdir", type=Path, default=Path("runs") / "kill_ranks")
-    parser.add_argument("--json", type=Path, default=Path("runs") / "kill_ranks.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "kill_ranks.json")
     args = parser.parse_args(argv)
     train = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "32", "--vocab", "64"]
     train += ["--batch", "16", "--steps", str(args.steps), "--dataset-rows", "512", "--lr", "1e-2"]

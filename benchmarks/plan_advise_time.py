@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spmd._util.atomic_file import atomic_write, file_to_write  # noqa: E402
+from spmd.files import atomic_write, file_to_write  # noqa: E402
 
 # The README's line (docs/plan.md, issue 29): llama3.1-70b on 64 TPU7x chips, 8k, flash.
 README_LINE = (
@@ -91,8 +91,11 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=None, help="the advisor's --jobs (default: its own)")
+    p.add_argument("--jobs", type=at_least(1), default=None, help="the advisor's --jobs (default: its own)")
     p.add_argument("--cache", type=Path, default=None, help="with --warm-only: the cache directory of an earlier run")
     p.add_argument("--warm-only", action="store_true", help="one run on --cache as it is (no cold run)")
     p.add_argument("--json", type=Path, default=ROOT / "runs" / "plan_advise_time.json")

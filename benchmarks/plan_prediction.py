@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spmd._util.atomic_file import atomic_write
+from spmd.files import atomic_write
 from spmd.plan._calibration import CALIBRATION, CALIBRATION_RUNS, CalibrationPoint, fit_efficiency
 from spmd.plan._step_time import predict_step
 from spmd.plan.advice import Candidate

@@ -151,16 +151,19 @@ def summarize(results: list[dict], arms: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file, positive_float
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
-    parser.add_argument("--trials", type=int, default=20, help="runs per arm")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--trials", type=at_least(1), default=20, help="runs per arm")
+    parser.add_argument("--steps", type=at_least(1), default=300)
     parser.add_argument("--arms", default="ours,plain", help=f"comma-separated, of {','.join(ARMS)}")
-    parser.add_argument("--width", type=int, default=64, help="model width (d_model)")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--nice", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "rendezvous_abort.json")
+    parser.add_argument("--width", type=at_least(1), default=64, help="model width (d_model)")
+    parser.add_argument("--batch", type=at_least(1), default=16)
+    parser.add_argument("--nice", type=at_least(0, 19), default=10)
+    parser.add_argument("--timeout", type=positive_float, default=1800)
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "rendezvous_abort.json")
     args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.steps, args.width, args.batch)

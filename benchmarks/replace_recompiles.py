@@ -33,7 +33,7 @@ import torch_xla  # noqa: E402
 import torch_xla.distributed.spmd as xs  # noqa: E402
 
 import spmd  # noqa: E402
-from spmd._backend import backend  # noqa: E402
+from spmd.backend import torch_xla_backend as backend  # noqa: E402
 
 SPECS = [("data", "model"), ("model", "data")]
 
@@ -59,9 +59,12 @@ def loop(replace, mesh, steps: int) -> dict:  # noqa: ANN001 (either library's m
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--json", type=Path, default=Path("runs") / "replace_recompiles.json")
+    parser.add_argument("--steps", type=at_least(1), default=20)
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "replace_recompiles.json")
     args = parser.parse_args(argv)
     spmd.enable_spmd()
     theirs = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))

@@ -42,10 +42,13 @@ from mesh import Mesh  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=12, help="timed traces per mode (after 2 warm-up)")
-    parser.add_argument("--json", type=Path, default=Path("runs") / "sharded_tensor_tracing.json")
+    parser.add_argument("--layers", type=at_least(1), default=4)
+    parser.add_argument("--repeats", type=at_least(1), default=12, help="timed traces per mode (after 2 warm-up)")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "sharded_tensor_tracing.json")
     args = parser.parse_args(argv)
 
     spmd.enable_spmd()

@@ -86,11 +86,14 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT))  # examples._lane: the number flags' types
+    from examples._lane import at_least, output_file
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--busy", type=int, default=4, help="processes spinning on the CPU beside the tests")
+    parser.add_argument("--runs", type=at_least(1), default=20)
+    parser.add_argument("--busy", type=at_least(0), default=4, help="processes spinning on the CPU beside the tests")
     parser.add_argument("--workdir", type=Path, default=Path("runs") / "stopped_rank_repeat")
-    parser.add_argument("--json", type=Path, default=Path("runs") / "stopped_rank_repeat.json")
+    parser.add_argument("--json", type=output_file, default=Path("runs") / "stopped_rank_repeat.json")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)  # pytest makes --basetemp itself, not its parents
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]

@@ -19,16 +19,22 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 __all__ = [
     "CPU_RANKS",
+    "INT_FLAG_MAX",
     "at_least",
     "default_backend",
     "exit_needing_torch_xla",
     "launch_ranks",
+    "non_negative_float",
+    "output_dir",
+    "output_file",
     "positive_float",
+    "ranks_to_launch",
     "settle_backend",
     "under_torchrun",
 ]
@@ -65,7 +71,7 @@ def settle_backend(requested: str | None, script: str, argv: Sequence[str] | Non
 def exit_needing_torch_xla(script: str, feature: str, hint: str = "") -> None:
     """Return if torch_xla is installed; else print one line naming ``feature`` and the install
     command (`spmd.errors.TorchXlaNotInstalledError`'s message), then ``hint``, and exit 2."""
-    from spmd._backend import backend
+    from spmd.backend import torch_xla_backend as backend
     from spmd.errors import TorchXlaNotInstalledError
 
     try:
@@ -78,7 +84,7 @@ def exit_needing_torch_xla(script: str, feature: str, hint: str = "") -> None:
 def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> int:
     """Run ``script argv`` as ``torchrun --standalone --nproc_per_node nproc`` (default: one rank
     per GPU, else `CPU_RANKS` CPU processes); their exit status."""
-    nproc = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else CPU_RANKS)
+    nproc = nproc or ranks_to_launch()
     flags = ["--standalone", "--nproc_per_node", str(nproc)]
     where = f"{nproc} GPU processes (nccl)" if torch.cuda.is_available() else f"{nproc} CPU processes (gloo)"
     shown = os.path.relpath(script) if not os.path.relpath(script).startswith("..") else script
@@ -92,8 +98,20 @@ def launch_ranks(script: str, argv: Sequence[str], nproc: int | None = None) -> 
             return ranks.wait()
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum`` (``-1`` saves-every would otherwise read as "every step")."""
+INT_FLAG_MAX = 2**31 - 1
+"""The largest whole number a number flag takes: a step count, a size or a seed past it is a typo
+(torch's sizes and numpy's seeds would overflow with an error of their own)."""
+
+
+def ranks_to_launch() -> int:
+    """The ranks `launch_ranks` starts by default: one per GPU, else `CPU_RANKS` CPU processes (so a
+    script can check a flag against them before it launches any)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else CPU_RANKS
+
+
+def at_least(minimum: int, maximum: int = INT_FLAG_MAX) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``minimum`` to ``maximum`` (``-1`` saves-every would
+    otherwise read as "every step")."""
 
     def parse(text: str) -> int:
         try:
@@ -102,17 +120,78 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text[:40]}")
         return value
 
     return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (a learning rate, a timeout)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate, a timeout)."""
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a tolerance, a jitter)."""
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file this run will write (``--json``), checked before the run rather
+    than after it: not a directory or a special file, in a directory that exists (or can be made)
+    and takes new files."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
+    target = Path(text)
+    if target.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path (e.g. {target / 'report.json'})")
+    if target.exists() and not target.is_file():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a regular file; give another path")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:  # the nearest directory that exists
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _read_only(parent):
+        raise argparse.ArgumentTypeError(f"cannot create files in the directory {parent}; give a path you can write")
+    return target
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type: a directory this run will write into (``--checkpoint-dir``,
+    ``--output-dir``), checked before the run: not a file, and the directory (or the nearest one
+    above it that exists, where it will be made) takes new files."""
+    if not text or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"expected a directory path, got {text!r}")
+    target = Path(text)
+    if target.exists() and not target.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory; give a directory path")
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing):
+        raise argparse.ArgumentTypeError(f"cannot create files in the directory {existing}; give a path you can write")
+    return target
+
+
+def _read_only(directory: Path) -> bool:
+    """Whether ``directory`` is on a file system that takes no new files (``/proc``, ``/sys``; root
+    passes ``os.access`` there)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY) or str(directory.resolve()).startswith(
+            ("/proc", "/sys")
+        )
+    except OSError:
+        return True

@@ -31,10 +31,58 @@ try:
 except ImportError:
     import _lane  # run as a script: examples/ is on the path
 
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
+    parser.add_argument("--steps", type=_lane.at_least(1), default=12)
+    parser.add_argument(
+        "--batch", type=_lane.at_least(1), default=16, help="global batch (per_device_train_batch_size under SPMD)"
+    )
+    parser.add_argument("--seq", type=_lane.at_least(1), default=64)
+    parser.add_argument("--vocab", type=_lane.at_least(2), default=512)
+    parser.add_argument("--n-embd", type=_lane.at_least(1), default=128)
+    parser.add_argument("--n-layer", type=_lane.at_least(1), default=4)
+    parser.add_argument("--n-head", type=_lane.at_least(1), default=4)
+    parser.add_argument("--lr", type=_lane.positive_float, default=3e-3)
+    parser.add_argument("--eager-init", action="store_true", help="build the model on the host first")
+    parser.add_argument("--output-dir", type=_lane.output_dir, default=Path("runs/hf_trainer_fsdp"))
+    parser.add_argument(
+        "--save-steps", type=_lane.at_least(0), default=0, help="checkpoint every N steps (0: no checkpoints)"
+    )
+    parser.add_argument("--resume-from", default=None, help="a checkpoint directory to continue from")
+    parser.add_argument(
+        "--json", type=_lane.output_file, default=None, help="write the losses and memory numbers here (rank 0)"
+    )
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse's types cannot see, checked before any rank starts (one line, not a traceback
+    from each rank once each has built its model)."""
+    if args.n_embd % args.n_head:
+        parser.error(f"--n-head {args.n_head} must divide --n-embd {args.n_embd}")
+    if not _lane.under_torchrun() and _lane.default_backend() == "dtensor" and args.batch % _lane.ranks_to_launch():
+        parser.error(f"--batch {args.batch} does not split over the {_lane.ranks_to_launch()} ranks this launches")
+    if args.resume_from is not None and not Path(args.resume_from).is_dir():
+        parser.error(f"--resume-from {args.resume_from} is not a directory; give a checkpoint-N directory of a run")
+    from fsdp_xla.hf import HFConfigError, read_fsdp_config
+
+    try:
+        read_fsdp_config(args.fsdp_config, warn=False)
+    except HFConfigError as e:
+        parser.error(f"--fsdp-config: {e}")
+
+
 TORCHRUN = _lane.under_torchrun()
 GSPMD = _lane.default_backend() == "torch_xla"  # one process drives every device
 if not TORCHRUN and not GSPMD and __name__ == "__main__":
     # Without torch_xla this example runs on DTensor, one process per device: launch them.
+    parse_args(sys.argv[1:])  # a bad flag ends here, not in every rank
     sys.exit(_lane.launch_ranks(__file__, sys.argv[1:]))
 if GSPMD:
     from spmd import configure_default_devices
@@ -42,17 +90,15 @@ if GSPMD:
     configure_default_devices()
 
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments  # noqa: E402
+from transformers import AutoModelForCausalLM, GPT2Config  # noqa: E402
 
 import fsdp_xla  # noqa: E402
-from fsdp_xla.hf import FSDPTrainer  # noqa: E402
+from fsdp_xla.hf import FSDPTrainer, TrainingArguments  # noqa: E402
 
 if GSPMD:
     import spmd
 
     spmd.enable_spmd()  # before TrainingArguments: it picks the XLA device
-
-HERE = Path(__file__).resolve().parent
 
 
 class CountingDataset(torch.utils.data.Dataset):
@@ -95,25 +141,6 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--batch", type=int, default=16, help="global batch (per_device_train_batch_size under SPMD)")
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--eager-init", action="store_true", help="build the model on the host first")
-    parser.add_argument("--output-dir", default="runs/hf_trainer_fsdp")
-    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: no checkpoints)")
-    parser.add_argument("--resume-from", default=None, help="a checkpoint directory to continue from")
-    parser.add_argument("--json", default=None, help="write the losses and memory numbers here (rank 0)")
-    return parser.parse_args(argv)
-
-
 def build_trainer(args: argparse.Namespace) -> FSDPTrainer:
     """The model (on the meta device unless ``--eager-init``) and the trainer, which shards it."""
     config = GPT2Config(
@@ -132,7 +159,7 @@ def build_trainer(args: argparse.Namespace) -> FSDPTrainer:
         model = fsdp_xla.deferred_init(AutoModelForCausalLM.from_config, config)  # no parameter memory yet
 
     training_args = TrainingArguments(
-        output_dir=args.output_dir,
+        output_dir=str(args.output_dir),
         fsdp=True,  # --fsdp full_shard on the command line
         fsdp_config=args.fsdp_config,
         per_device_train_batch_size=args.batch,

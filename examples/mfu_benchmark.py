@@ -71,7 +71,7 @@ from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
 from fsdp_xla.hf import gpt2_plan, llama_plan  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd import P, mark_sharding  # noqa: E402
-from spmd._backend import backend  # noqa: E402
+from spmd.backend import torch_xla_backend as backend  # noqa: E402
 from spmd.errors import INSTALL_TORCH_XLA  # noqa: E402
 from spmd.mfu import (  # noqa: E402
     TransformerShape,
@@ -343,20 +343,51 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
         choices=["torch_xla", "fully_shard", "none"],
         help="default: torch_xla's FSDPv2 on torch_xla, FSDP2's fully_shard on dtensor",
     )
-    parser.add_argument("--tensor", type=int, default=2, help="size of the tensor axis for 2d")
-    parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="steps before timing (they compile)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per chip")
-    parser.add_argument("--chips", type=float, default=None, help="chips (default: devices / devices per chip)")
-    parser.add_argument("--json", type=Path, default=Path("runs") / "mfu_benchmark.json")
+    parser.add_argument("--tensor", type=_lane.at_least(1), default=2, help="size of the tensor axis for 2d")
+    parser.add_argument("--batch", type=_lane.at_least(1), default=16, help="global batch (sequences)")
+    parser.add_argument("--seq", type=_lane.at_least(1), default=128)
+    parser.add_argument("--steps", type=_lane.at_least(1), default=5, help="timed steps")
+    parser.add_argument("--warmup", type=_lane.at_least(0), default=2, help="steps before timing (they compile)")
+    parser.add_argument("--peak-tflops", type=_lane.positive_float, default=None, help="peak TFLOP/s per chip")
+    parser.add_argument(
+        "--chips", type=_lane.positive_float, default=None, help="chips (default: devices / devices per chip)"
+    )
+    parser.add_argument("--json", type=_lane.output_file, default=Path("runs") / "mfu_benchmark.json")
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
     args = parser.parse_args(argv)
+    check_args(args, parser)
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args, parser
+
+
+STRATEGIES = ("fsdp", "2d", "dp")
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What the flags' types cannot see, before any rank starts: one line, not one per rank (with
+    torchrun's traceback) once each has built its model."""
+    unknown = sorted(set(filter(None, (args.strategies or "").split(","))) - set(STRATEGIES))
+    if unknown:
+        parser.error(f"--strategies {args.strategies}: unknown {unknown}; give a comma list of {', '.join(STRATEGIES)}")
+    if (args.backend or _lane.default_backend()) == "dtensor":
+        if args.baseline == "torch_xla":
+            parser.error("--baseline torch_xla runs on torch_xla only; on dtensor the baseline is fully_shard")
+        if set(filter(None, (args.strategies or "").split(","))) - {"fsdp"}:
+            parser.error(
+                f"--strategies {args.strategies}: only fsdp runs on dtensor here (2d and dp need torch's "
+                "parallelize_module and DDP, which this benchmark does not apply); use --strategies fsdp"
+            )
+    elif args.baseline == "fully_shard":
+        parser.error("--baseline fully_shard runs on dtensor only (torchrun, or --backend dtensor)")
+    if args.config is not None:
+        if not args.config.is_file():
+            parser.error(f"--config {args.config} is not a file; give a Hugging Face config.json (gpt2 or llama)")
+        try:
+            TransformerShape.from_hf_config(make_config(None, args.config, args.seq))
+        except Exception as e:  # transformers' and huggingface_hub's own errors for a file it cannot read
+            parser.error(f"--config {args.config}: {str(e).strip().splitlines()[0][:300]}")
 
 
 def start_lane(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str, int]:
@@ -379,7 +410,10 @@ def start_lane(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tup
     import torch_xla.runtime as xr
 
     spmd.enable_spmd()
-    return xr.global_runtime_device_count(), xr.device_type(), 0
+    n = xr.global_runtime_device_count()
+    if "2d" in args.strategies.split(",") and n % args.tensor:
+        parser.error(f"--tensor {args.tensor} does not divide the {n} devices (the 2d strategy's mesh)")
+    return n, xr.device_type(), 0
 
 
 def peak_for(args: argparse.Namespace, parser: argparse.ArgumentParser, platform: str, n: int):

@@ -87,8 +87,8 @@ def train(steps: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--json", help="write the losses here (rank 0)")
+    parser.add_argument("--steps", type=_lane.at_least(1), default=10)
+    parser.add_argument("--json", type=_lane.output_file, help="write the losses here (rank 0)")
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )

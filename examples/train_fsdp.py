@@ -50,7 +50,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import spmd  # noqa: E402
 from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
-from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded  # noqa: E402
+from fsdp_xla.checkpoint import checkpoint_version, has_checkpoint, load_sharded, save_sharded  # noqa: E402
 from fsdp_xla.errors import CheckpointError  # noqa: E402
 from spmd import Mesh, P, ProcessDataLoader, mark_sharding, watch_collectives  # noqa: E402
 
@@ -227,11 +227,13 @@ def resume(directory: Path, model: torch.nn.Module, optimizer: Any, loader: Proc
 
 def check_checkpoint_dir(directory: Path) -> None:
     """Exit 2 with one line if ``directory`` is no place to resume from or to start in: it holds
-    versions but no ``LATEST`` (another run's, or a damaged checkpoint; `has_checkpoint`)."""
+    versions but no ``LATEST`` (another run's, or a damaged checkpoint; `has_checkpoint`), or its
+    ``LATEST`` names no complete version (`checkpoint_version`; each rank raised it at resume)."""
     try:
-        has_checkpoint(directory)
+        if has_checkpoint(directory):
+            checkpoint_version(directory)
     except CheckpointError as e:
-        print(f"train_fsdp.py: --checkpoint-dir: {e}", file=sys.stderr)
+        print(f"train_fsdp.py: error: --checkpoint-dir: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -257,7 +259,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
     parser.add_argument("--dataset-rows", type=_lane.at_least(1), default=4096, help="rows of the synthetic dataset")
-    parser.add_argument("--checkpoint-dir", type=Path, help="save here, and resume from the newest checkpoint")
+    parser.add_argument(
+        "--checkpoint-dir", type=_lane.output_dir, help="save here, and resume from the newest checkpoint"
+    )
     parser.add_argument("--save-every", type=_lane.at_least(0), default=0, help="save every N steps (0: never)")
     parser.add_argument(
         "--timeout", type=_lane.positive_float, default=600.0, help="seconds a collective may wait (dtensor)"
@@ -269,6 +273,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--save-every needs --checkpoint-dir")
     if args.checkpoint_dir is not None:
         check_checkpoint_dir(args.checkpoint_dir)  # before any rank starts: one line, not one per rank
+    launching = (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun()
+    if launching and args.batch is not None and args.batch % _lane.ranks_to_launch():
+        parser.error(f"--batch {args.batch} does not split over the {_lane.ranks_to_launch()} ranks this launches")
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 

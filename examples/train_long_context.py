@@ -46,10 +46,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import spmd  # noqa: E402
-from fsdp_xla import FSDP, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
-from fsdp_xla.checkpoint import has_checkpoint, load_sharded, save_sharded  # noqa: E402
+from fsdp_xla import FSDP, CheckpointError, MixedPrecision, deferred_init, transformer_auto_wrap_policy  # noqa: E402
+from fsdp_xla.checkpoint import checkpoint_version, has_checkpoint, load_sharded, save_sharded  # noqa: E402
 from fsdp_xla.hf import DEFAULT_AXIS_RULES  # noqa: E402
-from mesh import Mesh, ParallelDims  # noqa: E402
+from mesh import Mesh, MeshError, ParallelDims  # noqa: E402
+from spmd.context import SequenceOrder  # noqa: E402
+from spmd.errors import SequenceLengthError  # noqa: E402
 from spmd.logical_axes import ShardingPlan  # noqa: E402
 
 
@@ -165,12 +167,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deferred-init", action="store_true", help="build on the meta device, init each shard")
     parser.add_argument("--backend", choices=("dtensor", "torch_xla"), default=None)
     parser.add_argument(
-        "--checkpoint-dir", type=Path, help="save here, and resume from its newest checkpoint (at any --context)"
+        "--checkpoint-dir",
+        type=_lane.output_dir,
+        help="save here, and resume from its newest checkpoint (at any --context)",
     )
     parser.add_argument("--save-every", type=_lane.at_least(0), default=0, help="save every N steps (0: never)")
     args = parser.parse_args(argv)
     if args.save_every and args.checkpoint_dir is None:
         parser.error("--save-every needs --checkpoint-dir")
+    if args.checkpoint_dir is not None:  # before any rank starts: one line, not one per rank at resume
+        try:
+            if has_checkpoint(args.checkpoint_dir):
+                checkpoint_version(args.checkpoint_dir)
+        except CheckpointError as e:
+            parser.error(f"--checkpoint-dir: {e}")
     if args.heads % args.kv_heads or args.d_model % args.heads:
         parser.error("--heads must divide --d-model, and --kv-heads must divide --heads")
     if args.kv_heads % args.tensor:  # then --heads divides too: each kv head's query heads go with it
@@ -178,6 +188,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--tensor {args.tensor} must divide --kv-heads {args.kv_heads}: each tensor shard computes whole "
             "key/value heads and their query heads"
         )
+    try:  # the sequence's chunks over the context shards, and, where this launches the ranks, the world
+        SequenceOrder(args.seq, args.context, load_balance=not args.no_load_balance)
+        if (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun():
+            dims = ParallelDims.for_world(_lane.ranks_to_launch(), context=args.context, tensor=args.tensor)
+            rows = dims.fsdp * max(1, dims.data)  # the batch's rows split over the data and fsdp axes
+            if args.batch is not None and args.batch % rows:
+                parser.error(f"--batch {args.batch} does not split over the {rows} data x fsdp shards this launches")
+    except (SequenceLengthError, MeshError) as e:
+        parser.error(str(e))
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
     return args
 
@@ -321,7 +340,10 @@ def main(argv: list[str] | None = None) -> list[float]:
     """Train; the global batch's loss of every step this run made (from the resumed step on)."""
     args = parse_args(argv)
     devices, rank = start_runtime(args.backend)
-    dims = ParallelDims.for_world(devices, context=args.context, tensor=args.tensor)
+    try:
+        dims = ParallelDims.for_world(devices, context=args.context, tensor=args.tensor)
+    except MeshError as e:  # the world is known only now (under torchrun, or torch_xla's devices): one line
+        raise SystemExit(f"train_long_context.py: error: {e}") from None
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{devices} devices, {args.backend}: {dims.mesh().describe()}, {args.seq} tokens a sequence")
     model, plan, optimizer = build(args, dims)

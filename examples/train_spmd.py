@@ -106,14 +106,18 @@ def synthetic_batch(generator: torch.Generator, batch: int, seq: int, vocab: int
 
 def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=16, help="global batch")
-    parser.add_argument("--model-axis", type=int, default=2, help="size of the 'model' mesh axis")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--steps", type=_lane.at_least(1), default=30)
+    parser.add_argument("--batch", type=_lane.at_least(1), default=16, help="global batch")
+    parser.add_argument("--model-axis", type=_lane.at_least(1), default=2, help="size of the 'model' mesh axis")
+    parser.add_argument("--lr", type=_lane.positive_float, default=3e-3)
     parser.add_argument(
         "--backend", choices=["torch_xla", "dtensor"], help="default: dtensor under torchrun or without torch_xla"
     )
     args = parser.parse_args(argv)
+    if (args.backend or _lane.default_backend()) == "dtensor" and not _lane.under_torchrun():
+        launching = _lane.ranks_to_launch()  # checked here: one line, not one per rank and torchrun's traceback
+        if launching % args.model_axis:
+            parser.error(f"--model-axis {args.model_axis} does not divide the {launching} ranks this launches")
     args.backend = _lane.settle_backend(args.backend, __file__, argv)
 
     rank = 0

@@ -16,7 +16,7 @@ import numpy as np
 
 from mesh._checks import require_int
 from mesh._mesh import Mesh
-from mesh.errors import MeshTypeError, NoMeshError
+from mesh.errors import DeviceCountError, MeshTypeError, NoMeshError
 
 __all__ = [
     "GlobalMeshFollower",
@@ -108,19 +108,27 @@ def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
         stack.pop()
 
 
+_MAX_1D_DEVICES = 2**20
+"""More devices than any pod has: a larger count is a typo, and its ``arange`` would not fit in memory."""
+
+
 def get_1d_mesh(axis_name: str | None = None, num_devices: int | None = None) -> Mesh:
     """A one-axis mesh over ``num_devices`` devices (``spmd.get_1d_mesh`` takes the backend's
     count when it is not given).
 
     Raises:
         MeshTypeError: ``num_devices`` is not given, or not an int.
+        DeviceCountError: ``num_devices`` is below 1 or above 2**20 (``2**70`` was numpy's own
+            "Maximum allowed size exceeded").
     """
     if num_devices is None:
         raise MeshTypeError(
             "mesh.get_1d_mesh needs num_devices (a Mesh is a value; it does not ask a runtime). "
             "spmd.get_1d_mesh(axis_name) takes the runtime's device count."
         )
-    num_devices = require_int(num_devices, "num_devices", MeshTypeError)  # a numpy int is one too
+    num_devices = require_int(  # a numpy int is one too
+        num_devices, "num_devices", MeshTypeError, minimum=1, maximum=_MAX_1D_DEVICES, range_error=DeviceCountError
+    )
     return Mesh(np.arange(num_devices), (num_devices,), None if axis_name is None else (axis_name,))
 
 

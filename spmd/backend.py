@@ -25,6 +25,7 @@ from spmd._backend import backend_for as backend_for
 from spmd._backend import torch_xla_backend as torch_xla_backend
 from spmd._backend import use_backend as use_backend
 from spmd._backend.agreement import agree as agree
+from spmd._backend.agreement import mesh_text as mesh_text
 from spmd._backend.agreement import spec_text as spec_text
 from spmd._backend.dtensor_backend import DTensorBackend as DTensorBackend
 from spmd._backend.dtensor_backend import device_mesh as dtensor_device_mesh
@@ -42,6 +43,7 @@ __all__ = [
     "backend_for",
     "device_type_of",
     "dtensor_device_mesh",
+    "mesh_text",
     "process_count",
     "process_index",
     "spec_text",

@@ -35,6 +35,8 @@ __all__ = [
     "ContextParallelError",
     "SequenceLengthError",
     "UnsupportedAttentionError",
+    "MfuError",
+    "ProcessGroupError",
 ]
 
 INSTALL_TORCH_XLA = "pip install 'xla-spmd[xla]' (torch 2.9.0 with torch_xla 2.9.0)"
@@ -190,3 +192,14 @@ class SequenceLengthError(ContextParallelError):
 class UnsupportedAttentionError(ContextParallelError, NotImplementedError):
     """An attention call the context-parallel strategy cannot compute with the sequence split
     (an explicit mask, dropout); the message names the module. Also a ``NotImplementedError``."""
+
+
+class MfuError(ValueError):
+    """A FLOP count, size, time, chip count or peak that MFU's arithmetic cannot use (`spmd.mfu`):
+    negative, zero where it divides, not finite, or a model or chip it has no numbers for. The
+    message names the argument and what to give instead."""
+
+
+class ProcessGroupError(ValueError):
+    """`spmd.init_process_group` cannot start the process group as asked: one is already running
+    in this process. (A ``ValueError``, as torch's own refusal was.)"""

@@ -15,13 +15,17 @@ from collections.abc import Sequence
 
 import torch
 
-from mesh.checks import is_int
+from mesh.checks import is_int, require_bool, require_real
 from spmd.errors import SpmdTypeError
 
-__all__ = ["layer_norm", "LayerNormShapeError", "ShardableLayerNorm", "use_shardable_layer_norm"]
+__all__ = ["layer_norm", "LayerNormError", "LayerNormShapeError", "ShardableLayerNorm", "use_shardable_layer_norm"]
 
 
-class LayerNormShapeError(ValueError):
+class LayerNormError(ValueError):
+    """A layer norm's setting out of range (a negative or NaN ``eps``, a size below 1)."""
+
+
+class LayerNormShapeError(LayerNormError):
     """``normalized_shape``, ``weight`` or ``bias`` that does not fit the input's trailing dims
     (``F.layer_norm`` refuses these too, with a RuntimeError)."""
 
@@ -63,9 +67,12 @@ def layer_norm(
     Raises:
         LayerNormShapeError: ``normalized_shape`` is not the input's trailing dims, or ``weight``
             or ``bias`` is not of that shape.
-        SpmdTypeError: ``x`` is not a tensor, or ``normalized_shape`` not an int or ints.
+        LayerNormError: ``eps`` is negative or not finite (a NaN made every output NaN).
+        SpmdTypeError: ``x`` is not a tensor, ``normalized_shape`` not an int or ints, ``eps``
+            not a number.
     """
     dims = _normalized_dims(x, normalized_shape, weight, bias)
+    eps = _eps(eps, "layer_norm")
     compute = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
     xf = x.to(compute)
     mean = xf.mean(dim=dims, keepdim=True)
@@ -79,8 +86,41 @@ def layer_norm(
     return out
 
 
+def _eps(eps: object, where: str) -> float:
+    return require_real(eps, f"{where}: eps", SpmdTypeError, minimum=0, range_error=LayerNormError)
+
+
 class ShardableLayerNorm(torch.nn.LayerNorm):
-    """``nn.LayerNorm`` whose forward is `layer_norm` (same parameters and state dict)."""
+    """``nn.LayerNorm`` whose forward is `layer_norm` (same parameters and state dict).
+
+    Its arguments are ``nn.LayerNorm``'s, checked first: ``normalized_shape`` an int or ints
+    each >= 1, ``eps`` a finite number >= 0, ``elementwise_affine`` and ``bias`` bools
+    (`SpmdTypeError`, `LayerNormError`; torch took ``'no'`` as true, ``eps=None`` until the
+    first forward and a zero size as an empty norm).
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        shape = (normalized_shape,) if is_int(normalized_shape) else normalized_shape
+        if isinstance(shape, str) or not isinstance(shape, Sequence) or not shape or not all(is_int(n) for n in shape):
+            raise SpmdTypeError(
+                f"ShardableLayerNorm: normalized_shape is an int or a non-empty tuple of ints, got {normalized_shape!r:.80}."
+            )
+        if any(n < 1 for n in shape):
+            raise LayerNormError(
+                f"ShardableLayerNorm: normalized_shape {tuple(shape)} has a size below 1; sizes are >= 1."
+            )
+        eps = _eps(eps, "ShardableLayerNorm")
+        require_bool(elementwise_affine, "ShardableLayerNorm: elementwise_affine", SpmdTypeError)
+        require_bool(bias, "ShardableLayerNorm: bias", SpmdTypeError)
+        super().__init__(tuple(int(n) for n in shape), eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

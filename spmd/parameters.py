@@ -9,6 +9,7 @@ backend needs, so the same training script runs on both (``examples/train_spmd.p
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 
 import torch
@@ -84,7 +85,21 @@ def _spec_function(module: torch.nn.Module, specs: SpecFor) -> Callable[[str, to
                 f"{sorted(names)}. Use qualified names as named_parameters() gives them."
             )
         return lambda name, _: specs.get(name)
+    elif isinstance(specs, torch.nn.Module):  # callable, but a module's forward is no spec function
+        raise SpmdTypeError(
+            f"shard_parameters: specs is a module ({type(specs).__name__}); the order is shard_parameters(module, mesh, "
+            "specs), specs a mapping {name: spec} or a function (name, parameter) -> spec."
+        )
     elif callable(specs):
+        try:
+            inspect.signature(specs).bind("name", None)
+        except TypeError:
+            raise SpmdTypeError(
+                f"shard_parameters: the specs function {getattr(specs, '__name__', specs)!r:.60} must take two "
+                "arguments (name, parameter) and return a spec or None."
+            ) from None
+        except ValueError:  # no signature to read (a builtin): call it as given
+            pass
         return specs
     else:
         raise SpmdTypeError(

@@ -230,3 +230,125 @@ def test_train_fsdp_flags_are_checked_as_documented(argv, said, capsys):
         load("train_fsdp").parse_args(argv)
     assert exit_.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, entry, argv, said",
+    [
+        ("train_spmd", "main", ["--steps", "-1"], "argument --steps: must be at least 1, got -1"),
+        ("train_spmd", "main", ["--model-axis", "0"], "argument --model-axis: must be at least 1, got 0"),
+        ("train_spmd", "main", ["--lr", "inf"], "argument --lr: must be a finite number above 0, got inf"),
+        ("train_spmd", "main", ["--batch", "9" * 30], "argument --batch: must be at most 2147483647"),
+        ("one_script", "main", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        ("mfu_benchmark", "parse_args", ["--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+        ("mfu_benchmark", "parse_args", ["--tensor", "1.5"], "argument --tensor: expected a whole number, got '1.5'"),
+        (
+            "mfu_benchmark",
+            "parse_args",
+            ["--chips", "nan"],
+            "argument --chips: must be a finite number above 0, got nan",
+        ),
+        ("mfu_benchmark", "parse_args", ["--peak-tflops", "-3"], "argument --peak-tflops: must be a finite number"),
+        ("hf_trainer_fsdp", "parse_args", ["--save-steps", "-1"], "argument --save-steps: must be at least 0, got -1"),
+        ("hf_trainer_fsdp", "parse_args", ["--n-head", "0"], "argument --n-head: must be at least 1, got 0"),
+        ("hf_trainer_fsdp", "parse_args", ["--lr", "0"], "argument --lr: must be a finite number above 0, got 0"),
+        ("hf_trainer_fsdp", "parse_args", ["--vocab", "1"], "argument --vocab: must be at least 2, got 1"),
+    ],
+)
+def test_every_example_checks_its_number_flags_when_parsed(name, entry, argv, said, capsys):
+    """Each number flag of every example is checked as its help says, before any rank starts (a
+    negative --steps trained 0 steps and reported success, --save-steps -1 saved every step)."""
+    with pytest.raises(SystemExit) as exit_:
+        getattr(load(name), entry)(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err
+
+
+def _files(tmp_path):
+    (tmp_path / "garbled.json").write_text('{"min_num_params": ')
+    (tmp_path / "wrong_type.json").write_text('{"min_num_params": "x"}')
+    (tmp_path / "bert.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "bad_width.json").write_text('{"model_type": "gpt2", "n_embd": "x"}')
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "LATEST").write_text("v-20260101T000000-00000000\n")  # names no version there
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "name, entry, argv, said",
+    [
+        ("hf_trainer_fsdp", "parse_args", ["--fsdp-config", "{}/garbled.json"], "--fsdp-config: fsdp_config file"),
+        (
+            "hf_trainer_fsdp",
+            "parse_args",
+            ["--fsdp-config", "{}/wrong_type.json"],
+            "'min_num_params' must be an integer",
+        ),
+        ("hf_trainer_fsdp", "parse_args", ["--fsdp-config", "{}/a_dir"], "is a directory; it must be a regular file"),
+        ("hf_trainer_fsdp", "parse_args", ["--n-head", "3"], "--n-head 3 must divide --n-embd 128"),
+        ("hf_trainer_fsdp", "parse_args", ["--resume-from", "{}/none"], "is not a directory; give a checkpoint-N"),
+        ("hf_trainer_fsdp", "parse_args", ["--output-dir", "{}/garbled.json"], "is a file, not a directory; give a"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "{}/garbled.json"], "is a file, not a directory; give a"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "/proc/ckpt"], "cannot create files in the directory /proc"),
+        ("train_fsdp", "parse_args", ["--checkpoint-dir", "{}/damaged"], "--checkpoint-dir: "),
+        ("train_long_context", "parse_args", ["--checkpoint-dir", ""], "expected a directory path, got ''"),
+        ("train_long_context", "parse_args", ["--checkpoint-dir", "{}/damaged"], "--checkpoint-dir: "),
+        ("train_long_context", "parse_args", ["--seq", "30", "--context", "4"], "must divide into 8 equal chunks"),
+        pytest.param(
+            "train_fsdp",
+            "parse_args",
+            ["--batch", "3", "--backend", "dtensor"],
+            "--batch 3 does not split over the 4 ranks this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+        pytest.param(
+            "train_long_context",
+            "parse_args",
+            ["--batch", "3", "--context", "2", "--backend", "dtensor"],
+            "--batch 3 does not split over the 2 data x fsdp shards this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+        pytest.param(
+            "hf_trainer_fsdp",
+            "parse_args",
+            ["--batch", "6"],
+            "--batch 6 does not split over the 4 ranks this launches",
+            marks=pytest.mark.skipif(HAS_TORCH_XLA or torch.cuda.is_available(), reason="GSPMD: one process"),
+        ),
+        pytest.param(
+            "train_long_context",
+            "parse_args",
+            ["--context", "3", "--seq", "768", "--backend", "dtensor"],
+            "4 devices do not divide into data 1 x context 3",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+        ("hf_trainer_fsdp", "parse_args", ["--json", "{}/a_dir"], "is a directory; give a file path"),
+        ("one_script", "main", ["--json", "/proc/losses.json"], "cannot create files in the directory /proc"),
+        ("mfu_benchmark", "parse_args", ["--json", ""], "argument --json: expected a file path, got ''"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/none.json"], "is not a file; give a Hugging Face config.json"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/garbled.json"], "is not a valid JSON file"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/bert.json"], "No FLOP model for model_type 'bert'"),
+        ("mfu_benchmark", "parse_args", ["--config", "{}/bad_width.json"], "bad_width.json: "),
+        ("mfu_benchmark", "parse_args", ["--strategies", "fsdp,3d"], "--strategies fsdp,3d: unknown ['3d']"),
+        pytest.param(
+            "train_spmd",
+            "main",
+            ["--model-axis", "3", "--backend", "dtensor"],
+            "--model-axis 3 does not divide the 4 ranks this launches",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="launches one rank per GPU"),
+        ),
+    ],
+)
+def test_example_files_and_combinations_are_checked_before_any_rank_starts(name, entry, argv, said, tmp_path, capsys):
+    """A flag naming a file that cannot be read or written, or flags that do not fit together, end
+    in one argparse line before the example launches its ranks (each rank raised its own traceback
+    after building its model, or the run was lost at the end: a --json that was a directory)."""
+    files = _files(tmp_path)
+    argv = [a.format(files) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        getattr(load(name), entry)(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1, err

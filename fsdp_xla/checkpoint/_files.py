@@ -125,8 +125,23 @@ def refuse_foreign_latest(root: Path, lineage: str) -> str:
             f"{root} holds another run's checkpoint ({root / LATEST} names {version.name}, of lineage {theirs}; this "
             f"model's saves there are of lineage {lineage}). Saving would make that run resume from this model. "
             "Save to another directory; or, to continue that run, load_sharded from it first. Nothing was written."
+            + _several_ranks_hint()
         )
     return lineage
+
+
+def _several_ranks_hint() -> str:
+    """Under a process group of several ranks, the likelier cause: a model with no DTensor is
+    saved whole by each rank (no collective), and a sibling rank's save came first."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return ""
+    return (
+        f" Under this process group of {dist.get_world_size()} ranks, the other run may be another rank of this job: "
+        "a model without DTensors (not sharded) is whole on every rank and each rank's save writes it; save it from "
+        "one rank only (if dist.get_rank() == 0), or shard it (fsdp_xla.fully_shard) so that every rank writes its part."
+    )
 
 
 def commit(root: Path, work: Path, version: str, lineage: str) -> None:

@@ -166,7 +166,7 @@ def _error(call: str, calls: list[list], digests: list[tuple[int, ...]], fix: st
     notes: dict[str, str] = {}
     for slot, name in enumerate(list(calls[0][1])[: SLOTS - 2], start=1):
         if len({d[slot] for d in digests}) > 1:
-            values = [fields[name] for _, fields in calls]
+            values = [fields.get(name, "(absent)") for _, fields in calls]  # a rank may send other fields
             differing[name], notes[name] = _groups(values), _how_they_differ(values)
     if not differing:  # past the last slot, or the field names differ: show every field that differs
         for name in calls[0][1]:

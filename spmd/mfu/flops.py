@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh.checks import require_int, require_real
+from spmd.errors import MfuError, SpmdTypeError
 
 __all__ = [
     "TransformerShape",
@@ -63,14 +64,18 @@ class TransformerShape:
     def __post_init__(self) -> None:
         for name in ("n_layer", "d_model", "n_head", "head_dim", "d_ff", "vocab", "n_kv_head", "n_params"):
             value = getattr(self, name)
-            require_int(value, f"TransformerShape.{name}", ValueError, minimum=1, allowed="a positive int")
+            require_int(value, f"TransformerShape.{name}", MfuError, minimum=1, allowed="a positive int")
         if not isinstance(self.gated_mlp, bool):
-            raise TypeError(f"TransformerShape.gated_mlp takes a bool, got {self.gated_mlp!r}.")
+            raise SpmdTypeError(f"TransformerShape.gated_mlp takes a bool, got {self.gated_mlp!r}.")
         embedding = require_int(
-            self.n_embedding_params, "TransformerShape.n_embedding_params", TypeError, minimum=0, range_error=ValueError
+            self.n_embedding_params,
+            "TransformerShape.n_embedding_params",
+            SpmdTypeError,
+            minimum=0,
+            range_error=MfuError,
         )
         if embedding > self.n_params:
-            raise ValueError(
+            raise MfuError(
                 f"TransformerShape.n_embedding_params ({embedding}) exceeds n_params ({self.n_params}): "
                 "the embeddings are part of the parameters (PaLM's N would go negative)."
             )
@@ -80,13 +85,13 @@ class TransformerShape:
         """From a Hugging Face GPT-2 or Llama-family config (``n_params`` counted if not given).
 
         Raises:
-            ValueError: a config of another model type, or one whose sizes are not positive ints
+            MfuError: a config of another model type, or one whose sizes are not positive ints
                 (or whose width does not split into its heads).
         """
         model_type = getattr(config, "model_type", "")
         if n_params is not None:
             require_int(
-                n_params, "TransformerShape.from_hf_config: n_params", TypeError, minimum=1, range_error=ValueError
+                n_params, "TransformerShape.from_hf_config: n_params", SpmdTypeError, minimum=1, range_error=MfuError
             )
         if model_type == "gpt2":
             d, L, H, V, T = _fields(config, "n_embd", "n_layer", "n_head", "vocab_size", "n_positions")
@@ -112,35 +117,35 @@ class TransformerShape:
             total = V * d * (1 if tied else 2) + L * per_layer + d
             embedding = 0 if tied else V * d
             return cls(L, d, H, Q, F, V, Hkv, True, n_params or total, embedding)
-        raise ValueError(f"No FLOP model for model_type {model_type!r}; known: gpt2, llama, mistral, qwen2.")
+        raise MfuError(f"No FLOP model for model_type {model_type!r}; known: gpt2, llama, mistral, qwen2.")
 
 
 def _fields(config: Any, *names: str) -> tuple[int, ...]:
-    """The config's ``names``, each a positive int, or a ValueError naming the field."""
+    """The config's ``names``, each a positive int, or an MfuError naming the field."""
     values = tuple(getattr(config, name, None) for name in names)
     for name, value in zip(names, values):
-        require_int(value, f"{type(config).__name__}.{name}", ValueError, minimum=1, allowed="a positive int")
+        require_int(value, f"{type(config).__name__}.{name}", MfuError, minimum=1, allowed="a positive int")
     return values
 
 
 def _divides(config: Any, name: str, width: int, heads: int) -> int:
-    """``width // heads``, or a ValueError when the heads do not split ``name``."""
+    """``width // heads``, or an MfuError when the heads do not split ``name``."""
     if width % heads:
-        raise ValueError(
-            f"{type(config).__name__}.{name} = {width} does not split into {heads} heads; give a multiple."
-        )
+        raise MfuError(f"{type(config).__name__}.{name} = {width} does not split into {heads} heads; give a multiple.")
     return width // heads
 
 
 def _check_step(shape: object, seq_len: object) -> None:
     if not isinstance(shape, TransformerShape):
-        raise TypeError(f"shape must be a TransformerShape, got {type(shape).__name__}.")
-    require_int(seq_len, "seq_len", TypeError, minimum=1, range_error=ValueError)
+        raise SpmdTypeError(f"shape must be a TransformerShape, got {type(shape).__name__}.")
+    require_int(seq_len, "seq_len", SpmdTypeError, minimum=1, range_error=MfuError)
 
 
 def six_n_flops_per_token(n_params: float) -> float:
     """The blogs' training FLOPs per token: ``6 N`` (N all parameters, a finite number >= 0)."""
-    return 6.0 * require_real(n_params, "six_n_flops_per_token: n_params", TypeError, minimum=0, range_error=ValueError)
+    return 6.0 * require_real(
+        n_params, "six_n_flops_per_token: n_params", SpmdTypeError, minimum=0, range_error=MfuError
+    )
 
 
 def palm_flops_per_token(shape: TransformerShape, seq_len: int) -> float:
@@ -155,7 +160,7 @@ def forward_matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal
     ``out``, ``mlp_in``, ``mlp_out``, each over every layer) and the ``unembedding``."""
     _check_step(shape, seq_len)
     if not isinstance(causal, bool):
-        raise TypeError(f"causal takes a bool, got {causal!r:.60}.")
+        raise SpmdTypeError(f"causal takes a bool, got {causal!r:.60}.")
     D, H, Q, Hkv, F, V, T = (
         shape.d_model,
         shape.n_head,

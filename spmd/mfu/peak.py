@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mesh.checks import require_int
+from mesh.checks import require_int, require_real, require_str
+from spmd.errors import MfuError, SpmdTypeError
 
 __all__ = ["Chip", "CHIPS", "chip_for_device_kind", "measure_cpu_peak_flops"]
 
@@ -30,6 +31,13 @@ class Chip:
     name: str
     peak_flops: float
     devices_per_chip: int = 1
+
+    def __post_init__(self) -> None:
+        require_str(self.name, "Chip.name", SpmdTypeError, nonempty=True)
+        require_real(
+            self.peak_flops, "Chip.peak_flops (FLOP/s per chip)", SpmdTypeError, positive=True, range_error=MfuError
+        )
+        require_int(self.devices_per_chip, "Chip.devices_per_chip", SpmdTypeError, minimum=1, range_error=MfuError)
 
 
 CHIPS: dict[str, Chip] = {
@@ -65,15 +73,15 @@ def chip_for_device_kind(device_kind: str) -> Chip:
     accelerator name such as ``"a100"``.
 
     Raises:
-        TypeError: ``device_kind`` is not a string.
-        ValueError: an unknown kind (e.g. "TPU v4 lite", the inference v4i); pass --peak-tflops.
+        SpmdTypeError: ``device_kind`` is not a string.
+        MfuError: an unknown kind (e.g. "TPU v4 lite", the inference v4i); pass --peak-tflops.
     """
     if not isinstance(device_kind, str):
-        raise TypeError(f"device_kind must be a string such as 'TPU v5 lite', got {device_kind!r:.60}.")
+        raise SpmdTypeError(f"device_kind must be a string such as 'TPU v5 lite', got {device_kind!r:.60}.")
     key = device_kind.strip().lower()
     name = _DEVICE_KINDS.get(key, key if key in CHIPS else None)
     if name is None:
-        raise ValueError(
+        raise MfuError(
             f"No peak FLOP/s known for device kind {device_kind!r}; known: {sorted(_DEVICE_KINDS)} and {sorted(CHIPS)}. "
             "Give the peak yourself (--peak-tflops)."
         )
@@ -82,6 +90,9 @@ def chip_for_device_kind(device_kind: str) -> Chip:
 
 # Two n x n float32 matrices of 16384 are 2 GiB; a larger n would exhaust a host's memory, not measure it.
 _MAX_N = 16384
+# Each repeat is one n x n matmul; more than this measures nothing the first thousand did not (and
+# a huge count would run for ever).
+_MAX_REPEATS = 1000
 
 
 def measure_cpu_peak_flops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
@@ -89,13 +100,15 @@ def measure_cpu_peak_flops(n: int = 2048, repeats: int = 5, dtype: torch.dtype =
     matmuls in PyTorch on the CPU, all threads (``2 n^3`` FLOPs each).
 
     Raises:
-        TypeError: ``n`` or ``repeats`` not an int, ``dtype`` not a floating torch dtype.
-        ValueError: ``n`` or ``repeats`` below 1.
+        SpmdTypeError: ``n`` or ``repeats`` not an int, ``dtype`` not a floating torch dtype.
+        MfuError: ``n`` or ``repeats`` below 1, ``n`` above 16384, ``repeats`` above 1000.
     """
-    require_int(n, "measure_cpu_peak_flops: n", TypeError, minimum=1, maximum=_MAX_N, range_error=ValueError)
-    require_int(repeats, "measure_cpu_peak_flops: repeats", TypeError, minimum=1, range_error=ValueError)
+    require_int(n, "measure_cpu_peak_flops: n", SpmdTypeError, minimum=1, maximum=_MAX_N, range_error=MfuError)
+    require_int(
+        repeats, "measure_cpu_peak_flops: repeats", SpmdTypeError, minimum=1, maximum=_MAX_REPEATS, range_error=MfuError
+    )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"measure_cpu_peak_flops: dtype must be a floating torch.dtype, got {dtype!r:.60}.")
+        raise SpmdTypeError(f"measure_cpu_peak_flops: dtype must be a floating torch.dtype, got {dtype!r:.60}.")
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm up

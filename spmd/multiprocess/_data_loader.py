@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mesh import Mesh
-from mesh.checks import is_int, require_int
+from mesh.checks import is_int, require_bool, require_int
 from spmd._backend import backend_for
 from spmd._backend.agreement import agree
 from spmd.errors import DataPositionError, ProcessDataError, SpmdTypeError
@@ -56,6 +56,21 @@ class DataPosition:
     global_batch: int
     shuffle: bool
     drop_last: bool
+
+    def __post_init__(self) -> None:
+        """Each field checked as its type says (a ``'no'`` shuffle would read as ``True``, a negative
+        epoch fails inside numpy's generator at the next epoch, a float batch as an index)."""
+        for name, minimum in (("epoch", 0), ("batch", 0), ("seed", 0), ("dataset_size", 1), ("global_batch", 1)):
+            value = require_int(
+                getattr(self, name),
+                f"DataPosition.{name}",
+                SpmdTypeError,
+                minimum=minimum,
+                range_error=DataPositionError,
+            )
+            object.__setattr__(self, name, value)  # numpy's ints as Python's
+        for name in ("shuffle", "drop_last"):
+            require_bool(getattr(self, name), f"DataPosition.{name}", SpmdTypeError)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (for ``save_sharded(..., extra={"data": ...})``)."""
@@ -272,6 +287,11 @@ class ProcessDataLoader:
         self.check_shapes = _flag(check_shapes, "check_shapes")
         if collate_fn is not None and not callable(collate_fn):
             raise SpmdTypeError(f"collate_fn is a function of a list of rows, or None; got {collate_fn!r:.60}.")
+        if isinstance(dataset, (str, bytes)) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise SpmdTypeError(
+                f"ProcessDataLoader: dataset must be a map-style dataset (len(dataset) and dataset[i]), got "
+                f"{type(dataset).__name__}. Wrap an iterable in a list, or give a torch.utils.data.Dataset."
+            )
         self.dataset, self.mesh, self.specs = dataset, mesh, specs
         self.sampler = ProcessSampler(
             len(dataset),

@@ -240,10 +240,10 @@ def watch_collectives(label: str) -> Iterator[None]:
         CollectiveTimeoutError: the process group timed out a collective in the block.
         PeerLostError: a collective in the block lost its connection to a peer.
     """
-    if not isinstance(label, str):  # watch_collectives(60) reads as a timeout, which it is not
+    if not isinstance(label, str) or not label.strip():  # watch_collectives(60) reads as a timeout, which it is not
         raise SpmdTypeError(
-            f"watch_collectives takes a label (a str naming the work, e.g. 'step 12'), got {label!r:.60}; the "
-            "timeout is spmd.init_process_group's timeout=."
+            f"watch_collectives takes a label (a non-empty str naming the work, e.g. 'step 12': the reports name "
+            f"it), got {label!r:.60}; the timeout is spmd.init_process_group's timeout=."
         )
     beat = heartbeat()
     if beat is not None:

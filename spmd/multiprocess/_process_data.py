@@ -36,7 +36,13 @@ SpecLike = PartitionSpec | Sequence[SpecEntry]
 
 def _as_tensor(local: object, what: str) -> torch.Tensor:
     if isinstance(local, np.ndarray):
-        return torch.from_numpy(local)
+        try:
+            return torch.from_numpy(local)
+        except TypeError:  # object, string or unsigned dtypes torch has no tensor of
+            raise SpmdTypeError(
+                f"{what}: a numpy array of dtype {local.dtype} has no torch dtype; give numbers (e.g. "
+                "array.astype(np.float32) or np.int64)."
+            ) from None
     if not isinstance(local, torch.Tensor):
         raise SpmdTypeError(
             f"{what}: the local data must be a torch.Tensor or numpy array, got {type(local).__name__}."
@@ -77,24 +83,38 @@ def _agree(
     what: str,
     mesh: Mesh | None,
     specs: Mapping[str, SpecLike] | SpecLike,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor] | None,
     more: Mapping[str, object],
+    refused: Exception | None = None,
 ) -> None:
     """Every process makes the same global tensors (one small collective, which also checks the
     shapes): keys, local shapes and dtypes, spec, mesh, and ``more`` (a loader's position).
 
+    ``refused``: this rank's arguments failed a local check (``tensors`` is then ``None``); it
+    still takes part, so that a rank refusing alone does not leave the others waiting in the
+    exchange until the process group's timeout (a raw gloo error), and they all fail together.
+
     Raises:
         LocalShapeMismatchError: only the local shapes differ.
-        RankDisagreementError: anything else differs; the message names it and the ranks.
+        RankDisagreementError: anything else differs (one rank refused its arguments); the
+            message names it and the ranks.
     """
-    label = (lambda k: "") if list(tensors) == [""] else (lambda k: f"{k}: ")
-    keys = {} if list(tensors) == [""] else {"keys": str(sorted(tensors))}
+    if tensors is None:
+        unread = "(not read: this rank's arguments were refused)"
+        shapes = dtypes = unread
+        keys: dict[str, str] = {"keys": unread}
+    else:
+        label = (lambda k: "") if list(tensors) == [""] else (lambda k: f"{k}: ")
+        keys = {} if list(tensors) == [""] else {"keys": str(sorted(tensors))}
+        shapes = ", ".join(f"{label(k)}{tuple(t.shape)}" for k, t in tensors.items())
+        dtypes = ", ".join(f"{label(k)}{str(t.dtype).removeprefix('torch.')}" for k, t in tensors.items())
     fields = {
+        "arguments": "accepted" if refused is None else f"refused ({refused})",
         **keys,
         "mesh": mesh_text(mesh),
         "spec": _specs_text(specs),
-        "local shape": ", ".join(f"{label(k)}{tuple(t.shape)}" for k, t in tensors.items()),
-        "dtype": ", ".join(f"{label(k)}{str(t.dtype).removeprefix('torch.')}" for k, t in tensors.items()),
+        "local shape": shapes,
+        "dtype": dtypes,
         **{k: str(v) for k, v in more.items()},
     }
     agree(runtime, what, fields, SAME_DATA, {"local shape": LocalShapeMismatchError})
@@ -195,9 +215,13 @@ def global_tensor(
     """`make_global_tensor`, the ranks also agreeing on ``more`` (a loader's seed and position)
     in the same exchange."""
     what = "make_global_tensor"
-    tensor = _as_tensor(local, what)
-    _check_flag(check, what)
     shape = {} if global_shape is None else {"global shape": _shape_text(global_shape)}
+    try:
+        tensor = _as_tensor(local, what)
+        _check_flag(check, what)
+    except SpmdTypeError as refused:  # in the exchange first: the other ranks must not wait for this one
+        _agree(backend_for(None), what, mesh, spec, None, {**shape, **more}, refused)
+        raise
     # First, on the arguments as given: every later check then fails alike on every rank.
     _agree(backend_for(None), what, mesh, spec, {"": tensor}, {**shape, **more})
     runtime, mesh = _runtime(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
@@ -213,6 +237,18 @@ def _make(
     spec = PartitionSpec.from_value(spec)
     hlo = hlo_sharding_for(mesh, spec, local.dim(), shape)
     return runtime.from_local_blocks(blocks, NamedSharding(mesh, spec), hlo, shape)
+
+
+def _batch_tensors(batch: object, what: str) -> dict[str, torch.Tensor]:
+    if not isinstance(batch, Mapping):
+        raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
+    odd = [k for k in batch if not isinstance(k, str)]
+    if odd:  # the ranks' exchange and the messages sort the keys: mixed types cannot be
+        raise SpmdTypeError(
+            f"{what}: batch keys must be strings (names of the batch's fields), got {odd[0]!r:.60} "
+            f"({type(odd[0]).__name__}); name the fields, e.g. {{'input_ids': tensor}}."
+        )
+    return {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
 
 
 def make_global_batch(
@@ -244,10 +280,12 @@ def global_batch(
 ) -> dict[str, torch.Tensor]:
     """`make_global_batch`, the ranks also agreeing on ``more`` in the same exchange."""
     what = "make_global_batch"
-    if not isinstance(batch, Mapping):
-        raise SpmdTypeError(f"{what}: batch must be a dict of tensors (str -> tensor), got {type(batch).__name__}.")
-    tensors = {k: _as_tensor(v, f"{what}: key {k!r}") for k, v in batch.items()}
-    _check_flag(check, what)
+    try:
+        tensors = _batch_tensors(batch, what)
+        _check_flag(check, what)
+    except SpmdTypeError as refused:  # in the exchange first: the other ranks must not wait for this one
+        _agree(backend_for(None), what, mesh, specs, None, more, refused)
+        raise
     _agree(backend_for(None), what, mesh, specs, tensors, more)  # first: ranks with other keys fail together
     per_key = isinstance(specs, Mapping)
     if per_key:

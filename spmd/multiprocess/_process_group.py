@@ -20,6 +20,7 @@ collective fails (`spmd.multiprocess`).
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import threading
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from mesh.checks import is_real
-from spmd.errors import SpmdTypeError
+from spmd.errors import ProcessGroupError, SpmdTypeError
 
 __all__ = ["init_process_group", "Beat", "Heartbeat", "heartbeat", "timeouts_for"]
 
@@ -224,6 +225,21 @@ def _check_backend_name(backend: str, known: list[str]) -> None:
         )
 
 
+def _check_passed_on(kwargs: dict[str, Any], target: Any) -> None:
+    """``kwargs`` are parameters of ``target`` (torch's ``init_process_group``): torch would raise
+    its own TypeError from inside it."""
+    try:
+        known = set(inspect.signature(target).parameters) - {"backend", "timeout"}
+    except (TypeError, ValueError):  # no signature to read: torch checks them itself
+        return
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise SpmdTypeError(
+            f"init_process_group got {unknown}, which torch.distributed.init_process_group does not take; it takes "
+            f"backend, timeout= (seconds, here) and {sorted(known)}."
+        )
+
+
 def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **kwargs: Any) -> None:
     """``torch.distributed.init_process_group`` with a timeout that ends a hung collective.
 
@@ -237,6 +253,10 @@ def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **
         backend: ``"gloo"``, ``"nccl"``...; ``None``: NCCL with CUDA, else gloo.
         timeout: seconds (above 1, at most 30 days) a collective may wait, diagnosis included.
         kwargs: passed on to ``torch.distributed.init_process_group``.
+
+    Raises:
+        SpmdTypeError: a backend that is not a name, or a keyword torch's function does not take.
+        ProcessGroupError: this process's process group is already running.
     """
     import torch
     import torch.distributed as dist
@@ -249,6 +269,13 @@ def init_process_group(backend: str | None = None, *, timeout: float = 600.0, **
     if backend is not None:
         _check_backend_name(backend, dist.Backend.backend_list)
     timeouts = timeouts_for(timeout)
+    _check_passed_on(kwargs, dist.init_process_group)
+    if dist.is_available() and dist.is_initialized():
+        raise ProcessGroupError(
+            f"init_process_group: this process already has its process group ({dist.get_backend()}, rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}). Start it once per process (torch.distributed."
+            "is_initialized() tells), or end it first with torch.distributed.destroy_process_group()."
+        )
     # The flight recorder names the collective that hung; torch reads this when a group is made.
     os.environ.setdefault(_FLIGHT_RECORDER_ENV, _FLIGHT_RECORDER_ENTRIES)
     if backend is None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mesh import Mesh, MeshTypeError
-from mesh.checks import is_int
+from mesh.checks import is_int, require_bool
 from spmd._util import torch_compat
 from spmd.errors import PartialPlacementError, PlacementDimError, PlacementError, ShardingError, SpmdTypeError
 from spmd.sharding._named_sharding import resolve_spec
@@ -88,7 +88,9 @@ def spec_from_placements(placements: Sequence[Any], mesh: Mesh, rank: int, *, by
         MeshTypeError: ``mesh`` is not a `Mesh`.
         PartialPlacementError: a ``Partial()``.
         PlacementDimError: a ``Shard(dim)`` beyond the tensor's dims.
+        SpmdTypeError: ``by_index`` is not a bool (``'no'`` would name axes by index).
     """
+    require_bool(by_index, "spec_from_placements: by_index", SpmdTypeError)
     placement, replicate, partial = _placement_types()
     placements = _check_arguments(placements, mesh, rank)
     where = f"placements {placements!s:.300} over {mesh.describe()}"

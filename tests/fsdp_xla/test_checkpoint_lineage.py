@@ -195,7 +195,7 @@ def test_train_fsdp_refuses_a_directory_with_versions_but_no_latest_and_writes_n
     assert run.returncode == 2, run.stderr[-3000:]
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert lines[0].startswith(f"train_fsdp.py: --checkpoint-dir: {root} holds 1 checkpoint version(s)")
+    assert lines[0].startswith(f"train_fsdp.py: error: --checkpoint-dir: {root} holds 1 checkpoint version(s)")
     assert "but no LATEST" in lines[0] and "Give another checkpoint directory" in lines[0]
     assert "launching" not in run.stdout  # refused before any rank started
     after = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}

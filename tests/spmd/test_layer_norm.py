@@ -1,6 +1,8 @@
 """ShardableLayerNorm: equal to F.layer_norm, and kept batch-sharded by GSPMD where torch_xla's
 own LayerNorm all-gathers the activation (read from the partitioned HLO)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from mesh import Mesh
 from spmd import P, ShardableLayerNorm, layer_norm, mark_sharding, use_shardable_layer_norm
 from spmd.errors import SpmdTypeError
 from spmd.inspector import CollectiveKind, capture
-from spmd.layer_norm import LayerNormShapeError
+from spmd.layer_norm import LayerNormError, LayerNormShapeError
 
 
 def test_equal_to_torch_layer_norm_with_gradients():
@@ -93,3 +95,35 @@ def test_torch_xla_layer_norm_gathers_the_batch_ours_does_not(xla):
     assert [c.kind for c in native] == [CollectiveKind.ALL_GATHER]
     assert native[0].shape == "f32[1,512,64]"  # all 16 x 32 rows on every device
     assert collectives_of_layer_norm(xla, ShardableLayerNorm(64)) == ()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, said",
+    [
+        (dict(normalized_shape=0), LayerNormError, "has a size below 1"),
+        (dict(normalized_shape=(8, -1)), LayerNormError, "has a size below 1"),
+        (dict(normalized_shape=()), SpmdTypeError, "a non-empty tuple of ints, got ()"),
+        (dict(normalized_shape="8"), SpmdTypeError, "normalized_shape is an int or a non-empty tuple of ints, got '8'"),
+        (dict(normalized_shape=True), SpmdTypeError, "normalized_shape is an int"),
+        (dict(normalized_shape=8, eps=float("nan")), LayerNormError, "eps must be finite and >= 0, got nan"),
+        (dict(normalized_shape=8, eps=-1.0), LayerNormError, "eps must be finite and >= 0, got -1.0"),
+        (dict(normalized_shape=8, eps=None), SpmdTypeError, "eps must be a real number, got None"),
+        (dict(normalized_shape=8, elementwise_affine="no"), SpmdTypeError, "elementwise_affine must be True or False"),
+        (dict(normalized_shape=8, bias=None), SpmdTypeError, "bias must be True or False, got None"),
+    ],
+)
+def test_shardable_layer_norm_checks_its_arguments(kwargs, error, said):
+    """torch's LayerNorm took 'no' as True, eps=None until the first forward (a TypeError inside
+    it), a NaN eps as NaN outputs, 0 as an empty norm and -1 as a RuntimeError from torch.empty."""
+    with pytest.raises(error, match=re.escape(said)):
+        ShardableLayerNorm(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "eps, error",
+    [(float("nan"), LayerNormError), (-1e-5, LayerNormError), ("1e-5", SpmdTypeError), (True, SpmdTypeError)],
+)
+def test_layer_norm_checks_eps(eps, error):
+    """A NaN or negative eps gave NaN outputs; a string a TypeError from inside the arithmetic."""
+    with pytest.raises(error, match="layer_norm: eps must be"):
+        layer_norm(torch.zeros(4, 8), 8, eps=eps)

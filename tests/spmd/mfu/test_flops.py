@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spmd.errors import MfuError, SpmdTypeError
 from spmd.mfu import (
     TransformerShape,
     chip_for_device_kind,
@@ -181,3 +182,20 @@ def test_bad_hf_configs_name_the_field(config, match):
     """A config with zero heads raised ZeroDivisionError; a missing field, AttributeError."""
     with pytest.raises(ValueError, match=match):
         TransformerShape.from_hf_config(type("Config", (), config)())
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: mfu(1e12, 0.0, 1, 1e12), MfuError),
+        (lambda: mfu(1e12, 1.0, float("-inf"), 1e12), MfuError),
+        (lambda: six_n_flops_per_token(float("inf")), MfuError),
+        (lambda: six_n_flops_per_token("6"), SpmdTypeError),
+        (lambda: TransformerShape(0, 64, 4, 16, 256, 100, 4, False, 1000, 100), MfuError),
+        (lambda: TransformerShape(2, 64, 4, 16, 256, 100, 4, "no", 1000, 100), SpmdTypeError),
+    ],
+)
+def test_mfu_arithmetic_refuses_with_our_typed_errors(call, error):
+    """Python's own ValueError/TypeError before; our subclasses of them now (issue 36)."""
+    with pytest.raises(error):
+        call()

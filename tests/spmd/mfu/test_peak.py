@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from spmd.mfu import CHIPS, chip_for_device_kind, measure_cpu_peak_flops
+from spmd.errors import MfuError, SpmdTypeError
+from spmd.mfu import CHIPS, Chip, chip_for_device_kind, measure_cpu_peak_flops
 
 
 @pytest.mark.parametrize(
@@ -43,11 +44,33 @@ def test_cpu_peak_is_measured():
         (lambda: measure_cpu_peak_flops(n=0), ValueError, "n must be an int from 1 to 16384, got 0"),
         (lambda: measure_cpu_peak_flops(n=-1), ValueError, "n must be an int from 1 to 16384, got -1"),
         (lambda: measure_cpu_peak_flops(n=10**6), ValueError, "n must be an int from 1 to 16384"),
-        (lambda: measure_cpu_peak_flops(n=16, repeats=0), ValueError, "repeats must be an int >= 1, got 0"),
+        (lambda: measure_cpu_peak_flops(n=16, repeats=0), ValueError, "repeats must be an int from 1 to 1000, got 0"),
         (lambda: measure_cpu_peak_flops(n=16, dtype=torch.int32), TypeError, "floating torch.dtype"),
     ],
 )
 def test_bad_arguments_are_refused(call, error, match):
     """n=0 and repeats=0 measured 0.0 FLOP/s; n=-1 raised from inside torch; None from str.strip."""
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: measure_cpu_peak_flops(n=16, repeats=2**70), MfuError, "repeats must be an int from 1 to 1000"),
+        (lambda: chip_for_device_kind("TPU v99"), MfuError, "No peak FLOP/s known for device kind 'TPU v99'"),
+        (lambda: Chip("x", float("nan")), MfuError, r"Chip.peak_flops \(FLOP/s per chip\) must be finite and > 0"),
+        (lambda: Chip("x", 0.0), MfuError, "must be finite and > 0, got 0.0"),
+        (lambda: Chip("x", "1e12"), SpmdTypeError, "Chip.peak_flops .* must be a real number, got '1e12'"),
+        (lambda: Chip("x", 1e12, 0), MfuError, "Chip.devices_per_chip must be an int >= 1, got 0"),
+        (lambda: Chip("x", 1e12, True), SpmdTypeError, "Chip.devices_per_chip must be an int >= 1, got True"),
+        (lambda: Chip("", 1e12), SpmdTypeError, "Chip.name must be a non-empty string"),
+        (lambda: Chip(None, 1e12), SpmdTypeError, "Chip.name must be a non-empty string"),
+    ],
+)
+def test_mfu_refusals_are_our_typed_errors(call, error, match):
+    """spmd.mfu raised Python's own ValueError (an unknown chip, a zero time) and built a Chip of
+    any values (a NaN peak gave a NaN MFU); a huge repeats ran for ever. Now MfuError (a
+    ValueError) and SpmdTypeError (a TypeError), checked when the value is given."""
     with pytest.raises(error, match=match):
         call()

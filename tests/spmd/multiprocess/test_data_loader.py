@@ -8,6 +8,7 @@ import pytest
 
 from mesh import Mesh
 from spmd import DataPosition, DataPositionError, IndivisibleBatchError, P, ProcessDataError, ProcessSampler
+from spmd.errors import SpmdTypeError
 from spmd.multiprocess._process_layout import ProcessLayout
 from spmd.sharding._named_sharding import hlo_sharding_for
 
@@ -128,3 +129,27 @@ def test_counts_are_whole_numbers(name, value):
 
 def test_numpy_counts_are_ints():
     assert len(ProcessSampler(np.int64(100), np.int32(16), seed=np.int64(3))) == 6
+
+
+GOOD_POSITION = dict(epoch=0, batch=0, seed=0, dataset_size=64, global_batch=8, shuffle=True, drop_last=True)
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("epoch", -1, DataPositionError),
+        ("batch", 1.5, SpmdTypeError),
+        ("seed", "3", SpmdTypeError),
+        ("dataset_size", 0, DataPositionError),
+        ("global_batch", True, SpmdTypeError),
+        ("global_batch", float("nan"), SpmdTypeError),
+        ("shuffle", "no", SpmdTypeError),
+        ("drop_last", 1, SpmdTypeError),
+    ],
+)
+def test_a_data_position_checks_its_fields_when_built(field, value, error):
+    """DataPosition(...) took any value (shuffle='no' read as True; a negative epoch failed inside
+    numpy's generator at the next epoch); from_dict checked, the constructor did not."""
+    with pytest.raises(error, match=f"DataPosition.{field} must be"):
+        DataPosition(**{**GOOD_POSITION, field: value})
+    assert DataPosition(**{**GOOD_POSITION, "seed": np.int64(3)}).seed == 3

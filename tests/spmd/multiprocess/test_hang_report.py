@@ -63,11 +63,13 @@ def test_a_backend_torch_does_not_know_is_refused_before_anything_starts(backend
     assert not dist.is_initialized()
 
 
-def test_watch_collectives_takes_a_label_not_a_timeout():
+@pytest.mark.parametrize("label", [60, "", "  "])
+def test_watch_collectives_takes_a_label_not_a_timeout(label):
+    """An empty label was taken, and the hang reports named the work ''."""
     from spmd import SpmdTypeError
 
     with pytest.raises(SpmdTypeError, match=r"watch_collectives takes a label .* the timeout is spmd.init_process_gro"):
-        with watch_collectives(60):
+        with watch_collectives(label):
             pass
 
 
