@@ -25,6 +25,7 @@ from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
 from spmd.plan.settings import MOMENT_DTYPES
 from spmd.plan.topology import MAX_SLICES
+from spmd.plan.vocab_tiling import MAX_TILES
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -102,6 +103,12 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         choices=MOMENT_DTYPES,
         default="float32",
         help="AdamW's first moment (MaxText's mu_dtype; its Ironwood recipes use bfloat16)",
+    )
+    p.add_argument(
+        "--vocab-tiling",
+        type=int_in(1, MAX_TILES),
+        default=1,
+        help="compute the loss in this many chunks of tokens, never holding all the logits (MaxText's num_vocab_tiling)",
     )
     p.add_argument(
         "--hbm-gib",
@@ -250,7 +257,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         args.model, args.topology, strategy=args.strategy or Role.FSDP.value, mesh=args.mesh, global_batch=args.batch,
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
-        moment_dtype=args.moment_dtype,
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -269,7 +276,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, contexts=args.contexts,
         remats=args.remats,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
-        moment_dtype=args.moment_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

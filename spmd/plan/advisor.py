@@ -105,7 +105,7 @@ def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], argumen
             return None
         return plan_memory(
             shape, Remat(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
-            arguments + tokens * batch, params, context,
+            arguments + tokens * batch, params, context, settings.vocab_tiles,
         )  # fmt: skip
 
     return predict
@@ -315,11 +315,12 @@ def advise(
     compute_dtype: str = "bfloat16",
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
+    vocab_tiles: int = 1,
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``moment_dtype``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``vocab_tiles``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -339,7 +340,7 @@ def advise(
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts)
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
     target = settings.target

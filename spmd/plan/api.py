@@ -39,6 +39,7 @@ from spmd.plan.report import ContextReport, MemoryReport, PlanReport, summarize
 from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice
+from spmd.plan.vocab_tiling import check_vocab_tiles
 from spmd.sharding._partition_spec import PartitionSpec
 
 __all__ = [
@@ -127,6 +128,7 @@ def plan(
     param_spec: Callable[[str, tuple[int, ...]], PartitionSpec] | None = None,
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
+    vocab_tiles: int = 1,
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -151,12 +153,14 @@ def plan(
         param_spec: overrides the strategy's ``(name, shape) -> spec``.
         hbm_bytes: the per-device memory budget the verdict uses; default the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
+        vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
+            vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.vocab_tiling`).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
             with what to change.
     """
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     return plan_with(
         model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
         param_spec=param_spec,
@@ -192,6 +196,7 @@ def plan_program(
         check_takes_positions(module)
     if settings.attention is Attention.FLASH:
         splash_block(seq)
+    check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
@@ -214,7 +219,7 @@ def _lower(
     st = req.settings
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
-        st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)),
+        st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)), vocab_tiles=st.vocab_tiles,
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -256,6 +261,7 @@ def _report(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
         slices=target.slices, mesh=req.mesh, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
+        vocab_tiles=req.settings.vocab_tiles,
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

@@ -37,6 +37,7 @@ from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
+from spmd.plan.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
 from spmd.sharding._partition_spec import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
@@ -57,6 +58,7 @@ class TrainStepConfig:
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         learning_rate, weight_decay, betas, eps: AdamW's.
         sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.context`).
+        vocab_tiles: chunks the loss is computed in (`spmd.plan.vocab_tiling`; 1: the model's own loss).
     """
 
     global_batch: int
@@ -72,6 +74,7 @@ class TrainStepConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     sequence_axes: tuple[str, ...] = ()
+    vocab_tiles: int = 1
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class _StepBuilder:
         prefix = f"{self.stack[0]}." if self.stack else None
         self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
         self.saved_per_layer: tuple[SavedActivation, ...] = ()
+        self.head = output_head(model) if config.vocab_tiles > 1 else None
 
     def sharding(self, spec: PartitionSpec) -> Any:
         from jax.sharding import NamedSharding
@@ -271,13 +275,19 @@ class _StepBuilder:
             tp = {n: self.gathered(v, self.specs[n]) for n, v in tp.items()}
             restore = self._swap_in_scan(stacked)
             try:
-                kwargs = self.context_kwargs() or {"labels": tt}
-                out = torch.func.functional_call(
-                    model, (tp, tbuf), (tt,), {**kwargs, "use_cache": False}, tie_weights=True, strict=False
-                )
+                kwargs = self.context_kwargs() or ({} if self.head else {"labels": tt})
+                with hidden_states_only(model, self.head) if self.head else contextlib.nullcontext():
+                    out = torch.func.functional_call(
+                        model, (tp, tbuf), (tt,), {**kwargs, "use_cache": False}, tie_weights=True, strict=False
+                    )
             finally:
                 if restore is not None:
                     setattr(*restore)
+            if self.head is not None:  # `out` holds the final hidden states: the loss in chunks
+                hidden = env.t2j_iso(getattr(out, "logits", out))
+                weight = env.t2j_iso(tp[self.head.weight])
+                bias = env.t2j_iso(tp[self.head.bias]) if self.head.bias else None
+                return tiled_token_loss(hidden, weight, bias, tokens, self.config.vocab_tiles)
             if self.config.sequence_axes:
                 return context_token_loss(env.t2j_iso(getattr(out, "logits", out)), tokens)
             loss = out.loss if hasattr(out, "loss") else _token_loss(out, tt)

@@ -122,15 +122,19 @@ def plan_memory(
     arguments: int,
     param_bytes: int,
     context: int = 1,
+    vocab_tiles: int = 1,
 ) -> MemoryMath:
     """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
     (sharding math); ``param_bytes``: the fp32 parameters per device alone; ``context``: the
-    context axis the sequence is split over."""
+    context axis the sequence is split over; ``vocab_tiles``: chunks the loss takes the logits in
+    (`spmd.plan.vocab_tiling`), each holding that share of them."""
     tokens = per_device_batch * seq_len / context
     device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
     saved = int(shape.n_layer * tokens * device)
     head = shape.vocab * shape.d_model / tensor
-    loss = 2 * head + tokens * shape.vocab / tensor * 10  # the gathered head; logits bf16, fp32, fp32 gradient
+    loss = (
+        2 * head + tokens / vocab_tiles * shape.vocab / tensor * 10
+    )  # the gathered head; logits bf16, fp32, fp32 gradient
     layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
     mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
     gathered = 4 * per_device_batch * shape.n_kv_head / tensor * seq_len * shape.head_dim * 2 if context > 1 else 0

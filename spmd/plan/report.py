@@ -132,6 +132,7 @@ class PlanReport:
     jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
     ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
     K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).
+    ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.vocab_tiling`; 1: untiled).
     """
 
     model: str
@@ -159,6 +160,7 @@ class PlanReport:
     toolchain: dict[str, str] = field(default_factory=dict)
     param_specs: dict[str, str] = field(default_factory=dict)
     context_parallel: ContextReport | None = None
+    vocab_tiles: int = 1
 
     @property
     def fits(self) -> bool:
@@ -285,7 +287,8 @@ def _heading(r: PlanReport) -> list[str]:
     return [
         f"{r.model} on {r.topology} ({r.chips} x {r.chip}, {devices}{r.slices} slice(s)); mesh {mesh}; {r.strategy}; "
         f"batch {r.global_batch} x {r.seq_len}; {r.compute_dtype}; remat {r.remat}; attention {r.attention}"
-        + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else ""),
+        + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else "")
+        + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
         f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",
