@@ -31,6 +31,7 @@ import torch
 
 from mesh import Mesh, Role
 from spmd.errors import ShardingError
+from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.context import context_positions, context_token_loss
@@ -207,6 +208,7 @@ class _StepBuilder:
         self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
         self.saved_per_layer: tuple[SavedActivation, ...] = ()
         self.head = output_head(model) if config.vocab_tiles > 1 else None
+        self.residual_spec = ACTIVATION_AXIS_RULES.spec(RESIDUAL, mesh)
 
     def sharding(self, spec: PartitionSpec) -> Any:
         from jax.sharding import NamedSharding
@@ -222,6 +224,17 @@ class _StepBuilder:
         )
         return self.env.j2t_iso(value)
 
+    def residual(self, hidden: Any) -> Any:
+        """The residual stream between blocks, ``[batch, seq, width]``, laid out by the activation
+        rules (`spmd.logical_axes.ACTIVATION_AXIS_RULES`): rows over the batch axes, tokens over
+        ``context``, the width over ``tensor`` (MaxText's ``activation_embed``). Constrained only
+        where that splits more than the rows, which the partitioner infers from the tokens anyway."""
+        import jax
+
+        if hidden.ndim != 3 or len(self.residual_spec) < 2:
+            return hidden
+        return jax.lax.with_sharding_constraint(hidden, self.sharding(self.residual_spec))
+
     def block(self) -> Callable[..., Any]:
         """One repeated block as a checkpointed JAX function of (hidden, layer params, args, kwargs)."""
         import jax
@@ -231,16 +244,14 @@ class _StepBuilder:
         template, env = layers[0], self.env
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
-            if self.config.sequence_axes and hidden.ndim == 3:  # [batch, seq, width]: split as the tokens are
-                spec = P(self.config.batch_axes or None, self.config.sequence_axes, None)
-                hidden = jax.lax.with_sharding_constraint(hidden, self.sharding(spec))
+            hidden = self.residual(hidden)
             hidden = checkpoint_name(hidden, BLOCK_INPUT)  # what `offload` moves to the host
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
                 full = {n: self.gathered(p, self.specs[f"{name}.0.{n}"]) for n, p in tp.items()}
                 with torch.nn.utils.stateless._reparametrize_module(template, full):
                     out = template(th, *targs, **tkwargs)
-            return env.t2j_iso(out)
+            return self.residual(env.t2j_iso(out))
 
         return jax.checkpoint(block, policy=jax_policy(self.config.remat))
 
