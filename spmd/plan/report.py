@@ -243,7 +243,10 @@ class PlanReport:
         memory["largest_allocations"] = tuple(memory.get("largest_allocations", ()))
         d["memory"] = MemoryReport(**memory)
         d["collectives"] = tuple(CollectiveSummary(**c) for c in d["collectives"])
-        d["estimate"] = StepEstimate(**d["estimate"])
+        estimate = dict(d["estimate"])
+        for key in ("flops_by_loop", "flops_by_op"):  # JSON's lists, the dataclass's tuples
+            estimate[key] = tuple(estimate.get(key, ()))
+        d["estimate"] = StepEstimate(**estimate)
         if d.get("context_parallel") is not None:
             d["context_parallel"] = ContextReport.from_dict(d["context_parallel"])
         return cls(**d)
@@ -350,6 +353,22 @@ def _context(r: PlanReport) -> list[str]:
     return lines
 
 
+FLOPS_EXPLAINED_ABOVE = 1.35  # a program running more than this x the model's FLOPs says where
+
+
+def _flops_where(r: PlanReport) -> list[str]:
+    """Where the program's FLOPs are, by loop nest, when it runs more than `FLOPS_EXPLAINED_ABOVE` x
+    the model's (all of it is in ``--json``: ``estimate.flops_by_loop``, ``estimate.flops_by_op``)."""
+    e = r.estimate
+    if not e.flops_by_loop or e.hardware_flops_per_device * r.devices <= FLOPS_EXPLAINED_ABOVE * e.model_flops_per_step:
+        return []
+    lines = ["  where the program's FLOPs are (x the model's per device; --json: estimate.flops_by_op):"]
+    for entry in e.flops_by_loop[:4]:
+        nest = " > ".join(f"{name} x{trips}" for name, trips in entry["loops"]) or "outside any loop"
+        lines.append(f"    {entry['of_model']:5.2f}  {entry['ops']} ops in {nest}")
+    return lines
+
+
 def _estimate(r: PlanReport) -> list[str]:
     e = r.estimate
     recompute = f" (x{e.recompute_factor:.2f} recomputation)" if e.recompute_factor != 1.0 else ""
@@ -365,6 +384,7 @@ def _estimate(r: PlanReport) -> list[str]:
             f"  -> predicted MFU {e.predicted_mfu:.1%}, {r.predicted_tflops_per_chip:.0f} TFLOP/s per chip; "
             f"the program runs {e.hardware_flops_per_device * r.devices / e.model_flops_per_step:.2f} x the model's FLOPs",
         ]
+        lines += _flops_where(r)
     lines += [
         f"bound (roofline): compute {e.compute_seconds * 1e3:.1f} ms{recompute}, ICI {e.ici_seconds * 1e3:.1f} ms, "
         f"DCN {e.dcn_seconds * 1e3:.1f} ms",
