@@ -19,6 +19,7 @@ from mesh import Role
 from spmd._util.atomic_file import atomic_write
 from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
+from spmd.plan.custom_remat import CUSTOM_PREFIX, CustomRemat
 from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
@@ -57,6 +58,11 @@ def _ints(text: str) -> list[int]:
 
 
 def _remat(text: str) -> str:
+    if text.strip().startswith(CUSTOM_PREFIX):
+        try:
+            return CustomRemat.parse(text.strip()).value
+        except ShardingError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     try:
         return Remat(text.strip()).value
     except ValueError:
@@ -88,7 +94,10 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
     )
     p.add_argument(
-        "--slices", type=int_in(1, MAX_SLICES), default=1, help="slices joined over DCN (a 'data' axis spans them)"
+        "--slices",
+        type=int_in(1, MAX_SLICES),
+        default=1,
+        help="slices joined over DCN (a 'data' axis spans them, or the mesh's dcn_ sizes: --mesh dcn_fsdp=2,fsdp=64,tensor=4)",
     )
     p.add_argument(
         "--seq",
@@ -125,7 +134,8 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
         "--mesh",
         type=_mesh,
         default=None,
-        help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 or fsdp=64,context=8 (context parallelism; default: auto)",
+        help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 or fsdp=64,context=8 (context parallelism); across slices "
+        "MaxText's dcn_ sizes, e.g. dcn_fsdp=2,fsdp=64,tensor=4 (default: auto)",
     )
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
     p.add_argument(
@@ -138,7 +148,8 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
         "--remat",
         type=_remat,
         default=None,
-        help=f"what each layer keeps for backward: {', '.join(REMATS)} (default: dots)",
+        help=f"what each layer keeps for backward: {', '.join(REMATS)}, or MaxText's custom policy, a choice "
+        "(device, offload, remat) per tensor: custom:decoder_layer_input=offload,query_proj=device,... (default: dots)",
     )
 
 

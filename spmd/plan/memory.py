@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd.plan.attention import Attention
-from spmd.plan.remat import CONTEXT, Remat
+from spmd.plan.custom_remat import CustomRemat
+from spmd.plan.remat import BLOCK_INPUT, CONTEXT, Remat
 
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
 
@@ -85,6 +86,15 @@ def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int
     d = shape.d_model
     if remat is Remat.OFFLOAD:
         return 0.0, float(d * itemsize)
+    if isinstance(remat, CustomRemat):  # each name where its choice puts it; the input on the device unless offloaded
+        projections = _projections(shape, tensor)
+        device = [n for n in remat.saved_names if n != CONTEXT or attention is Attention.FLASH]
+        host = [n for n in remat.offloaded_names if n != CONTEXT or attention is Attention.FLASH]
+        on_host = BLOCK_INPUT in host
+        lse = 4 * shape.n_head / tensor  # the kernel's fp32 log-sum-exp beside `context`
+        dev = (0 if on_host else d) + sum(projections.get(n, 0.0) for n in device)
+        off = (d if on_host else 0) + sum(projections.get(n, 0.0) for n in host)
+        return dev * itemsize + (lse if CONTEXT in device else 0.0), off * itemsize + (lse if CONTEXT in host else 0.0)
     if remat is Remat.NONE:
         return _everything_per_token(shape, attention, seq_len, tensor, itemsize), 0.0
     projections = _projections(shape, tensor)
