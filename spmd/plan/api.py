@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
 from spmd.plan.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
+from spmd.plan.dcn import split_dcn
 from spmd.plan.errors import PlanError
 from spmd.plan.estimate import estimate_step
 from spmd.plan.lowering import LoweredStep, TrainStepConfig, lower_train_step
@@ -68,6 +69,7 @@ class _Request:
     mesh: dict[str, int]
     global_batch: int
     remat: Remat
+    dcn: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> TpuSlice:
@@ -87,7 +89,11 @@ def _request(
     if not is_int(tensor) or not 1 <= tensor <= 4096:
         raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
     target = settings.target
-    shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
+    if mesh is not None:
+        shape, dcn = split_dcn(mesh, target.slices)
+    else:
+        shape = auto_mesh_shape(strategy, target, tensor)  # a data axis over the slices
+        dcn = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     check_mesh(shape, strategy, target)
     if (
         roles.sequence_axes(tuple(shape))
@@ -109,7 +115,7 @@ def _request(
             f"global_batch={batch!r} does not split over the batch axes {axes} ({parts} parts) of mesh {shape}; "
             f"give a multiple of {parts}."
         )
-    return _Request(settings, strategy, shape, batch, policy)
+    return _Request(settings, strategy, shape, batch, policy, dcn)
 
 
 def plan(
@@ -140,7 +146,8 @@ def plan(
         strategy: ``fsdp``, ``2d`` (fsdp x tensor), ``dp``, or ``cp`` (fsdp x context: the sequence split
             over ``context``, `spmd.plan.context`; ``fsdp`` on a mesh with a context axis is the same plan).
         mesh: axis sizes over the devices, e.g. ``{"fsdp": 32, "tensor": 4}`` or ``{"fsdp": 64, "context": 8}``;
-            default `auto_mesh_shape`.
+            default `auto_mesh_shape`. Across slices, ``dcn_<axis>`` entries say how many slices an
+            axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.dcn`).
         global_batch: sequences per step; default one per batch shard.
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
             position table: 1024 for GPT-2).
@@ -212,7 +219,7 @@ def _lower(
     """The target's devices and mesh, the parameter specs (checked for even splits), and the
     lowered step; with the toolchain that lowers it (the partitioner is jax's setting now)."""
     devices = tpu_devices(req.target)
-    our_mesh = build_mesh(req.mesh, req.target, devices)
+    our_mesh = build_mesh(req.mesh, req.target, devices, req.dcn)
     spec_fn = param_spec or param_spec_for(req.strategy, our_mesh, hf_config)
     check_even_splits(req.strategy, {n: tuple(p.shape) for n, p in module.named_parameters()}, spec_fn, our_mesh)
     gather = roles.param_shard_axes(tuple(req.mesh))
@@ -259,7 +266,7 @@ def _report(
     estimate = estimate_step(target, hf_config, n_params, tokens, seq, req.remat, collectives, step_time)
     return PlanReport(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
-        slices=target.slices, mesh=req.mesh, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
+        slices=target.slices, mesh=req.mesh, dcn_mesh=req.dcn, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
         vocab_tiles=req.settings.vocab_tiles,
         n_params=n_params,

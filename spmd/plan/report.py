@@ -133,6 +133,7 @@ class PlanReport:
     ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
     K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).
     ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.vocab_tiling`; 1: untiled).
+    ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.dcn`; ``{}``: one slice).
     """
 
     model: str
@@ -161,6 +162,7 @@ class PlanReport:
     param_specs: dict[str, str] = field(default_factory=dict)
     context_parallel: ContextReport | None = None
     vocab_tiles: int = 1
+    dcn_mesh: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -280,6 +282,7 @@ def summarize(collectives: list[Any]) -> tuple[CollectiveSummary, ...]:
 
 def _heading(r: PlanReport) -> list[str]:
     mesh = " x ".join(f"{k}={v}" for k, v in r.mesh.items())
+    mesh += f" (across slices: {', '.join(f'{k}={v}' for k, v in r.dcn_mesh.items())})" if r.dcn_mesh else ""
     devices = f"{r.devices} devices, " if r.devices != r.chips else ""
     t = r.toolchain
     compiled_by = (
