@@ -10,7 +10,10 @@ The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, A
 master weights and moments stored like the parameters. FSDP units are the repeated blocks of the
 model; each gathers its parameters at use (a sharding constraint to the spec without the
 ``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does. What a block
-keeps for backward is the ``--remat`` policy (`spmd.plan.remat`).
+keeps for backward is the ``--remat`` policy (`spmd.plan.remat`, `spmd.plan.custom_remat`). The
+residual stream between blocks is laid out by MaxText's activation rules
+(`spmd.logical_axes.ACTIVATION_AXIS_RULES`: on a 2-D mesh its width over ``tensor``), and with
+``vocab_tiles`` the loss runs in chunks of tokens (`spmd.plan.vocab_tiling`).
 
 The repeated blocks run as one ``lax.scan`` over parameters stacked on a leading layer dim
 (MaxText's ``scan_layers``, torch_xla's ``scan_layers``): the TPU compiler then compiles one

@@ -8,9 +8,11 @@ axis, ``T``: the ``tensor`` axis size):
 - **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
   ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.specs`).
 - **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
-  projections split over ``tensor`` are divided by ``T``. This is JAX's own list of the scan's
-  residuals (`spmd.plan.lowering.saved_residuals`), counted from the shape: exact for every policy
-  but ``none``, whose list depends on how the model writes its norms (counted for Llama's).
+  projections split over ``tensor``, and the block's input (the residual stream, whose width the
+  activation rules split over ``tensor``: `spmd.logical_axes.RESIDUAL`), are divided by ``T``.
+  This is JAX's own list of the scan's residuals (`spmd.plan.lowering.saved_residuals`), counted
+  from the shape: exact for every policy but ``none``, whose list depends on how the model writes
+  its norms (counted for Llama's).
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
   peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
@@ -83,7 +85,7 @@ def _projections(shape: Any, tensor: int) -> dict[str, float]:
 def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int, tensor: int = 1,
                     itemsize: int = 2) -> tuple[float, float]:  # fmt: skip
     """``(device, host)`` bytes one block keeps for backward per token (module docstring)."""
-    d = shape.d_model
+    d = shape.d_model / tensor  # the block's input: the residual stream, its width over tensor (RESIDUAL)
     if remat is Remat.OFFLOAD:
         return 0.0, float(d * itemsize)
     if isinstance(remat, CustomRemat):  # each name where its choice puts it; the input on the device unless offloaded

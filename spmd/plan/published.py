@@ -99,10 +99,11 @@ def _v5e(batch: int) -> Recipe:
 
 
 def _v5p(batch: int) -> Recipe:
-    # At MaxText's batch the planner's 32B step needs 148.8 GiB a device (libtpu refuses it; the
-    # budget is 88.5 GiB), where MaxText's runs in 95 GB: the planner constrains only activations'
-    # batch dim, so the residual stream between blocks is whole on each tensor shard (Megatron's
-    # layout), where MaxText shards it over `tensor` too (its activation_embed rule). Planned at half.
+    # At MaxText's batch the planner's 32B step needed 148.8 GiB a device with the residual stream
+    # whole on each tensor shard; with MaxText's activation layout (the stream's width over
+    # `tensor`, spmd.logical_axes.RESIDUAL) 104.24 GiB, and 103.40 GiB with the loss in 4
+    # vocabulary tiles: still over the 88.5 GiB budget, where MaxText's runs in 95 GB (docs/plan.md,
+    # "Calibration"). Planned at half.
     return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots", planned_batch_per_shard=batch * 2)
 
 

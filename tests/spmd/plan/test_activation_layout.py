@@ -73,3 +73,20 @@ def test_every_activation_axis_has_a_rule():
     assert spec == P("fsdp", "tensor")
     for logical in ("activation_embed", "activation_mlp", "activation_vocab"):
         assert ACTIVATION_AXIS_RULES.spec(("activation_batch", logical), mesh) == P("fsdp", "tensor")
+
+
+def test_the_memory_math_counts_the_layer_input_split_over_tensor(tmp_path):
+    """What the compile above keeps a token under `full` (the layer input, 128 of 256 wide in bf16),
+    as our memory math counts it; `offload` moves the same bytes to the host."""
+    from spmd.plan.attention import Attention
+    from spmd.plan.memory import model_shape, saved_per_token
+    from spmd.plan.models import build_meta_model
+    from spmd.plan.remat import Remat
+
+    config = tmp_path / "llama.json"
+    config.write_text(json.dumps(LLAMA))
+    module, hf_config = build_meta_model(str(config))
+    shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
+    assert saved_per_token(shape, Remat.FULL, Attention.DOT, 512, tensor=2) == (128 * 2, 0.0)
+    assert saved_per_token(shape, Remat.OFFLOAD, Attention.DOT, 512, tensor=2) == (0.0, 128 * 2)
+    assert saved_per_token(shape, Remat.FULL, Attention.DOT, 512, tensor=1) == (256 * 2, 0.0)
