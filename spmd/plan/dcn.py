@@ -17,9 +17,20 @@ from collections.abc import Mapping
 from mesh import Role
 from spmd.plan.errors import PlanError
 
-__all__ = ["DCN_PREFIX", "split_dcn"]
+__all__ = ["DCN_PREFIX", "split_dcn", "whole_sizes"]
 
 DCN_PREFIX = "dcn_"
+
+
+def whole_sizes(mesh: Mapping[str, int]) -> dict[str, int]:
+    """Each axis's whole size (its ``dcn_`` size times its size within a slice), unchecked: a
+    mesh `split_dcn` accepted, read back (the advisor's candidates keep the ``dcn_`` form)."""
+    shape: dict[str, int] = {}
+    for key in mesh:
+        axis = key[len(DCN_PREFIX) :] if key.startswith(DCN_PREFIX) else key
+        if axis not in shape:
+            shape[axis] = mesh.get(axis, 1) * mesh.get(DCN_PREFIX + axis, 1)
+    return shape
 
 
 def split_dcn(mesh: Mapping[str, int], slices: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -57,9 +68,4 @@ def split_dcn(mesh: Mapping[str, int], slices: int) -> tuple[dict[str, int], dic
             f"Mesh {dict(mesh)}: the DCN sizes {dcn} multiply to {math.prod(dcn.values())}, and the slice count is "
             f"{slices} (--slices); make them multiply to {slices}."
         )
-    shape: dict[str, int] = {}
-    for key in mesh:
-        axis = key[len(DCN_PREFIX) :] if key.startswith(DCN_PREFIX) else key
-        if axis not in shape:
-            shape[axis] = mesh.get(axis, 1) * dcn.get(axis, 1)
-    return shape, {a: s for a, s in dcn.items() if s > 1}
+    return whole_sizes(mesh), {a: s for a, s in dcn.items() if s > 1}

@@ -99,3 +99,32 @@ def test_dcn_sizes_multiply_into_their_axes(mesh, slices, shape, dcn):
 def test_a_mesh_that_cannot_span_the_slices_is_refused(mesh, slices, says):
     with pytest.raises(PlanError, match=says):
         split_dcn(mesh, slices)
+
+
+def test_the_advisor_tries_fsdp_over_dcn_beside_data_parallelism_over_dcn():
+    from spmd.plan.advisor import candidates_for
+    from spmd.plan.topology import parse_slice
+
+    two = parse_slice("v6e-256", 2)
+    meshes = candidates_for(two, ["fsdp", "2d"], [4], 64)
+    assert meshes == [
+        ("fsdp", {"data": 2, "fsdp": 256}),
+        ("fsdp", {"dcn_fsdp": 2, "fsdp": 256}),
+        ("2d", {"data": 2, "fsdp": 64, "tensor": 4}),
+        ("2d", {"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}),
+    ]
+    assert all("dcn_fsdp" not in m for _, m in candidates_for(parse_slice("v6e-256"), ["fsdp", "2d"], [4], 64))
+
+
+def test_a_candidate_across_slices_counts_its_whole_axes_and_writes_a_hybrid_mesh():
+    from types import SimpleNamespace
+
+    from spmd.plan.advice import Candidate, _mesh_lines
+
+    c = Candidate("2d", (("dcn_fsdp", 2), ("fsdp", 64), ("tensor", 4)), 2, "dots")
+    assert c.whole_mesh == {"fsdp": 128, "tensor": 4}
+    assert c.global_batch == 2 * 128  # sequences per batch shard x the fsdp shards of both slices
+    _, line = _mesh_lines(SimpleNamespace(slices=2), c.mesh_shape)  # type: ignore[arg-type]
+    assert line == "mesh = HybridMesh(ici_mesh_shape=(64, 4), dcn_mesh_shape=(2, 1), axis_names=('fsdp', 'tensor'))"
+    _, line = _mesh_lines(SimpleNamespace(slices=2), {"data": 2, "fsdp": 256})  # type: ignore[arg-type]
+    assert line == "mesh = HybridMesh(ici_mesh_shape=(1, 256), dcn_mesh_shape=(2, 1), axis_names=('data', 'fsdp'))"
