@@ -35,9 +35,12 @@ class Recipe:
             TensorCore on TPU7x), a fraction where the sequence is split (``0.125``: 8 devices a
             sequence over ``context``).
         seq_len: tokens per sequence (``max_target_length``).
-        remat: the planner's remat policy nearest the recipe's (`spmd.plan.remat.Remat`).
+        remat: the planner's remat policy nearest the recipe's: a preset (`spmd.plan.remat.Remat`) or
+            MaxText's per-tensor choices as ``custom:name=choice,...`` (`spmd.plan.custom_remat`).
         attention: ``flash`` (MaxText's ``attention='flash'``, splash on TPU) or ``dot``.
         moment_dtype: AdamW's first moment (MaxText's ``mu_dtype``).
+        vocab_tiles: the loss in this many chunks of tokens (MaxText's ``num_vocab_tiling``,
+            `spmd.plan.vocab_tiling`); 1: untiled.
         planned_batch_per_shard: the batch per shard the planner plans instead of the recipe's,
             when its lowering cannot hold the recipe's (``None``: the recipe's). TFLOP/s per chip
             is what is compared, and at these batches it barely depends on the batch.
@@ -52,6 +55,7 @@ class Recipe:
     attention: str = "flash"
     moment_dtype: str = "float32"
     planned_batch_per_shard: int | None = None
+    vocab_tiles: int = 1
 
     @property
     def global_batch(self) -> int:

@@ -109,3 +109,21 @@ def test_a_tied_head_is_found_under_the_embedding_s_name():
     module, _ = build_meta_model("gpt2")
     head = output_head(module)
     assert (head.module, head.weight, head.bias) == ("lm_head", "transformer.wte.weight", None)
+
+
+def test_a_recipe_s_vocab_tiles_reach_the_plan_the_benchmark_compiles():
+    import dataclasses
+    import importlib.util
+
+    from spmd.plan.published import published_run
+    from tests.torchrun import ROOT
+
+    spec = importlib.util.spec_from_file_location("plan_prediction", ROOT / "benchmarks" / "plan_prediction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = published_run("llama3.1-70b@tpu7x-512")
+    tiled = dataclasses.replace(run, recipe=dataclasses.replace(run.recipe, vocab_tiles=4))
+    assert bench._candidate(tiled)[1].plan.vocab_tiles == 4
+    assert bench._candidate(run)[1].plan.vocab_tiles == 1
+    assert "vocab_tiles" in bench._candidate(tiled)[1].plan.cache_key()
+    assert "vocab_tiles" not in bench._candidate(run)[1].plan.cache_key()  # untiled plans keep their cache entries
