@@ -352,8 +352,7 @@ def advise(
     settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
-    target = settings.target
-    meshes = _meshes(target, choose, hf_config)
+    target, meshes = settings.target, _meshes(settings.target, choose, hf_config)
     searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     # A module cannot be sent to a worker process: it compiles here.
     workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))

@@ -24,9 +24,24 @@ from dataclasses import dataclass
 
 from spmd.plan.errors import PlanError
 
-__all__ = ["BLOCK_INPUT_NAME", "CHOICES", "CONTEXT_NAME", "CUSTOM_PREFIX", "MLP_INPUTS", "NAMES", "QKV", "CustomRemat"]
+__all__ = [
+    "BLOCK_INPUT",
+    "BLOCK_INPUT_NAME",
+    "CONTEXT",
+    "CHOICES",
+    "CONTEXT_NAME",
+    "CUSTOM_PREFIX",
+    "MLP_INPUTS",
+    "NAMES",
+    "QKV",
+    "CustomRemat",
+]
 
 CUSTOM_PREFIX = "custom:"
+# The checkpoint names the program gives MaxText's `context` (the splash kernel's residuals, spelled
+# apart from the mesh's context axis) and `decoder_layer_input` (`spmd.plan.remat` re-exports them).
+CONTEXT = "attention_context"
+BLOCK_INPUT = "xla_spmd_block_input"
 CHOICES = ("device", "offload", "remat")
 BLOCK_INPUT_NAME = "decoder_layer_input"
 # MaxText's names the planner's blocks produce; `context` and the block input are spelled apart
@@ -106,6 +121,4 @@ class CustomRemat:
 
 
 def _program_name(name: str) -> str:
-    from spmd.plan.remat import BLOCK_INPUT, CONTEXT
-
     return {BLOCK_INPUT_NAME: BLOCK_INPUT, CONTEXT_NAME: CONTEXT}.get(name, name)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from spmd.plan.custom_remat import CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
+from spmd.plan.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
 from spmd.plan.errors import PlanError
 
 __all__ = [
@@ -46,10 +46,8 @@ __all__ = [
     "recompute_factor",
 ]  # fmt: skip
 
-# The splash kernel's residuals (its attention output and log-sum-exp): MaxText's ``context``,
-# spelled apart from the mesh's context axis.
-CONTEXT = "attention_context"
-BLOCK_INPUT = "xla_spmd_block_input"  # the checkpoint name of a block's input (offloaded by ``offload``)
+# CONTEXT: the splash kernel's residuals (its attention output and log-sum-exp), MaxText's
+# ``context``; BLOCK_INPUT: the checkpoint name of a block's input (offloaded by ``offload``).
 OTHER_DOT = "dot"  # a block's projection of no known role
 
 # MaxText's names, by what they hold; ``mlpwi`` is a non-gated MLP's input projection (GPT-2).
