@@ -74,7 +74,7 @@ def _projections(shape: Any, tensor: int) -> dict[str, float]:
     """Elements per token of each projection's output, as a device holds it (``context``: the
     attention output the splash kernel keeps under that name, `Remat.SAVE_QKV_CONTEXT`)."""
     q, kv = shape.n_head * shape.head_dim / tensor, shape.n_kv_head * shape.head_dim / tensor
-    out = {"out_proj": float(shape.d_model), CONTEXT: q}
+    out = {"out_proj": shape.d_model / tensor, CONTEXT: q}  # out: summed onto the stream, split like it
     if shape.gated_mlp:  # Llama's family: q, k, v apart; a gated MLP
         out.update(query_proj=q, key_proj=kv, value_proj=kv, mlpwi_0=shape.d_ff / tensor, mlpwi_1=shape.d_ff / tensor)
     else:  # GPT-2: one fused q/k/v projection (c_attn), a plain MLP

@@ -90,3 +90,18 @@ def test_the_memory_math_counts_the_layer_input_split_over_tensor(tmp_path):
     assert saved_per_token(shape, Remat.FULL, Attention.DOT, 512, tensor=2) == (128 * 2, 0.0)
     assert saved_per_token(shape, Remat.OFFLOAD, Attention.DOT, 512, tensor=2) == (0.0, 128 * 2)
     assert saved_per_token(shape, Remat.FULL, Attention.DOT, 512, tensor=1) == (256 * 2, 0.0)
+
+
+def test_the_memory_math_counts_the_out_projection_split_over_tensor(tmp_path):
+    """MaxText's 64B on v5p-128 (width 8192 over tensor=4) keeps its input, q, k, v and out
+    projection stacks at 2048 wide a device (libtpu's largest buffers: 5 x bf16[64,12,2048,2048]):
+    the out projection's output is split like the stream it is added to."""
+    from spmd.plan.attention import Attention
+    from spmd.plan.memory import model_shape, saved_per_token
+    from spmd.plan.models import build_meta_model
+    from spmd.plan.remat import Remat
+
+    module, hf_config = build_meta_model("maxtext-64b")
+    shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
+    device, _ = saved_per_token(shape, Remat.DOTS, Attention.FLASH, 2048, tensor=4)
+    assert device == (5 * 2048 + 2 * 28672 / 4) * 2  # input, q, k, v, out; the MLP's two inputs
