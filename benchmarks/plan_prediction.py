@@ -51,7 +51,9 @@ def _log(message: str) -> None:
 def _candidate(p: Published) -> tuple[Candidate, Settings]:
     r = p.recipe
     assert r is not None  # only runs with a recipe get here (`main`)
-    settings = PlanSettings(r.topology, seq_len=r.seq_len, attention=r.attention, moment_dtype=r.moment_dtype)
+    settings = PlanSettings(
+        r.topology, seq_len=r.seq_len, attention=r.attention, moment_dtype=r.moment_dtype, vocab_tiles=r.vocab_tiles
+    )
     return Candidate(r.strategy, r.mesh, r.batch_per_shard, r.remat), Settings(settings, None, model_key(p.model))
 
 

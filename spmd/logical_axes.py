@@ -11,6 +11,14 @@ For a tensor, each dim's logical axis takes the first of its rules whose mesh ax
 has and the tensor has not used yet (a mesh axis shards one dim at most), else stays
 replicated. So one plan serves an FSDP-only mesh ``("fsdp",)``, a 2-D ``("fsdp", "tensor")``
 mesh, and a pure data-parallel mesh.
+
+Activations have logical axes too (`ACTIVATION_AXIS_RULES`, MaxText's ``activation_*`` rules of
+``logical_axis_rules``): ``activation_batch`` over the batch axes (``data`` x ``fsdp``),
+``activation_length`` over ``context``, and ``activation_embed``, ``activation_heads``,
+``activation_mlp`` and ``activation_vocab`` over ``tensor``. ``RESIDUAL`` names the residual
+stream's dims between blocks, ``(activation_batch, activation_length, activation_embed)``: on a
+2-D mesh its width is split over ``tensor`` as MaxText splits it (Megatron's sequence parallelism
+splits the sequence there instead), so no tensor shard holds the whole stream.
 """
 
 from __future__ import annotations
@@ -18,15 +26,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
 
 import torch
 
-from mesh import Mesh
+from mesh import Mesh, Role, roles
 from spmd.errors import ShardingError, SpmdTypeError, UnmatchedParameterError
 from spmd.sharding import P, PartitionSpec
 
-__all__ = ["LogicalAxisRules", "ShardingPlan", "UnmatchedParameterError"]
+__all__ = ["ACTIVATION_AXIS_RULES", "RESIDUAL", "LogicalAxisRules", "ShardingPlan", "UnmatchedParameterError"]
 
 MeshAxes = str | tuple[str, ...]
 
@@ -202,3 +211,21 @@ class ShardingPlan:
             return self.spec_for(name, tuple(param.shape), mesh)
 
         return spec_fn
+
+
+def _groups(axes: tuple[str, ...]) -> tuple[MeshAxes, ...]:
+    """Every non-empty subset of ``axes`` in their order, the largest first: a rule applies only where
+    the mesh has each axis it names, so the fallbacks cover meshes that leave some out."""
+    return tuple(g if len(g) > 1 else g[0] for n in range(len(axes), 0, -1) for g in combinations(axes, n))
+
+
+_ALL = tuple(Role)
+ACTIVATION_AXIS_RULES = LogicalAxisRules(
+    (
+        *(("activation_batch", g) for g in _groups(roles.batch_axes(_ALL))),
+        *(("activation_length", g) for g in _groups(roles.sequence_axes(_ALL))),
+        *((logical, g) for logical in ("activation_embed", "activation_heads", "activation_mlp", "activation_vocab")
+          for g in _groups(roles.tensor_axes(_ALL))),
+    )
+)  # fmt: skip
+RESIDUAL = ("activation_batch", "activation_length", "activation_embed")

@@ -19,12 +19,14 @@ from mesh import Role
 from spmd._util.atomic_file import atomic_write
 from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
+from spmd.plan.custom_remat import CUSTOM_PREFIX, CustomRemat
 from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.remat import Remat
 from spmd.plan.report import GIB
 from spmd.plan.settings import MOMENT_DTYPES
 from spmd.plan.topology import MAX_SLICES
+from spmd.plan.vocab_tiling import MAX_TILES
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -56,6 +58,11 @@ def _ints(text: str) -> list[int]:
 
 
 def _remat(text: str) -> str:
+    if text.strip().startswith(CUSTOM_PREFIX):
+        try:
+            return CustomRemat.parse(text.strip()).value
+        except ShardingError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     try:
         return Remat(text.strip()).value
     except ValueError:
@@ -87,7 +94,10 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "--topology", required=True, help="a TPU slice: v4-128, v5e-256, v5p-1024, v6e-64, tpu7x-128, or v5p:4x4x8"
     )
     p.add_argument(
-        "--slices", type=int_in(1, MAX_SLICES), default=1, help="slices joined over DCN (a 'data' axis spans them)"
+        "--slices",
+        type=int_in(1, MAX_SLICES),
+        default=1,
+        help="slices joined over DCN (a 'data' axis spans them, or the mesh's dcn_ sizes: --mesh dcn_fsdp=2,fsdp=64,tensor=4)",
     )
     p.add_argument(
         "--seq",
@@ -104,6 +114,12 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         help="AdamW's first moment (MaxText's mu_dtype; its Ironwood recipes use bfloat16)",
     )
     p.add_argument(
+        "--vocab-tiling",
+        type=int_in(1, MAX_TILES),
+        default=1,
+        help="compute the loss in this many chunks of tokens, never holding all the logits (MaxText's num_vocab_tiling)",
+    )
+    p.add_argument(
         "--hbm-gib",
         type=finite_float(0, 2**20, open_low=True),
         default=None,
@@ -118,7 +134,8 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
         "--mesh",
         type=_mesh,
         default=None,
-        help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 or fsdp=64,context=8 (context parallelism; default: auto)",
+        help="'auto' or axis sizes, e.g. fsdp=32,tensor=4 or fsdp=64,context=8 (context parallelism); across slices "
+        "MaxText's dcn_ sizes, e.g. dcn_fsdp=2,fsdp=64,tensor=4 (default: auto)",
     )
     p.add_argument("--strategy", choices=STRATEGIES, default=None, help="the plan to compile (default: fsdp)")
     p.add_argument(
@@ -131,7 +148,8 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
         "--remat",
         type=_remat,
         default=None,
-        help=f"what each layer keeps for backward: {', '.join(REMATS)} (default: dots)",
+        help=f"what each layer keeps for backward: {', '.join(REMATS)}, or MaxText's custom policy, a choice "
+        "(device, offload, remat) per tensor: custom:decoder_layer_input=offload,query_proj=device,... (default: dots)",
     )
 
 
@@ -250,7 +268,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         args.model, args.topology, strategy=args.strategy or Role.FSDP.value, mesh=args.mesh, global_batch=args.batch,
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
-        moment_dtype=args.moment_dtype,
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -269,7 +287,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, contexts=args.contexts,
         remats=args.remats,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
-        moment_dtype=args.moment_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

@@ -68,6 +68,7 @@ import torch
 from spmd._backend.torchax_import import drop_stale_submodules
 from spmd._backend.torchax_import import flax_placeholder as _flax_placeholder
 from spmd._backend.torchax_import import no_accelerator_claim as _no_accelerator_claim
+from spmd._util.held_stderr import held_stderr
 from spmd._util.private_symbols import PrivateSymbol, resolver
 from spmd.plan.errors import CompilerVersionError, StandInReachedError, TopologyError
 
@@ -346,7 +347,9 @@ def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> lis
 
     libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) when it loads, which would make a
     second planner (a test, an advisor worker) fail while one runs; the planner never touches a
-    TPU, so it lets several load (``ALLOW_MULTIPLE_LIBTPU_LOAD``, unless set otherwise).
+    TPU, so it lets several load (``ALLOW_MULTIPLE_LIBTPU_LOAD``, unless set otherwise). What libtpu
+    writes to stderr while it starts (its TPU-host probing, which fails on a CPU host and is harmless
+    here) is held and shown only when the call fails.
 
     Raises:
         CompilerVersionError: libtpu does not know the chip (``tpu7x`` before 0.0.42).
@@ -357,7 +360,8 @@ def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> lis
 
     kwargs = {"num_slices": slices} if slices > 1 else {}
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology, **kwargs).devices)
+        with held_stderr():  # libtpu's start-up on a host with no TPU (spmd._util.held_stderr)
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology, **kwargs).devices)
     except Exception as e:  # jaxlib's XlaRuntimeError: libtpu's refusal, which is the user's input
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "Invalid TPU external name" in message:

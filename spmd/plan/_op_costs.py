@@ -19,6 +19,7 @@ __all__ = [
     "splash_matmuls",
     "users_of",
     "uses",
+    "window_taps",
 ]
 
 SLICING = frozenset({"dynamic-slice", "slice", "gather"})
@@ -31,6 +32,51 @@ def dims(text: str | None) -> tuple[int, ...]:
 def fill(size: int, mxu: int) -> float:
     """The share of the matrix unit a matmul dim of ``size`` keeps busy (padded to ``mxu``)."""
     return size / (math.ceil(size / mxu) * mxu) if size > 0 else 1.0
+
+
+def _window_fields(window: str) -> dict[str, list[str]]:
+    """``size=16 stride=15 pad=15_15 lhs_dilate=16`` as ``{"size": ["16"], ...}``: each field's
+    value per spatial dim (HLO joins them with ``x``)."""
+    parts = (p.split("=", 1) for p in window.strip().strip("{}").split() if "=" in p)
+    return {key: value.split("x") for key, value in parts}
+
+
+def window_taps(window: str | None, lhs_lengths: tuple[int, ...], out_lengths: tuple[int, ...]) -> float:
+    """The window taps of a ``convolution`` that meet a real input element, averaged over its
+    output positions and multiplied over its spatial dims: what each output element's
+    multiply-adds are, per input feature.
+
+    The TPU compiler writes batched matmuls as convolutions whose window runs over the batch: a
+    window of 16 over an input of length 1 padded by 15 (one tap meets it), or over an input of
+    length 16 dilated by 16 (``lhs_dilate=16``: 15 holes between elements) with a stride of 15, so
+    that each output position again meets one element. Counting ``size`` taps made such a matmul
+    16 times its FLOPs. Padding and holes are counted out exactly, position by position; a
+    ``rhs_dilate`` spaces the taps.
+    """
+    import numpy as np
+
+    fields = _window_fields(window or "")
+    sizes = [int(v) for v in fields.get("size", [])]
+    if len(sizes) != len(lhs_lengths) or len(out_lengths) != len(sizes):
+        return float(math.prod(min(s, n) for s, n in zip(sizes, lhs_lengths, strict=False))) if sizes else 1.0
+
+    def each(key: str, default: int) -> list[int]:
+        values = fields.get(key)
+        return [int(v) for v in values] if values and len(values) == len(sizes) else [default] * len(sizes)
+
+    strides, lhs_dilate, rhs_dilate = each("stride", 1), each("lhs_dilate", 1), each("rhs_dilate", 1)
+    pads = fields.get("pad")
+    lows = [int(p.split("_")[0]) for p in pads] if pads and len(pads) == len(sizes) else [0] * len(sizes)
+    taps = 1.0
+    for size, stride, dl, dr, low, n, out in zip(
+        sizes, strides, lhs_dilate, rhs_dilate, lows, lhs_lengths, out_lengths, strict=True
+    ):
+        if out <= 0:
+            return 0.0
+        position = np.arange(out)[:, None] * stride + np.arange(size)[None, :] * dr - low  # in the dilated input
+        real = (position >= 0) & (position % dl == 0) & (position // dl < n)
+        taps *= float(real.sum()) / out
+    return taps
 
 
 def _passes_through(inst: Instruction | None) -> bool:

@@ -39,14 +39,22 @@ from spmd.plan._op_costs import dims as _dims
 from spmd.plan._op_costs import fill as _fill
 from spmd.plan._op_costs import in_place_update as _in_place_update
 from spmd.plan._op_costs import source as _source
-from spmd.plan._op_costs import splash_head_dim_matmuls, splash_matmuls
+from spmd.plan._op_costs import splash_head_dim_matmuls, splash_matmuls, window_taps
 from spmd.plan._op_costs import users_of as _users
 from spmd.plan._op_costs import uses as _uses
 from spmd.plan.errors import PlanError
 from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.topology import TpuSlice
 
-__all__ = ["CALIBRATION", "Calibration", "StepTime", "predict_step", "splash_head_dim_matmuls", "splash_matmuls"]
+__all__ = [
+    "CALIBRATION",
+    "Calibration",
+    "FlopsEntry",
+    "StepTime",
+    "predict_step",
+    "splash_head_dim_matmuls",
+    "splash_matmuls",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class StepTime:
             schedule does not hide.
         hardware_flops: matmul FLOPs the program runs per device, recomputation included.
         hbm_bytes: bytes the operations move in HBM, per device.
+        flops_by_op: where ``hardware_flops`` come from, op by op, largest first (`FlopsEntry`).
     """
 
     seconds: float
@@ -74,6 +83,33 @@ class StepTime:
     exposed_seconds: float
     hardware_flops: float
     hbm_bytes: float
+    flops_by_op: tuple[FlopsEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlopsEntry:
+    """One operation's matmul FLOPs in the step, per device.
+
+    Attributes:
+        op: its name in the optimized HLO (``fusion.372``, ``splash_mha_dkv_no_residuals.1``).
+        opcode: ``fusion``, ``dot``, ``convolution`` or ``custom-call`` (a Pallas kernel).
+        shape: its result's shape, as the HLO writes it (cut at 120 characters).
+        loops: the ``while`` loops around it, outermost first, each ``(name, trip count)``: the
+            layer scan, a loss's chunks, a loop the partitioner wrote (a windowed einsum).
+        flops_per_run: its FLOPs each time it runs.
+        runs: how many times the step runs it (the product of its loops' trip counts).
+    """
+
+    op: str
+    opcode: str
+    shape: str
+    loops: tuple[tuple[str, int], ...]
+    flops_per_run: float
+    runs: float
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_run * self.runs
 
 
 @dataclass
@@ -116,6 +152,7 @@ class _Program:
         self.peak = chip.device_peak_flops
         self.hbm = chip.device_hbm_bytes_per_second or math.inf
         self.totals = _Totals()
+        self.flops_by_op: dict[tuple[tuple[tuple[str, int], ...], str], FlopsEntry] = {}
 
     # -- operations ------------------------------------------------------------------------
     def _operand(self, inst: Instruction, k: int) -> list[tuple[tuple[int, ...], int]]:
@@ -150,16 +187,22 @@ class _Program:
         input features x the window taps that meet the input (the compiler writes some batched
         matmuls as a window as long as the batch over an input of length 1: one tap each)."""
         lhs, kernel = self._shape_of(inst, 0), self._shape_of(inst, 1)
-        labels = (inst.attribute("dim_labels") or "").split("->")[0].split("_")
+        inputs, _, output = (inst.attribute("dim_labels") or "").partition("->")
+        labels = inputs.split("_")
         out = inst.arrays[0].dims if inst.arrays else ()
         if len(labels) != 2 or len(labels[1]) != len(kernel) or len(labels[0]) != len(lhs) or "o" not in labels[1]:
             return 0.0, 1.0
         n = kernel[labels[1].index("o")]
         k = kernel[labels[1].index("i")] if "i" in labels[1] else 1
-        for axis, label in enumerate(labels[1]):
-            if label.isdigit():
-                taps = lhs[labels[0].index(label)] if label in labels[0] else kernel[axis]
-                k *= min(kernel[axis], taps)
+        spatial = [label for label in labels[1] if label.isdigit()]
+        if spatial and all(s in labels[0] and s in output for s in spatial) and len(output) == len(out):
+            lengths = tuple(lhs[labels[0].index(s)] for s in spatial)
+            k *= window_taps(inst.attribute("window"), lengths, tuple(out[output.index(s)] for s in spatial))
+        else:
+            for axis, label in enumerate(labels[1]):
+                if label.isdigit():
+                    taps = lhs[labels[0].index(label)] if label in labels[0] else kernel[axis]
+                    k *= min(kernel[axis], taps)
         mxu = self.target.chip.mxu
         m = math.prod(out) // max(n, 1)
         return 2.0 * math.prod(out) * k, _fill(k, mxu) * _fill(n, mxu) * _fill(m, mxu)
@@ -243,9 +286,9 @@ class _Program:
             return 2.0 * self._operand_bytes(inst, 1)
         return hbm_bytes(inst.shape_text) + sum(self._operand_bytes(inst, k) for k in range(len(inst.operands)))
 
-    def op_seconds(self, inst: Instruction, scale: float) -> float:
+    def op_seconds(self, inst: Instruction, scale: float, loops: tuple[tuple[str, int], ...] = ()) -> float:
         """One operation's time: the longer of its matmul and its memory time; the totals count
-        it ``scale`` times (the loops around it)."""
+        it ``scale`` times (the ``loops`` around it), and its FLOPs are listed (`FlopsEntry`)."""
         if inst.opcode == "custom-call":
             flops, fill = self._kernel(inst)
             matmul = flops / (self.peak * self.attention_efficiency * fill)
@@ -258,6 +301,11 @@ class _Program:
             flops = matmul = 0.0
         nbytes = self._op_bytes(inst)
         memory = nbytes / self.hbm
+        if flops:
+            key = (loops, inst.name)
+            seen = self.flops_by_op.get(key)
+            runs = scale + (seen.runs if seen else 0.0)  # a computation walked twice (both branches) adds up
+            self.flops_by_op[key] = FlopsEntry(inst.name, inst.opcode, inst.shape_text[:120], loops, flops, runs)
         t = self.totals
         t.flops, t.nbytes = t.flops + flops * scale, t.nbytes + nbytes * scale
         t.matmul, t.memory = t.matmul + matmul * scale, t.memory + memory * scale
@@ -334,18 +382,20 @@ class _Program:
             return int(known.group(1))
         return trip_count(self.text, self.module, inst.attribute("condition") or "", inst)
 
-    def seconds(self, computation: str, scale: float) -> float:
+    def seconds(self, computation: str, scale: float, loops: tuple[tuple[str, int], ...] = ()) -> float:
         """The time of one run of ``computation`` in its scheduled order (module docstring);
-        ``scale``: how many times the step runs it (for the totals)."""
+        ``scale``: how many times the step runs it (for the totals); ``loops``: the ``while``
+        loops it runs in, each ``(name, trip count)``."""
         clock, free, pending = 0.0, {}, {}  # device time; when each link frees; async ends by start
         for inst in self.module.computations.get(computation, []):
             if inst.opcode in _FREE or inst.opcode == "recv":
                 continue
             if inst.opcode == "while":
                 count = self._trips(inst)
-                clock += count * self.seconds((inst.attribute("body") or "").lstrip("%"), scale * count)
+                body = (inst.attribute("body") or "").lstrip("%")
+                clock += count * self.seconds(body, scale * count, (*loops, (inst.name, count)))
             elif inst.opcode in ("call", "conditional"):
-                clock += max((self.seconds(c, scale) for c in inst.callees), default=0.0)
+                clock += max((self.seconds(c, scale, loops) for c in inst.callees), default=0.0)
             elif inst.opcode == "async-update":  # a SparseCore collective's start, update, done
                 if inst.operands and inst.operands[0] in pending:
                     pending[inst.name] = pending.pop(inst.operands[0])
@@ -362,7 +412,7 @@ class _Program:
                 else:
                     clock = end
             else:
-                clock += self.op_seconds(inst, scale)
+                clock += self.op_seconds(inst, scale, loops)
         return max([clock, *pending.values()])
 
 
@@ -379,4 +429,5 @@ def predict_step(hlo_text: str, target: TpuSlice, calibration: Calibration = CAL
         # the text is the compiler's, but untrusted: what it does not hold is our error, not a traceback
         raise PlanError(f"Cannot predict a step time: the HLO module is malformed ({type(e).__name__}: {e}).") from None
     t = program.totals
-    return StepTime(seconds, t.op, t.matmul, t.memory, t.collective, max(0.0, seconds - t.op), t.flops, t.nbytes)
+    by_op = tuple(sorted(program.flops_by_op.values(), key=lambda e: -e.flops))
+    return StepTime(seconds, t.op, t.matmul, t.memory, t.collective, max(0.0, seconds - t.op), t.flops, t.nbytes, by_op)

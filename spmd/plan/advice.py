@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import Role
+from spmd.plan.dcn import split_dcn, whole_sizes
 from spmd.plan.meshes import batch_axes
 from spmd.plan.published import published_for
 from spmd.plan.remat import Remat
@@ -28,12 +29,18 @@ class Candidate:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
+        """The mesh as `spmd.plan.plan` takes it (``dcn_`` sizes across slices kept: `spmd.plan.dcn`)."""
         return dict(self.mesh)
+
+    @property
+    def whole_mesh(self) -> dict[str, int]:
+        """Each axis's whole size (``dcn_fsdp=2, fsdp=64`` is ``fsdp`` 128)."""
+        return whole_sizes(self.mesh_shape)
 
     @property
     def global_batch(self) -> int:
         """Per-device batch times the batch shards (every axis but ``tensor``)."""
-        shape = dict(self.mesh)
+        shape = self.whole_mesh
         return self.per_device_batch * math.prod(shape[a] for a in batch_axes(shape))
 
     def label(self) -> str:
@@ -215,11 +222,12 @@ def advice_table(advice: Advice) -> str:
     return "\n".join(lines + _winner(advice))
 
 
-def _mesh_lines(advice: Advice, shape: dict[str, int]) -> tuple[str, str]:
+def _mesh_lines(advice: Advice, mesh: dict[str, int]) -> tuple[str, str]:
+    shape, spans = split_dcn(mesh, advice.slices)
     names, sizes = tuple(shape), tuple(shape.values())
     if advice.slices > 1:
-        ici = tuple(s // advice.slices if a == Role.DATA else s for a, s in shape.items())
-        dcn = tuple(advice.slices if a == Role.DATA else 1 for a in names)
+        dcn = tuple(spans.get(a, 1) for a in names)
+        ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
         return (
             "from mesh import HybridMesh",
             f"mesh = HybridMesh(ici_mesh_shape={ici}, dcn_mesh_shape={dcn}, axis_names={names})",
@@ -282,10 +290,10 @@ def winner_code(advice: Advice) -> str:
     if w is None:
         return "# no candidate fits the budget"
     c = w.candidate
-    shape = c.mesh_shape
+    shape = c.whole_mesh
     axes = batch_axes(shape)
     third_party, ours = ["import numpy as np", "import torch"], ["from spmd import P, mark_sharding"]
-    mesh_import, mesh_line = _mesh_lines(advice, shape)
+    mesh_import, mesh_line = _mesh_lines(advice, c.mesh_shape)
     ours.append(mesh_import)
     body = [mesh_line]
     if c.strategy == "dp":

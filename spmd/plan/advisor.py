@@ -41,6 +41,7 @@ from spmd.plan.attention import Attention, splash_block
 from spmd.plan.ceiling import mfu_ceiling, runs_its_floor
 from spmd.plan.compile_pool import default_jobs, run_searches
 from spmd.plan.context import check_context, check_takes_positions
+from spmd.plan.dcn import DCN_PREFIX, split_dcn
 from spmd.plan.errors import PlanError
 from spmd.plan.lowering import find_layer_stack
 from spmd.plan.memory import MemoryMath, model_shape, plan_memory
@@ -70,8 +71,11 @@ def candidates_for(
     """The (strategy, mesh) pairs the advisor tries on ``target`` (module docstring); ``datas``:
     sizes of a ``data`` axis inside each slice for ``fsdp`` (``data`` x ``fsdp``, HSDP: the
     parameters sharded over ``fsdp`` only, the batch over both); ``contexts``: sizes of the
-    ``context`` axis for ``cp``."""
+    ``context`` axis for ``cp``. Across slices, ``fsdp`` and ``2d`` are tried both ways MaxText
+    runs them: data parallelism over DCN (a ``data`` axis over the slices) and FSDP over DCN
+    (``dcn_fsdp``: parameters sharded over every slice, `spmd.plan.dcn`)."""
     per_slice = target.devices_per_slice
+    across = {DCN_PREFIX + Role.FSDP.value: target.slices} if target.slices > 1 else None
     data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     out: list[tuple[str, dict[str, int]]] = []
     for strategy in strategies:
@@ -82,6 +86,8 @@ def candidates_for(
                 if 0 < d < per_slice and per_slice % d == 0:
                     inner = {Role.DATA.value: target.slices * d} if target.slices * d > 1 else {}
                     out.append((Role.FSDP.value, {**inner, Role.FSDP.value: per_slice // d}))
+            if across is not None:
+                out.append((Role.FSDP.value, {**across, Role.FSDP.value: per_slice}))
         elif strategy == "dp":
             out.append(("dp", {Role.DATA.value: target.devices}))
         elif strategy == "cp":
@@ -92,6 +98,8 @@ def candidates_for(
             for t in tensors:
                 if 1 < t < per_slice and per_slice % t == 0 and (heads is None or heads % t == 0):
                     out.append(("2d", {**data, Role.FSDP.value: per_slice // t, Role.TENSOR.value: t}))
+                    if across is not None:
+                        out.append(("2d", {**across, Role.FSDP.value: per_slice // t, Role.TENSOR.value: t}))
     return out
 
 
@@ -105,7 +113,7 @@ def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], argumen
             return None
         return plan_memory(
             shape, Remat(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
-            arguments + tokens * batch, params, context,
+            arguments + tokens * batch, params, context, settings.vocab_tiles,
         )  # fmt: skip
 
     return predict
@@ -161,7 +169,8 @@ def _searches(
         return runs_its_floor(outcome.report, shape)
 
     for strategy, mesh in meshes:
-        our_mesh = build_mesh(mesh, target, devices)
+        whole, spans = split_dcn(mesh, target.slices)  # a data axis over the slices, or dcn_fsdp
+        our_mesh = build_mesh(whole, target, devices, spans)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
         state = state_bytes(params, spec_fn, our_mesh, settings.moment_bytes)
         why = _dropped_because(uneven_splits(params, spec_fn, our_mesh), state, budget, mesh, settings.seq_len)  # type: ignore[arg-type]
@@ -315,11 +324,12 @@ def advise(
     compute_dtype: str = "bfloat16",
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
+    vocab_tiles: int = 1,
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``moment_dtype``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``vocab_tiles``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -339,11 +349,10 @@ def advise(
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts)
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
-    target = settings.target
-    meshes = _meshes(target, choose, hf_config)
+    target, meshes = settings.target, _meshes(settings.target, choose, hf_config)
     searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     # A module cannot be sent to a worker process: it compiles here.
     workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from spmd.plan._step_time import predict_step
 from spmd.plan.attention import Attention, splash_block
 from spmd.plan.compile import CompiledStep, compile_step
 from spmd.plan.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
+from spmd.plan.dcn import split_dcn
 from spmd.plan.errors import PlanError
 from spmd.plan.estimate import estimate_step
 from spmd.plan.lowering import LoweredStep, TrainStepConfig, lower_train_step
@@ -39,6 +40,7 @@ from spmd.plan.report import ContextReport, MemoryReport, PlanReport, summarize
 from spmd.plan.settings import PlanSettings
 from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.topology import TpuSlice
+from spmd.plan.vocab_tiling import check_vocab_tiles
 from spmd.sharding import PartitionSpec
 
 __all__ = [
@@ -67,6 +69,7 @@ class _Request:
     mesh: dict[str, int]
     global_batch: int
     remat: Remat
+    dcn: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> TpuSlice:
@@ -86,7 +89,11 @@ def _request(
     if not is_int(tensor) or not 1 <= tensor <= 4096:
         raise PlanError(f"tensor must be a whole number from 1 to 4096 (the tensor axis size), got {tensor!r:.60}.")
     target = settings.target
-    shape = dict(mesh) if mesh is not None else auto_mesh_shape(strategy, target, tensor)
+    if mesh is not None:
+        shape, dcn = split_dcn(mesh, target.slices)
+    else:
+        shape = auto_mesh_shape(strategy, target, tensor)  # a data axis over the slices
+        dcn = {Role.DATA.value: target.slices} if target.slices > 1 else {}
     check_mesh(shape, strategy, target)
     if (
         roles.sequence_axes(tuple(shape))
@@ -108,7 +115,7 @@ def _request(
             f"global_batch={batch!r} does not split over the batch axes {axes} ({parts} parts) of mesh {shape}; "
             f"give a multiple of {parts}."
         )
-    return _Request(settings, strategy, shape, batch, policy)
+    return _Request(settings, strategy, shape, batch, policy, dcn)
 
 
 def plan(
@@ -127,6 +134,7 @@ def plan(
     param_spec: Callable[[str, tuple[int, ...]], PartitionSpec] | None = None,
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
+    vocab_tiles: int = 1,
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -138,7 +146,8 @@ def plan(
         strategy: ``fsdp``, ``2d`` (fsdp x tensor), ``dp``, or ``cp`` (fsdp x context: the sequence split
             over ``context``, `spmd.plan.context`; ``fsdp`` on a mesh with a context axis is the same plan).
         mesh: axis sizes over the devices, e.g. ``{"fsdp": 32, "tensor": 4}`` or ``{"fsdp": 64, "context": 8}``;
-            default `auto_mesh_shape`.
+            default `auto_mesh_shape`. Across slices, ``dcn_<axis>`` entries say how many slices an
+            axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.dcn`).
         global_batch: sequences per step; default one per batch shard.
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
             position table: 1024 for GPT-2).
@@ -151,12 +160,14 @@ def plan(
         param_spec: overrides the strategy's ``(name, shape) -> spec``.
         hbm_bytes: the per-device memory budget the verdict uses; default the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
+        vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
+            vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.vocab_tiling`).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
             with what to change.
     """
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype)
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     return plan_with(
         model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
         param_spec=param_spec,
@@ -192,6 +203,7 @@ def plan_program(
         check_takes_positions(module)
     if settings.attention is Attention.FLASH:
         splash_block(seq)
+    check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
@@ -207,14 +219,14 @@ def _lower(
     """The target's devices and mesh, the parameter specs (checked for even splits), and the
     lowered step; with the toolchain that lowers it (the partitioner is jax's setting now)."""
     devices = tpu_devices(req.target)
-    our_mesh = build_mesh(req.mesh, req.target, devices)
+    our_mesh = build_mesh(req.mesh, req.target, devices, req.dcn)
     spec_fn = param_spec or param_spec_for(req.strategy, our_mesh, hf_config)
     check_even_splits(req.strategy, {n: tuple(p.shape) for n, p in module.named_parameters()}, spec_fn, our_mesh)
     gather = roles.param_shard_axes(tuple(req.mesh))
     st = req.settings
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
-        st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)),
+        st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)), vocab_tiles=st.vocab_tiles,
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -254,8 +266,9 @@ def _report(
     estimate = estimate_step(target, hf_config, n_params, tokens, seq, req.remat, collectives, step_time)
     return PlanReport(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
-        slices=target.slices, mesh=req.mesh, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
+        slices=target.slices, mesh=req.mesh, dcn_mesh=req.dcn, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
+        vocab_tiles=req.settings.vocab_tiles,
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

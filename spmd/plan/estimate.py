@@ -23,12 +23,21 @@ from typing import Any
 from spmd.plan.remat import Remat, recompute_factor
 from spmd.plan.topology import TpuSlice
 
-__all__ = ["StepEstimate", "estimate_step", "model_flops"]
+__all__ = ["TOP_OPS", "StepEstimate", "estimate_step", "explain_flops", "model_flops"]
+
+TOP_OPS = 40  # operations listed in `StepEstimate.flops_by_op`
 
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """The step-time model of the module docstring (seconds; MFU as a fraction)."""
+    """The step-time model of the module docstring (seconds; MFU as a fraction).
+
+    ``hardware_flops_per_device`` (the matmul FLOPs the prediction counts) is explained by
+    ``flops_by_loop``, one entry per nest of ``while`` loops (``loops``: ``[[name, trips], ...]``,
+    outermost first; ``[]``: the step's own body), and ``flops_by_op``, the `TOP_OPS` largest
+    operations (`spmd.plan._step_time.FlopsEntry` as a dict), each with ``flops``, its share of
+    the model's FLOPs per device (``of_model``).
+    """
 
     model_flops_per_step: float
     compute_seconds: float
@@ -44,6 +53,8 @@ class StepEstimate:
     predicted_op_seconds: float = 0.0
     predicted_exposed_seconds: float = 0.0
     hardware_flops_per_device: float = 0.0
+    flops_by_loop: tuple[dict[str, Any], ...] = ()
+    flops_by_op: tuple[dict[str, Any], ...] = ()
 
     @property
     def predicted(self) -> bool:
@@ -111,4 +122,27 @@ def estimate_step(
         predicted_op_seconds=step_time.op_seconds,
         predicted_exposed_seconds=step_time.exposed_seconds,
         hardware_flops_per_device=step_time.hardware_flops,
+        **explain_flops(step_time.flops_by_op, flops / devices),
     )
+
+
+def explain_flops(entries: Sequence[Any], model_flops_per_device: float) -> dict[str, tuple[dict[str, Any], ...]]:
+    """``flops_by_loop`` and ``flops_by_op`` (`StepEstimate`) of the program's `FlopsEntry` list."""
+    share = (lambda f: f / model_flops_per_device) if model_flops_per_device > 0 else (lambda f: 0.0)
+    by_loop: dict[tuple[tuple[str, int], ...], list[float]] = {}
+    for e in entries:
+        acc = by_loop.setdefault(e.loops, [0.0, 0])
+        acc[0] += e.flops
+        acc[1] += 1
+    loops = tuple(
+        {"loops": [list(x) for x in k], "ops": n, "flops": f, "of_model": share(f)}
+        for k, (f, n) in sorted(by_loop.items(), key=lambda kv: -kv[1][0])
+    )
+    ops = tuple(
+        {
+            "op": e.op, "opcode": e.opcode, "shape": e.shape, "loops": [list(x) for x in e.loops],
+            "flops_per_run": e.flops_per_run, "runs": e.runs, "flops": e.flops, "of_model": share(e.flops),
+        }
+        for e in list(entries)[:TOP_OPS]
+    )  # fmt: skip
+    return {"flops_by_loop": loops, "flops_by_op": ops}

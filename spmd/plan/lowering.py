@@ -10,7 +10,10 @@ The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, A
 master weights and moments stored like the parameters. FSDP units are the repeated blocks of the
 model; each gathers its parameters at use (a sharding constraint to the spec without the
 ``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does. What a block
-keeps for backward is the ``--remat`` policy (`spmd.plan.remat`).
+keeps for backward is the ``--remat`` policy (`spmd.plan.remat`, `spmd.plan.custom_remat`). The
+residual stream between blocks is laid out by MaxText's activation rules
+(`spmd.logical_axes.ACTIVATION_AXIS_RULES`: on a 2-D mesh its width over ``tensor``), and with
+``vocab_tiles`` the loss runs in chunks of tokens (`spmd.plan.vocab_tiling`).
 
 The repeated blocks run as one ``lax.scan`` over parameters stacked on a leading layer dim
 (MaxText's ``scan_layers``, torch_xla's ``scan_layers``): the TPU compiler then compiles one
@@ -31,12 +34,14 @@ import torch
 
 from mesh import Mesh, Role
 from spmd.errors import ShardingError
+from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
 from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
+from spmd.plan.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
 from spmd.sharding import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
@@ -57,6 +62,7 @@ class TrainStepConfig:
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         learning_rate, weight_decay, betas, eps: AdamW's.
         sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.context`).
+        vocab_tiles: chunks the loss is computed in (`spmd.plan.vocab_tiling`; 1: the model's own loss).
     """
 
     global_batch: int
@@ -72,6 +78,7 @@ class TrainStepConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     sequence_axes: tuple[str, ...] = ()
+    vocab_tiles: int = 1
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,8 @@ class _StepBuilder:
         prefix = f"{self.stack[0]}." if self.stack else None
         self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
         self.saved_per_layer: tuple[SavedActivation, ...] = ()
+        self.head = output_head(model) if config.vocab_tiles > 1 else None
+        self.residual_spec = ACTIVATION_AXIS_RULES.spec(RESIDUAL, mesh)
 
     def sharding(self, spec: PartitionSpec) -> Any:
         from jax.sharding import NamedSharding
@@ -218,6 +227,17 @@ class _StepBuilder:
         )
         return self.env.j2t_iso(value)
 
+    def residual(self, hidden: Any) -> Any:
+        """The residual stream between blocks, ``[batch, seq, width]``, laid out by the activation
+        rules (`spmd.logical_axes.ACTIVATION_AXIS_RULES`): rows over the batch axes, tokens over
+        ``context``, the width over ``tensor`` (MaxText's ``activation_embed``). Constrained only
+        where that splits more than the rows, which the partitioner infers from the tokens anyway."""
+        import jax
+
+        if hidden.ndim != 3 or len(self.residual_spec) < 2:
+            return hidden
+        return jax.lax.with_sharding_constraint(hidden, self.sharding(self.residual_spec))
+
     def block(self) -> Callable[..., Any]:
         """One repeated block as a checkpointed JAX function of (hidden, layer params, args, kwargs)."""
         import jax
@@ -227,16 +247,14 @@ class _StepBuilder:
         template, env = layers[0], self.env
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
-            if self.config.sequence_axes and hidden.ndim == 3:  # [batch, seq, width]: split as the tokens are
-                spec = P(self.config.batch_axes or None, self.config.sequence_axes, None)
-                hidden = jax.lax.with_sharding_constraint(hidden, self.sharding(spec))
+            hidden = self.residual(hidden)
             hidden = checkpoint_name(hidden, BLOCK_INPUT)  # what `offload` moves to the host
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
                 full = {n: self.gathered(p, self.specs[f"{name}.0.{n}"]) for n, p in tp.items()}
                 with torch.nn.utils.stateless._reparametrize_module(template, full):
                     out = template(th, *targs, **tkwargs)
-            return env.t2j_iso(out)
+            return self.residual(env.t2j_iso(out))
 
         return jax.checkpoint(block, policy=jax_policy(self.config.remat))
 
@@ -271,13 +289,19 @@ class _StepBuilder:
             tp = {n: self.gathered(v, self.specs[n]) for n, v in tp.items()}
             restore = self._swap_in_scan(stacked)
             try:
-                kwargs = self.context_kwargs() or {"labels": tt}
-                out = torch.func.functional_call(
-                    model, (tp, tbuf), (tt,), {**kwargs, "use_cache": False}, tie_weights=True, strict=False
-                )
+                kwargs = self.context_kwargs() or ({} if self.head else {"labels": tt})
+                with hidden_states_only(model, self.head) if self.head else contextlib.nullcontext():
+                    out = torch.func.functional_call(
+                        model, (tp, tbuf), (tt,), {**kwargs, "use_cache": False}, tie_weights=True, strict=False
+                    )
             finally:
                 if restore is not None:
                     setattr(*restore)
+            if self.head is not None:  # `out` holds the final hidden states: the loss in chunks
+                hidden = env.t2j_iso(getattr(out, "logits", out))
+                weight = env.t2j_iso(tp[self.head.weight])
+                bias = env.t2j_iso(tp[self.head.bias]) if self.head.bias else None
+                return tiled_token_loss(hidden, weight, bias, tokens, self.config.vocab_tiles)
             if self.config.sequence_axes:
                 return context_token_loss(env.t2j_iso(getattr(out, "logits", out)), tokens)
             loss = out.loss if hasattr(out, "loss") else _token_loss(out, tt)

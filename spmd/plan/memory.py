@@ -8,9 +8,11 @@ axis, ``T``: the ``tensor`` axis size):
 - **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
   ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.specs`).
 - **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
-  projections split over ``tensor`` are divided by ``T``. This is JAX's own list of the scan's
-  residuals (`spmd.plan.lowering.saved_residuals`), counted from the shape: exact for every policy
-  but ``none``, whose list depends on how the model writes its norms (counted for Llama's).
+  projections split over ``tensor``, and the block's input (the residual stream, whose width the
+  activation rules split over ``tensor``: `spmd.logical_axes.RESIDUAL`), are divided by ``T``.
+  This is JAX's own list of the scan's residuals (`spmd.plan.lowering.saved_residuals`), counted
+  from the shape: exact for every policy but ``none``, whose list depends on how the model writes
+  its norms (counted for Llama's).
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
   peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd.plan.attention import Attention
-from spmd.plan.remat import CONTEXT, Remat
+from spmd.plan.custom_remat import CustomRemat
+from spmd.plan.remat import BLOCK_INPUT, CONTEXT, Remat
 
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
 
@@ -71,7 +74,7 @@ def _projections(shape: Any, tensor: int) -> dict[str, float]:
     """Elements per token of each projection's output, as a device holds it (``context``: the
     attention output the splash kernel keeps under that name, `Remat.SAVE_QKV_CONTEXT`)."""
     q, kv = shape.n_head * shape.head_dim / tensor, shape.n_kv_head * shape.head_dim / tensor
-    out = {"out_proj": float(shape.d_model), CONTEXT: q}
+    out = {"out_proj": shape.d_model / tensor, CONTEXT: q}  # out: summed onto the stream, split like it
     if shape.gated_mlp:  # Llama's family: q, k, v apart; a gated MLP
         out.update(query_proj=q, key_proj=kv, value_proj=kv, mlpwi_0=shape.d_ff / tensor, mlpwi_1=shape.d_ff / tensor)
     else:  # GPT-2: one fused q/k/v projection (c_attn), a plain MLP
@@ -82,9 +85,18 @@ def _projections(shape: Any, tensor: int) -> dict[str, float]:
 def saved_per_token(shape: Any, remat: Remat, attention: Attention, seq_len: int, tensor: int = 1,
                     itemsize: int = 2) -> tuple[float, float]:  # fmt: skip
     """``(device, host)`` bytes one block keeps for backward per token (module docstring)."""
-    d = shape.d_model
+    d = shape.d_model / tensor  # the block's input: the residual stream, its width over tensor (RESIDUAL)
     if remat is Remat.OFFLOAD:
         return 0.0, float(d * itemsize)
+    if isinstance(remat, CustomRemat):  # each name where its choice puts it; the input on the device unless offloaded
+        projections = _projections(shape, tensor)
+        device = [n for n in remat.saved_names if n != CONTEXT or attention is Attention.FLASH]
+        host = [n for n in remat.offloaded_names if n != CONTEXT or attention is Attention.FLASH]
+        on_host = BLOCK_INPUT in host
+        lse = 4 * shape.n_head / tensor  # the kernel's fp32 log-sum-exp beside `context`
+        dev = (0 if on_host else d) + sum(projections.get(n, 0.0) for n in device)
+        off = (d if on_host else 0) + sum(projections.get(n, 0.0) for n in host)
+        return dev * itemsize + (lse if CONTEXT in device else 0.0), off * itemsize + (lse if CONTEXT in host else 0.0)
     if remat is Remat.NONE:
         return _everything_per_token(shape, attention, seq_len, tensor, itemsize), 0.0
     projections = _projections(shape, tensor)
@@ -122,15 +134,19 @@ def plan_memory(
     arguments: int,
     param_bytes: int,
     context: int = 1,
+    vocab_tiles: int = 1,
 ) -> MemoryMath:
     """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
     (sharding math); ``param_bytes``: the fp32 parameters per device alone; ``context``: the
-    context axis the sequence is split over."""
+    context axis the sequence is split over; ``vocab_tiles``: chunks the loss takes the logits in
+    (`spmd.plan.vocab_tiling`), each holding that share of them."""
     tokens = per_device_batch * seq_len / context
     device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
     saved = int(shape.n_layer * tokens * device)
     head = shape.vocab * shape.d_model / tensor
-    loss = 2 * head + tokens * shape.vocab / tensor * 10  # the gathered head; logits bf16, fp32, fp32 gradient
+    loss = (
+        2 * head + tokens / vocab_tiles * shape.vocab / tensor * 10
+    )  # the gathered head; logits bf16, fp32, fp32 gradient
     layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
     mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
     gathered = 4 * per_device_batch * shape.n_kv_head / tensor * seq_len * shape.head_dim * 2 if context > 1 else 0

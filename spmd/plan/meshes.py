@@ -19,6 +19,7 @@ import numpy as np
 
 from mesh import Mesh, Role, roles
 from spmd.plan._jax_compat import device_mesh, topology_devices
+from spmd.plan.dcn import split_dcn
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice
 
@@ -109,9 +110,12 @@ def check_mesh(shape: Mapping[str, int], strategy: str, target: TpuSlice) -> Non
         )
 
 
-def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -> Mesh:
+def build_mesh(
+    shape: Mapping[str, int], target: TpuSlice, devices: list[Any], dcn: Mapping[str, int] | None = None
+) -> Mesh:
     """Our `Mesh` over ``devices`` positions, in the physical order the installed jax gives
-    (`spmd.plan._jax_compat.device_mesh`; a ``data`` axis spans slices)."""
+    (`spmd.plan._jax_compat.device_mesh`, its hybrid mesh across slices). ``dcn``: the slices each axis
+    spans (`spmd.plan.dcn.split_dcn`); default a ``data`` axis spanning them all."""
     names, sizes = tuple(shape), tuple(shape.values())
     if math.prod(sizes) != len(devices):
         raise PlanError(
@@ -119,11 +123,15 @@ def build_mesh(shape: Mapping[str, int], target: TpuSlice, devices: list[Any]) -
             f"{len(devices)}. Make the axis sizes multiply to {len(devices)}."
         )
     if target.slices > 1:
-        dcn = tuple(target.slices if n == Role.DATA else 1 for n in names)
-        if Role.DATA not in names or shape[Role.DATA] % target.slices:
-            raise PlanError(f"With {target.slices} slices the mesh needs a 'data' axis divisible by {target.slices}.")
-        ici = tuple(s // d for s, d in zip(sizes, dcn))
-        ordered = device_mesh(ici, devices, dcn)
+        spans = dict(dcn) if dcn else split_dcn(shape, target.slices)[1]
+        across = tuple(spans.get(n, 1) for n in names)
+        if math.prod(across) != target.slices or any(s % d for s, d in zip(sizes, across, strict=True)):
+            raise PlanError(
+                f"Mesh {dict(shape)} cannot span {target.slices} slices as {spans}: the DCN sizes must multiply to "
+                "the slices and divide their axes."
+            )
+        ici = tuple(s // d for s, d in zip(sizes, across, strict=True))
+        ordered = device_mesh(ici, devices, across)
     else:
         ordered = device_mesh(sizes, devices)
     position = {d.id: k for k, d in enumerate(devices)}

@@ -241,6 +241,11 @@ def _from_config(config: Any) -> tuple[torch.nn.Module, Any]:
             module = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError as e:  # a model type with no causal LM, a value its layers refuse
         raise ModelSpecError(f"transformers cannot build a causal LM from this config: {str(e)[:300]}") from e
+    if getattr(module, "loss_type", "") is None:
+        # A class whose name names no loss (GPT2LMHeadModel) gets loss_type None, and its first loss
+        # warns "`loss_type=None` was set in the config but it is unrecognized" before falling back
+        # to ForCausalLM: the loss a causal LM from AutoModelForCausalLM has. Name it outright.
+        module.loss_type = "ForCausalLM"
     return module, config
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from spmd.plan.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
 from spmd.plan.errors import PlanError
 
 __all__ = [
@@ -45,10 +46,8 @@ __all__ = [
     "recompute_factor",
 ]  # fmt: skip
 
-# The splash kernel's residuals (its attention output and log-sum-exp): MaxText's ``context``,
-# spelled apart from the mesh's context axis.
-CONTEXT = "attention_context"
-BLOCK_INPUT = "xla_spmd_block_input"  # the checkpoint name of a block's input (offloaded by ``offload``)
+# CONTEXT: the splash kernel's residuals (its attention output and log-sum-exp), MaxText's
+# ``context``; BLOCK_INPUT: the checkpoint name of a block's input (offloaded by ``offload``).
 OTHER_DOT = "dot"  # a block's projection of no known role
 
 # MaxText's names, by what they hold; ``mlpwi`` is a non-gated MLP's input projection (GPT-2).
@@ -107,14 +106,18 @@ class Remat(enum.Enum):
         return cls.DOTS if value == "minimal" else None  # MaxText's name for `dots`
 
     @classmethod
-    def parse(cls, value: str | Remat) -> Remat:
-        if isinstance(value, Remat):
+    def parse(cls, value: str | Remat | CustomRemat) -> Remat | CustomRemat:
+        """A preset by name, or a per-tensor policy ``custom:name=choice,...`` (`spmd.plan.custom_remat`)."""
+        if isinstance(value, (Remat, CustomRemat)):
             return value
+        if isinstance(value, str) and value.startswith(CUSTOM_PREFIX):
+            return CustomRemat.parse(value)
         try:
             return cls(value)
         except ValueError:
             raise PlanError(
-                f"remat must be one of {[r.value for r in cls]} (or 'minimal', MaxText's name for 'dots'), "
+                f"remat must be one of {[r.value for r in cls]} (or 'minimal', MaxText's name for 'dots'), or "
+                f"'custom:' with MaxText's tensor names (custom:decoder_layer_input=offload,query_proj=device), "
                 f"got {value!r:.60}."
             ) from None
 
@@ -149,22 +152,30 @@ def projection_name(path: str) -> str:
     return _BY_MODULE.get(leaf, OTHER_DOT)
 
 
-def kernel_residual_name(remat: Remat) -> str | None:
+def kernel_residual_name(remat: Remat | CustomRemat) -> str | None:
     """The name the splash kernel gives its residuals under ``remat``: `CONTEXT` when the policy
-    keeps them, else none (an unnamed residual is recomputed, and the other policies' programs
-    stay as they were)."""
-    return CONTEXT if CONTEXT in (remat.saved_names or ()) else None
+    keeps them (on the device, or the host), else none (an unnamed residual is recomputed, and the
+    other policies' programs stay as they were)."""
+    host = remat.offloaded_names if isinstance(remat, CustomRemat) else ()
+    return CONTEXT if CONTEXT in (*(remat.saved_names or ()), *host) else None
 
 
 def _keep_activations(prim: Any, *_: Any, **__: Any) -> bool:
     return prim.name not in _LAYOUT_PRIMITIVES
 
 
-def jax_policy(remat: Remat) -> Any:
+def jax_policy(remat: Remat | CustomRemat) -> Any:
     """The ``jax.checkpoint`` policy of ``remat``."""
     import jax
 
     policies = jax.checkpoint_policies
+    if isinstance(remat, CustomRemat):
+        return policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(remat.saved_names),
+            names_which_can_be_offloaded=list(remat.offloaded_names),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
     if remat is Remat.NONE:
         return _keep_activations
     if remat is Remat.OFFLOAD:
@@ -179,7 +190,7 @@ def jax_policy(remat: Remat) -> Any:
 
 
 def recompute_factor(
-    remat: Remat, attention_share: float = 0.0, mlp_share: float = 0.0, out_share: float = 0.0
+    remat: Remat | CustomRemat, attention_share: float = 0.0, mlp_share: float = 0.0, out_share: float = 0.0
 ) -> float:
     """Hardware FLOPs over model FLOPs: a policy runs again in backward the forward of what it
     does not keep (a forward is a third of the step's FLOPs). ``attention_share``, ``mlp_share``,
@@ -187,6 +198,14 @@ def recompute_factor(
     FLOPs; ``full`` and ``offload`` run the whole forward again."""
     if remat is Remat.NONE:
         return 1.0
+    if isinstance(remat, CustomRemat):  # backward runs again what no choice keeps, on device or host
+        kept = set(remat.kept_names)
+        if not kept & set(QKV_NAMES):
+            return 4 / 3  # no projection kept: the whole forward again, as `full`
+        again = attention_share if CONTEXT_NAME not in kept else 0.0
+        again += mlp_share if not kept & set(MLP_NAMES[:3]) else 0.0
+        again += out_share if "out_proj" not in kept else 0.0
+        return 1.0 + again / 3
     if remat.checkpoints_block:
         return 4 / 3
     again = attention_share if remat is not Remat.SAVE_QKV_CONTEXT else 0.0  # it keeps the kernel's residuals

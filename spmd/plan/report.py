@@ -132,6 +132,8 @@ class PlanReport:
     jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
     ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
     K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).
+    ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.vocab_tiling`; 1: untiled).
+    ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.dcn`; ``{}``: one slice).
     """
 
     model: str
@@ -159,6 +161,8 @@ class PlanReport:
     toolchain: dict[str, str] = field(default_factory=dict)
     param_specs: dict[str, str] = field(default_factory=dict)
     context_parallel: ContextReport | None = None
+    vocab_tiles: int = 1
+    dcn_mesh: dict[str, int] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -241,7 +245,10 @@ class PlanReport:
         memory["largest_allocations"] = tuple(memory.get("largest_allocations", ()))
         d["memory"] = MemoryReport(**memory)
         d["collectives"] = tuple(CollectiveSummary(**c) for c in d["collectives"])
-        d["estimate"] = StepEstimate(**d["estimate"])
+        estimate = dict(d["estimate"])
+        for key in ("flops_by_loop", "flops_by_op"):  # JSON's lists, the dataclass's tuples
+            estimate[key] = tuple(estimate.get(key, ()))
+        d["estimate"] = StepEstimate(**estimate)
         if d.get("context_parallel") is not None:
             d["context_parallel"] = ContextReport.from_dict(d["context_parallel"])
         return cls(**d)
@@ -275,6 +282,7 @@ def summarize(collectives: list[Any]) -> tuple[CollectiveSummary, ...]:
 
 def _heading(r: PlanReport) -> list[str]:
     mesh = " x ".join(f"{k}={v}" for k, v in r.mesh.items())
+    mesh += f" (across slices: {', '.join(f'{k}={v}' for k, v in r.dcn_mesh.items())})" if r.dcn_mesh else ""
     devices = f"{r.devices} devices, " if r.devices != r.chips else ""
     t = r.toolchain
     compiled_by = (
@@ -285,7 +293,8 @@ def _heading(r: PlanReport) -> list[str]:
     return [
         f"{r.model} on {r.topology} ({r.chips} x {r.chip}, {devices}{r.slices} slice(s)); mesh {mesh}; {r.strategy}; "
         f"batch {r.global_batch} x {r.seq_len}; {r.compute_dtype}; remat {r.remat}; attention {r.attention}"
-        + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else ""),
+        + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else "")
+        + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
         f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",
@@ -347,6 +356,22 @@ def _context(r: PlanReport) -> list[str]:
     return lines
 
 
+FLOPS_EXPLAINED_ABOVE = 1.35  # a program running more than this x the model's FLOPs says where
+
+
+def _flops_where(r: PlanReport) -> list[str]:
+    """Where the program's FLOPs are, by loop nest, when it runs more than `FLOPS_EXPLAINED_ABOVE` x
+    the model's (all of it is in ``--json``: ``estimate.flops_by_loop``, ``estimate.flops_by_op``)."""
+    e = r.estimate
+    if not e.flops_by_loop or e.hardware_flops_per_device * r.devices <= FLOPS_EXPLAINED_ABOVE * e.model_flops_per_step:
+        return []
+    lines = ["  where the program's FLOPs are (x the model's per device; --json: estimate.flops_by_op):"]
+    for entry in e.flops_by_loop[:4]:
+        nest = " > ".join(f"{name} x{trips}" for name, trips in entry["loops"]) or "outside any loop"
+        lines.append(f"    {entry['of_model']:5.2f}  {entry['ops']} ops in {nest}")
+    return lines
+
+
 def _estimate(r: PlanReport) -> list[str]:
     e = r.estimate
     recompute = f" (x{e.recompute_factor:.2f} recomputation)" if e.recompute_factor != 1.0 else ""
@@ -362,6 +387,7 @@ def _estimate(r: PlanReport) -> list[str]:
             f"  -> predicted MFU {e.predicted_mfu:.1%}, {r.predicted_tflops_per_chip:.0f} TFLOP/s per chip; "
             f"the program runs {e.hardware_flops_per_device * r.devices / e.model_flops_per_step:.2f} x the model's FLOPs",
         ]
+        lines += _flops_where(r)
     lines += [
         f"bound (roofline): compute {e.compute_seconds * 1e3:.1f} ms{recompute}, ICI {e.ici_seconds * 1e3:.1f} ms, "
         f"DCN {e.dcn_seconds * 1e3:.1f} ms",

@@ -16,6 +16,7 @@ from typing import Any
 from spmd.plan.attention import Attention
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.plan.vocab_tiling import check_vocab_tiles
 
 __all__ = ["COMPUTE_DTYPES", "MOMENT_DTYPES", "PlanSettings"]
 
@@ -40,6 +41,8 @@ class PlanSettings:
         hbm_bytes: the per-device budget; ``None``: the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``,
             which its Ironwood recipes set to bf16); the second moment stays fp32.
+        vocab_tiles: chunks of tokens the loss is computed in (MaxText's ``num_vocab_tiling``,
+            `spmd.plan.vocab_tiling`); 1: the model's own loss, over all the logits at once.
     """
 
     topology: str
@@ -49,6 +52,7 @@ class PlanSettings:
     attention: Attention | str = Attention.DOT
     hbm_bytes: int | None = None
     moment_dtype: str = "float32"
+    vocab_tiles: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", Attention.parse(self.attention))
@@ -62,6 +66,7 @@ class PlanSettings:
             raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {self.hbm_bytes!r:.60}.")
         if self.seq_len is not None and not _positive_int(self.seq_len):
             raise PlanError(f"seq_len must be a positive int (tokens per sequence) or None, got {self.seq_len!r:.60}.")
+        check_vocab_tiles(self.vocab_tiles, self.seq_len)
         self.target  # noqa: B018 - parses (and so checks) the topology and slices now, not at first use
 
     @functools.cached_property
@@ -85,4 +90,4 @@ class PlanSettings:
             "topology": self.topology, "slices": self.slices, "seq_len": self.seq_len,
             "compute_dtype": self.compute_dtype, "attention": self.attention.value,  # type: ignore[union-attr]
             "moment_dtype": self.moment_dtype,
-        }  # fmt: skip
+        } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {})  # fmt: skip

@@ -72,7 +72,9 @@ def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
     v5p = published_run("maxtext-32b@v5p-128").recipe
     assert v5p.global_batch == 7 * 64  # per_device_batch_size=7 on 64 chips, FSDP 16 x tensor 4
     assert v5p.global_batch // 16 == 28  # 448 sequences over the 16 FSDP shards ...
-    assert v5p.batch_per_shard == 14  # ... planned at half (docs/plan.md: the 2-D plan's residual stream)
+    assert v5p.batch_per_shard == 14  # ... planned at half (docs/plan.md: 103.4 GiB at 28 of 88.5)
+    v5p_64b = published_run("maxtext-64b@v5p-128").recipe
+    assert (v5p_64b.global_batch, v5p_64b.batch_per_shard) == (3 * 64, 12)  # its own batch: it fits
     ironwood = published_run("llama3.1-405b@tpu7x-512").recipe
     assert (ironwood.global_batch, ironwood.batch_per_shard) == (1536, 3)
     # 128k tokens: per_device_batch_size=0.125 over 512 devices is 64 sequences, one per FSDP shard

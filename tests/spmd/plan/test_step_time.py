@@ -6,6 +6,7 @@ HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
 import pytest
 
+from spmd.plan._op_costs import window_taps
 from spmd.plan._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.errors import PlanError
 from spmd.plan.topology import parse_slice
@@ -67,6 +68,49 @@ def test_a_batched_matmul_written_as_a_window_counts_one_tap_per_output():
     # how libtpu writes 16 batched [512 x 512] @ [512 x 512] matmuls: a window of 16 over an input
     # of length 1, so each output meets one tap: 2 x (16 x 512 x 512) x 512 FLOPs, not 16 times it
     assert predict_step(WINDOWED, TARGET, CAL).hardware_flops == 2 * 16 * 512 * 512 * 512
+
+
+# How libtpu writes attention's 16 batched [1024 x 64] @ [64 x 1024] matmuls (2 sequences x 8 heads
+# of a GPT-2): a window of 16 over the 16 batch rows dilated by 16 (15 holes between them), stride 15.
+DILATED = (
+    WINDOWED.replace("x: bf16[512,512,1]", "x: bf16[16,1024,64]")
+    .replace("%x = bf16[512,512,1]{2,1,0}", "%x = bf16[16,1024,64]{2,1,0}")
+    .replace("w: bf16[16,512,512]", "w: bf16[16,1024,64]")
+    .replace("%w = bf16[16,512,512]{2,1,0}", "%w = bf16[16,1024,64]{2,1,0}")
+)
+DILATED = DILATED.replace("bf16[16,512,512]", "bf16[16,1024,1024]").replace(
+    "window={size=16 pad=15_15 rhs_reversal=1}, dim_labels=bf0_0oi->0fb",
+    "window={size=16 stride=15 lhs_dilate=16}, dim_labels=0bf_0oi->0bf",
+)
+
+
+def test_a_batched_matmul_over_a_dilated_input_counts_one_tap_per_output():
+    # each output position's window of 16 meets one of the 16 rows (the other 15 taps fall in the
+    # holes): 2 x (16 x 1024 x 1024) x 64 FLOPs; counting the window's 16 taps made a GPT-2's
+    # program 3.2 x its model's FLOPs
+    assert predict_step(DILATED, TARGET, CAL).hardware_flops == 2 * 16 * 1024 * 1024 * 64
+
+
+@pytest.mark.parametrize(
+    ("window", "lhs", "out", "taps"),
+    [
+        ("size=16 stride=15 lhs_dilate=16", (16,), (16,), 1.0),
+        ("size=16 pad=15_15 rhs_reversal=1", (1,), (16,), 1.0),
+        ("size=3 pad=1_1", (8,), (8,), (2 + 3 * 6 + 2) / 8),  # a real 3-tap convolution: the edges meet 2
+        ("size=2 lhs_dilate=2", (4,), (6,), 1.0),  # [a _ b _ c _ d]: every window of 2 meets one element
+        ("size=1x4 pad=0_0x3_3", (5, 1), (5, 4), 1.0),
+        ("size=4 rhs_dilate=2", (7,), (1,), 4.0),
+    ],
+)
+def test_window_taps_count_the_taps_that_meet_the_input(window, lhs, out, taps):
+    assert window_taps(window, lhs, out) == pytest.approx(taps)
+
+
+def test_the_flops_are_listed_op_by_op_with_their_loops():
+    t = predict_step(LOOP, TARGET, CAL)
+    (entry,) = t.flops_by_op
+    assert (entry.op, entry.opcode, entry.loops, entry.runs) == ("d", "dot", (("w", 5),), 5)
+    assert entry.flops == entry.flops_per_run * 5 == t.hardware_flops == 5 * 2 * 4096**3
 
 
 def gather(group: str, name: str = "all-gather") -> str:
