@@ -155,7 +155,7 @@ class ReplicaGroup(ReplicaSync):
         Call it after FSDP and before the first step."""
         optim_module = torchft_module("torchft.optim")
         shards = ShardState(model, optimizer)  # now, outside a step: see fsdp_xla.ft._state
-        self.register_state("fsdp", shards.state_dict, shards.load_state_dict)
+        self.register_state("sharded_model_and_optimizer", shards.state_dict, shards.load_state_dict)
         return optim_module.OptimizerWrapper(self.manager, optimizer)
 
     def register_state(self, key: str, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None]) -> None:
