@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from spmd._util.memory import GIB
 from spmd.plan.attention import Attention
 from spmd.plan.custom_remat import CustomRemat
 from spmd.plan.remat import BLOCK_INPUT, CONTEXT, Remat
@@ -36,7 +37,6 @@ from spmd.plan.remat import BLOCK_INPUT, CONTEXT, Remat
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
 
 MARGIN = 0.15  # plans our math puts within 15 % over the budget are still compiled ("close to the line")
-GIB = 2**30
 
 
 @dataclass(frozen=True)

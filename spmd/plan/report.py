@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mesh import Role
+from spmd._util.memory import GIB, MIB
 from spmd.plan import estimate as _estimate_module
 from spmd.plan.errors import PlanError
 from spmd.plan.estimate import StepEstimate
@@ -20,9 +21,6 @@ from spmd.plan.published import published_for
 __all__ = [
     "CollectiveSummary", "ContextReport", "MemoryReport", "PlanReport", "StepEstimate", "plan_table", "summarize",
 ]  # fmt: skip
-
-MIB = 2**20
-GIB = 2**30
 
 
 @dataclass(frozen=True)

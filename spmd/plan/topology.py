@@ -40,6 +40,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from spmd._util.memory import GIB
 from spmd.mfu.peak import CHIPS
 from spmd.plan.errors import TopologyError
 
@@ -94,7 +95,6 @@ class ChipSpec:
         return self.hbm_bytes_per_second / self.devices_per_chip
 
 
-GIB = 2**30
 _POD_DCN = 6.4e12 / 8 / 256  # v5e: 6.4 Tbps per 256-chip pod, per chip
 # Peak FLOP/s have one home, spmd.mfu.peak; HBM and interconnect are the planner's.
 CHIP_SPECS: dict[str, ChipSpec] = {
