@@ -28,6 +28,7 @@ from fsdp_xla.policies import (
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
 )
+from mesh.naming import publish
 
 __all__ = [
     "FSDP",
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (FSDPOptions, FullyShardedDataParallel):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, FSDPOptions, FullyShardedDataParallel)

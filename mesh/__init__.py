@@ -20,6 +20,7 @@ from mesh._mesh import AxisRef, Mesh
 
 # Exceptions live in mesh.errors (not star-exported); they resolve here too.
 from mesh.errors import DeviceCountError, MeshError, MeshTypeError, NoMeshError  # noqa: F401
+from mesh.naming import publish
 from mesh.roles import ParallelDims, Role
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (DeviceInfo, GlobalMeshFollower, HybridMesh, Mesh):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, DeviceInfo, GlobalMeshFollower, HybridMesh, Mesh)

@@ -5,6 +5,7 @@ around it. It lives with the torch_xla backend, since every
 method is a torch_xla call; on the DTensor backend `mark_sharding` returns a ``DTensor``.
 """
 
+from mesh.naming import publish
 from spmd._backend.torch_xla_backend.sharded_tensor import Shard, ShardedTensor, XLAShard, XLAShardedTensor
 from spmd._backend.torch_xla_backend.wrapping import unwrap_sharded_tensor, wrap_as_sharded_tensor, wrap_if_sharded
 
@@ -19,7 +20,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (Shard, XLAShardedTensor):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, Shard, XLAShardedTensor)

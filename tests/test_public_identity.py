@@ -74,3 +74,13 @@ def test_pickles_name_the_public_path_and_old_ones_still_load(value):
             old = old.replace(f"c{public}\n{name}\n".encode(), f"c{home}\n{name}\n".encode())
     assert old != data and b"._" in old
     assert pickle.loads(old) == value == pickle.loads(data)
+
+
+@pytest.mark.parametrize("public,name", [(public, name) for public, names in PUBLIC.items() for name, _ in names])
+def test_type_hints_resolve_under_the_public_path(public, name):
+    """``typing.get_type_hints`` evaluates string annotations in the module ``__module__`` names;
+    transformers calls it on every ``PreTrainedModel`` subclass, FSDP's units of a Hugging Face
+    model among them (they failed to build with ``NameError: UnitRuntime``)."""
+    import typing
+
+    typing.get_type_hints(getattr(importlib.import_module(public), name))

@@ -13,6 +13,7 @@ dumps with it, the planner the TPU compiler's output, `fsdp_xla.communication` i
 - `module_scope`, `annotation_scopes`: the scopes torch_xla writes into each op's ``op_name``.
 """
 
+from mesh.naming import publish
 from spmd.hlo._groups import mesh_axes_groups as mesh_axes_groups
 from spmd.hlo._groups import parse_replica_groups as parse_replica_groups
 from spmd.hlo._shape import DTYPE_BYTES as DTYPE_BYTES
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (ArrayShape, HloModuleText, Instruction):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, ArrayShape, HloModuleText, Instruction)

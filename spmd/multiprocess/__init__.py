@@ -5,6 +5,7 @@ heartbeat, and hang reports when a collective times out.
 The implementation modules are private; import from here (or from ``spmd``).
 """
 
+from mesh.naming import publish
 from spmd.multiprocess._data_loader import DataPosition as DataPosition
 from spmd.multiprocess._data_loader import ProcessDataLoader as ProcessDataLoader
 from spmd.multiprocess._data_loader import ProcessSampler as ProcessSampler
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (DataPosition, DimSlot, ProcessDataLoader, ProcessLayout, ProcessSampler):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, DataPosition, DimSlot, ProcessDataLoader, ProcessLayout, ProcessSampler)

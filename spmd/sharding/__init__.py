@@ -4,6 +4,7 @@ placements. Pure math over a `mesh.Mesh`: nothing here asks a runtime.
 The implementation modules are private; import from here (or from ``spmd``).
 """
 
+from mesh.naming import publish
 from spmd.sharding._hlo_sharding import HloSharding as HloSharding
 from spmd.sharding._hlo_sharding import ShardBounds as ShardBounds
 from spmd.sharding._hlo_sharding import ShardingKind as ShardingKind
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 # Reprs, pickles and docs name the public path, as jax sets NamedSharding.__module__ = "jax.sharding";
-# pickles that name the private module still load (the class lives on there).
-for _cls in (HloSharding, NamedSharding, PartitionSpec, ShardBounds, ShardingKind, ShardingType):
-    _cls.__module__ = __name__
-del _cls
+# pickles that name the private module still load (the class lives on there);
+# `mesh.naming.publish` resolves their annotations first, so typing.get_type_hints still works.
+publish(__name__, HloSharding, NamedSharding, PartitionSpec, ShardBounds, ShardingKind, ShardingType)
