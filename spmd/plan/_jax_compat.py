@@ -191,7 +191,8 @@ def import_torchax() -> Any:
     if "torchax" in sys.modules:
         return sys.modules["torchax"]
     drop_stale_submodules()
-    with _flax_placeholder(), aten_stand_ins(), _no_accelerator_claim():
+    # held: torchax 0.0.13 on torch 2.9 logs "Duplicate op registration" warnings as it loads
+    with held_stderr(), _flax_placeholder(), aten_stand_ins(), _no_accelerator_claim():
         import torchax
 
         torchax.default_env()

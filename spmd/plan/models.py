@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from mesh.checks import is_int
+from spmd._util.held_stderr import held_stderr
 from spmd._util.regular_file import read_regular_file
 from spmd.plan.errors import ModelSpecError, PlanError
 
@@ -237,7 +238,9 @@ def _from_config(config: Any) -> tuple[torch.nn.Module, Any]:
     import transformers
 
     try:
-        with parameters_on_meta():
+        # held: the model classes import accelerate, which imports torch_xla where it is installed,
+        # and torch_xla logs "Defaulting to PJRT_DEVICE=CPU" (shown if building fails)
+        with held_stderr(), parameters_on_meta():
             module = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError as e:  # a model type with no causal LM, a value its layers refuse
         raise ModelSpecError(f"transformers cannot build a causal LM from this config: {str(e)[:300]}") from e
