@@ -41,15 +41,31 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ["--layers", "2", "--d-model", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "256"]
+LAYERS, D_MODEL, HEADS, KV_HEADS = 2, 128, 4, 2
+MODEL = ["--layers", str(LAYERS), "--d-model", str(D_MODEL), "--heads", str(HEADS), "--kv-heads", str(KV_HEADS)]
+MODEL += ["--vocab", "256"]
 ARMS = {1: "fsdp 4 (no CP)", 2: "fsdp 2 x context 2", 4: "context 4"}
 BATCH = 4  # global batch: one sequence per rank without CP
+XLA_DEVICES, XLA_BATCH = 8, 8  # the torch_xla lane's compiled step
 
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
     env.update(PYTHONPATH=str(ROOT), USE_TORCH_XLA="0")
     return env
+
+
+def _json_of(command: list[str], out: Path, env: dict[str, str]) -> dict:
+    """Run ``command``; the JSON it wrote to ``out``, or ``{"error": its last stderr line}``."""
+    run = subprocess.run(command, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
+    return json.loads(out.read_text())
+
+
+def _gathered_kv_bytes(rows: int, seq: int) -> int:
+    """One layer's K (or V) gathered whole along the sequence: ``[rows, kv_heads, seq, head_dim]``, float32."""
+    return rows * KV_HEADS * seq * (D_MODEL // HEADS) * 4
 
 
 def timed_run(context: int, seq: int, steps: int) -> dict:
@@ -59,10 +75,7 @@ def timed_run(context: int, seq: int, steps: int) -> dict:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4"]
         command += [__file__, "--worker", "--context", str(context), "--seq", str(seq), "--steps", str(steps)]
         command += ["--out", str(out)]
-        run = subprocess.run(command, env=_env(), capture_output=True, text=True)
-        if run.returncode != 0:
-            return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
-        return json.loads(out.read_text())
+        return _json_of(command, out, _env())
 
 
 def dry_run(context: int, seq: int) -> dict:
@@ -72,19 +85,14 @@ def dry_run(context: int, seq: int) -> dict:
         command = [sys.executable, "-m", "spmd.inspector", "--world", "4", "--steps", "1", "--json", str(report)]
         command += [str(ROOT / "examples" / "train_long_context.py"), "--backend", "dtensor", "--steps", "1"]
         command += ["--seq", str(seq), "--context", str(context), "--batch", str(BATCH), *MODEL]
-        run = subprocess.run(command, env=_env(), capture_output=True, text=True)
-        if run.returncode != 0:
-            return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
-        return json.loads(report.read_text())
+        return _json_of(command, report, _env())
 
 
 def context_minimum(context: int, seq: int) -> int:
     """Bytes each rank must send per step over the context axis (module docstring): 2 layers x
     K and V x (gather + gradient reduce-scatter) x (c - 1) / c of the gathered tensor, float32."""
-    layers, kv_heads, head_dim = 2, 2, 128 // 4
     rows = BATCH * context // 4  # each rank's rows: the batch split over fsdp = 4 / context
-    gathered = rows * kv_heads * seq * head_dim * 4
-    return layers * 2 * 2 * gathered * (context - 1) // context
+    return LAYERS * 2 * 2 * _gathered_kv_bytes(rows, seq) * (context - 1) // context
 
 
 def worker(context: int, seq: int, steps: int, out: Path) -> None:
@@ -156,9 +164,6 @@ def bytes_sent(step: dict, context: int) -> tuple[int, int]:
     return total, over_context
 
 
-XLA_DEVICES, XLA_BATCH = 8, 8
-
-
 def compiled_step(context: int, seq: int) -> dict:
     """XLA's report of the example's compiled training step on 8 devices (the inspector's JSON)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,18 +173,14 @@ def compiled_step(context: int, seq: int) -> dict:
         command += ["--seq", str(seq), "--context", str(context), "--batch", str(XLA_BATCH), *MODEL]
         env = {**_env(), "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(XLA_DEVICES)}
         env.pop("USE_TORCH_XLA")
-        run = subprocess.run(command, env=env, capture_output=True, text=True)
-        if run.returncode != 0:
-            return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
-        return json.loads(report.read_text())
+        return _json_of(command, report, env)
 
 
 def kv_gather_minimum(context: int, seq: int) -> int:
     """Bytes each device sends gathering K and V over the context axis in one forward: 2 layers x
     K and V x (c - 1) / c of ``[rows, kv_heads, seq, head_dim]``, float32, rows = c of the 8."""
-    layers, kv_heads, head_dim = 2, 2, 128 // 4
     rows = XLA_BATCH // (XLA_DEVICES // context)
-    return layers * 2 * rows * kv_heads * seq * head_dim * 4 * (context - 1) // context
+    return LAYERS * 2 * _gathered_kv_bytes(rows, seq) * (context - 1) // context
 
 
 def compiled_steps(seqs: list[int], contexts: list[int], out: Path | None) -> None:
