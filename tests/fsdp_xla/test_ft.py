@@ -214,9 +214,8 @@ def test_a_replica_group_takes_back_only_the_step_count_it_saved(state, message)
         group.load_state_dict(state)
 
 
-@pytest.mark.skipif(HAS_TORCHFT, reason="checks a host without torchft (the torch_xla lane's venv)")
-def test_without_torchft_the_example_says_so_in_one_line(tmp_path):
-    env = child_env(xla=False)
+def _refused_example_run(tmp_path, env) -> subprocess.CompletedProcess:
+    """examples/train_heal.py run with ``env``; it must refuse (exit 2) without a traceback."""
     run = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_heal.py"), "--steps", "2"],
         cwd=tmp_path,
@@ -226,19 +225,17 @@ def test_without_torchft_the_example_says_so_in_one_line(tmp_path):
         timeout=300,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.skipif(HAS_TORCHFT, reason="checks a host without torchft (the torch_xla lane's venv)")
+def test_without_torchft_the_example_says_so_in_one_line(tmp_path):
+    run = _refused_example_run(tmp_path, child_env(xla=False))
     assert len(run.stderr.strip().splitlines()) == 1 and "pip install 'xla-spmd[ft]'" in run.stderr, run.stderr
 
 
 def test_the_example_under_a_bare_torchrun_says_what_to_set(tmp_path):
     env = {k: v for k, v in child_env(xla=False).items() if k not in ("TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID")}
     env["WORLD_SIZE"] = "1"  # as torchrun sets it
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_heal.py"), "--steps", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    run = _refused_example_run(tmp_path, env)
     assert "TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID not set" in run.stderr
