@@ -34,7 +34,7 @@ from spmd.backend import torch_xla_backend
 from spmd.sharding import HloSharding
 from spmd.torch_compat import tree_flatten, tree_unflatten
 
-__all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
+__all__ = ["UnitConfig", "GspmdUnit", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
 
 BACKWARD_GRAPH_NAME = "FSDPForwardBackward"
 """The HLO module name of the forward+backward graph when it runs on its own."""
@@ -118,7 +118,7 @@ class UnitConfig:
 class _Recipe:
     """What a saved-tensor hook stores instead of a gathered parameter (or a view of one)."""
 
-    unit: UnitRuntime
+    unit: GspmdUnit
     index: int
     view_fn: Callable[[torch.Tensor], torch.Tensor] | None
 
@@ -128,8 +128,8 @@ class Registry:
     of every unit of one root (an inner unit may save an outer unit's tied weight)."""
 
     def __init__(self, sync_after_backward: bool = False) -> None:
-        self.live: dict[int, tuple[UnitRuntime, int]] = {}
-        self.units: list[UnitRuntime] = []
+        self.live: dict[int, tuple[GspmdUnit, int]] = {}
+        self.units: list[GspmdUnit] = []
         self.backward_pending = False
         self.sync_after_backward = sync_after_backward
 
@@ -174,7 +174,7 @@ def _barrier_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return copies
 
 
-class UnitRuntime:
+class GspmdUnit:
     """The run-time state of one unit; the FSDP module's ``forward`` calls `run`."""
 
     def __init__(

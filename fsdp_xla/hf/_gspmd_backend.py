@@ -20,7 +20,7 @@ from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
 from spmd.errors import SpmdModeError
 
-__all__ = ["GspmdRuntime", "batch_axes", "batch_sharding"]
+__all__ = ["GspmdTrainerBackend", "batch_axes", "batch_sharding"]
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
@@ -63,7 +63,7 @@ class _KeyedSharding(dict):
         return self.default
 
 
-class GspmdRuntime:
+class GspmdTrainerBackend:
     """The torch_xla side of `FSDPTrainer` (module docstring)."""
 
     name = "torch_xla"
