@@ -32,7 +32,7 @@ from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
 from spmd.backend import torch_xla_backend
 from spmd.sharding import HloSharding
-from spmd.torch_compat import tree_flatten, tree_unflatten
+from spmd.torch_compat import autograd_engine, tree_flatten, tree_unflatten
 
 __all__ = ["UnitConfig", "GspmdUnit", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
 
@@ -237,7 +237,7 @@ class GspmdUnit:
     def _on_output_grad(self, grad: torch.Tensor) -> torch.Tensor:
         if not self.registry.backward_pending:
             self.registry.backward_pending = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.registry.end_of_backward)
+            autograd_engine.queue_callback(self.registry.end_of_backward)
         if self._regathered is None and self.reshards:
             barriered = self._regather(grad)
             if barriered is not None:
