@@ -103,6 +103,9 @@ class DTensorTrainerBackend:
                 "sharding_plan (fsdp_xla.hf.llama_plan())."
             )
 
+    def after_context_parallel(self, model: Any) -> None:
+        """Nothing: each process computes the loss of its own tokens, a plain tensor."""
+
     def context_rows(self, plan: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         """Joins, in the context axis's order, the rows each process of a context group was given:
         accelerate splits every global batch over all processes, and a context group shares its

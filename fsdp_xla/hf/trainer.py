@@ -194,6 +194,8 @@ class FSDPTrainer(Trainer):
         self.context_parallel = (
             spmd.context_parallel(self.model, self.fsdp_mesh) if dims is not None and dims.context > 1 else None
         )
+        if self.context_parallel is not None:
+            self._fsdp_backend.after_context_parallel(self.model)
 
     def _take_parallelism(
         self, training_args: Any, mesh: Mesh | None, sharding_plan: ShardingPlan | None
