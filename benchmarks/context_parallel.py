@@ -193,7 +193,7 @@ def compiled_steps(seqs: list[int], contexts: list[int], out: Path | None) -> No
         for context in contexts:
             arm = f"fsdp {XLA_DEVICES // context}" + (f" x context {context}" if context > 1 else " (no CP)")
             report = compiled_step(context, seq)
-            row = {"context": context, "arm": arm, "seq": seq, "lane": "torch_xla"}
+            row = {"context": context, "arm": arm, "seq": seq, "backend": "torch_xla"}
             if "error" in report:
                 row["error"] = report["error"]
                 print(f"{seq:>6} {arm:<22} failed: {row['error']}", flush=True)

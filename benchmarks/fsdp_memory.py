@@ -72,7 +72,7 @@ from tqdm import tqdm  # noqa: E402
 import spmd  # noqa: E402
 from examples.train_fsdp import GPT, Block, lm_loss, synthetic_batch, xla_step  # noqa: E402
 from fsdp_xla import FSDP, transformer_auto_wrap_policy  # noqa: E402
-from fsdp_xla._runtime import BACKWARD_GRAPH_NAME  # noqa: E402
+from fsdp_xla._gspmd_unit import BACKWARD_GRAPH_NAME  # noqa: E402
 from fsdp_xla.communication import (  # noqa: E402
     CollectiveRecord,
     Phase,

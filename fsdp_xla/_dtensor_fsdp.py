@@ -56,7 +56,7 @@ from spmd.backend import dtensor_device_mesh as device_mesh
 from spmd.sharding import PartitionSpec, resolve_spec
 
 __all__ = [
-    "DTensorEngine",
+    "DTensorFSDP",
     "check_output_sharding",
     "check_tensor_parallel",
     "fsdp_shard_dims",
@@ -275,8 +275,8 @@ def agree_on_wrap(module: torch.nn.Module, options: FSDPOptions) -> None:
     agree(runtime, "FSDP", fields, SAME_MODEL)
 
 
-class DTensorEngine:
-    """`fsdp_xla._engines.FSDPEngine` on DTensor: torch's ``fully_shard`` per unit."""
+class DTensorFSDP:
+    """`fsdp_xla._backends.FSDPBackend` on DTensor: torch's ``fully_shard`` per unit."""
 
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
         """The ranks' agreement on what they wrap, what FSDP2 cannot express

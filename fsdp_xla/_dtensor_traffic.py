@@ -55,7 +55,7 @@ def _group_ranks(args: tuple) -> tuple[int, ...]:
     collective's group name (its last string argument); the world when neither is found."""
     for a in args:
         if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith(".ProcessGroup"):
-            group = torch._C._distributed_c10d.ProcessGroup.unbox(a)
+            group = dist.ProcessGroup.unbox(a)
             return tuple(dist.get_process_group_ranks(group))
     names = [a for a in args if isinstance(a, str)]
     if names:

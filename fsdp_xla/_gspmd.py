@@ -1,6 +1,6 @@
 """FSDP on GSPMD (the torch_xla backend): each unit's parameters stored sharded on the FSDP axis
 (annotations on the device tensors), gathered for its forward and again for its backward by
-`fsdp_xla._runtime`; `fully_shard` then swaps each unit's class for an FSDP subclass
+`fsdp_xla._gspmd_unit`; `fully_shard` then swaps each unit's class for an FSDP subclass
 (`fsdp_xla._module`).
 
 Several FSDP axes are one entry of the stored spec (``P(('fsdp', 'context'), None)``) and the
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from fsdp_xla._axes import total_size
+from fsdp_xla._gspmd_unit import GspmdUnit, Registry, UnitConfig
 from fsdp_xla._options import FSDPOptions
-from fsdp_xla._runtime import Registry, UnitConfig, UnitRuntime
 from fsdp_xla._sharding import default_fsdp_spec, spec_from_fn, without_axis
 from fsdp_xla._units import UnitPlan, plan_units
 from fsdp_xla.deferred import check_materializable, materialize_unit, needs_materialization
@@ -29,11 +29,11 @@ from spmd.backend import torch_xla_backend
 from spmd.errors import ShardingError
 from spmd.sharding import HloSharding, hlo_sharding_for
 
-__all__ = ["GspmdEngine"]
+__all__ = ["GspmdFSDP"]
 
 
-class GspmdEngine:
-    """`fsdp_xla._engines.FSDPEngine` on torch_xla's GSPMD."""
+class GspmdFSDP:
+    """`fsdp_xla._backends.FSDPBackend` on torch_xla's GSPMD."""
 
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
         """Everything GSPMD's FSDP accepts (every parameter's layout, deferred init's hooks); the
@@ -69,7 +69,7 @@ class GspmdEngine:
             _place_buffers(plan, options.mixed_precision)
             checkpoint = options.gradient_checkpointing and plan.path != ""
             unit = plan.module  # fully_shard then makes it an FSDP unit (fsdp_xla._module.fsdp_class)
-            unit.__dict__["_fsdp_runtime"] = UnitRuntime(plan, shardings, config, registry, checkpoint)
+            unit.__dict__["_fsdp_unit"] = GspmdUnit(plan, shardings, config, registry, checkpoint)
             unit.__dict__["_fsdp_mesh"] = options.mesh
         module.__dict__["_fsdp_shard_output"] = options.shard_output
         module.__dict__["_fsdp_specs"] = {name: layout.spec for name, layout in layouts.items()}

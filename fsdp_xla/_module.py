@@ -2,8 +2,8 @@
 and what its forward does around the wrapped module's own: the root's input check and output
 layout. The wrapped class keeps its name and forward signature (see `fsdp_class`).
 
-`fully_shard` (which ``FSDP(...)`` is) lives here too: it picks the runtime's engine, which
-shards the units, and then makes each GSPMD unit an instance of this class. So the engines never
+`fully_shard` (which ``FSDP(...)`` is) lives here too: it picks the backend's FSDP, which
+shards the units, and then makes each GSPMD unit an instance of this class. So the backends never
 import this class, and the class needs no import to construct itself.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from fsdp_xla._axes import AxisNames
-from fsdp_xla._engines import engine_for
+from fsdp_xla._backends import fsdp_backend_for
+from fsdp_xla._gspmd_unit import GspmdUnit
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._replicas import ReplicaSync
 from fsdp_xla._rollback import ModuleSnapshot
-from fsdp_xla._runtime import UnitRuntime
 from fsdp_xla._sharding import SpecFn
 from fsdp_xla.errors import FSDPError, FSDPTypeError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
@@ -50,7 +50,7 @@ class FullyShardedDataParallel(torch.nn.Module):
     The arguments are those of `fully_shard`, which this calls.
     """
 
-    _fsdp_runtime: UnitRuntime
+    _fsdp_unit: GspmdUnit
 
     def __new__(cls, module: torch.nn.Module, **options: Any) -> Any:
         """``FSDP(module, ...)`` is ``fully_shard(module, ...)``: ``module`` itself, wrapped in place."""
@@ -64,7 +64,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         if "_fsdp_specs" in self.__dict__:  # the root (it alone holds the specs): the model's own inputs
             _check_inputs_on_device(type(self).__name__, args, kwargs)
         inner = super().forward
-        out = self._fsdp_runtime.run(inner, args, kwargs)
+        out = self._fsdp_unit.run(inner, args, kwargs)
         shard_output = getattr(self, "_fsdp_shard_output", None)
         if shard_output is not None:
             out = _apply_output_sharding(out, shard_output, self._fsdp_mesh)
@@ -73,7 +73,7 @@ class FullyShardedDataParallel(torch.nn.Module):
     @property
     def fsdp_units(self) -> list[str]:
         """Paths of the units under this root ('' is the root)."""
-        return [u.plan.path for u in self._fsdp_runtime.registry.units]
+        return [u.plan.path for u in self._fsdp_unit.registry.units]
 
     @property
     def fsdp_mesh(self) -> Mesh:
@@ -196,17 +196,17 @@ def fully_shard(
     if options.auto_wrap_policy is not None:
         options.auto_wrap_policy.check(module)
     first = next(iter(module.parameters()), None)
-    engine = engine_for(backend_for(first))
-    engine.check(module, options)  # everything refused before anything is sharded
-    return _apply_or_roll_back(engine, module, options)
+    fsdp = fsdp_backend_for(backend_for(first))
+    fsdp.check(module, options)  # everything refused before anything is sharded
+    return _apply_or_roll_back(fsdp, module, options)
 
 
-def _apply_or_roll_back(engine: Any, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
-    """``engine.apply``; if it fails part way (what no check can see ahead: a user's init raising
+def _apply_or_roll_back(fsdp: Any, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
+    """``fsdp.apply``; if it fails part way (what no check can see ahead: a user's init raising
     on a later unit), the model is put back as it was (`fsdp_xla._rollback`)."""
     kept = ModuleSnapshot(module)
     try:
-        wrapped = engine.apply(module, options)
+        wrapped = fsdp.apply(module, options)
         _become_fsdp_units(wrapped)
     except BaseException:
         kept.restore()
@@ -228,8 +228,8 @@ def _check_module(module: object) -> None:
 
 
 def _become_fsdp_units(module: torch.nn.Module) -> None:
-    """Each unit the GSPMD engine built (it holds a unit runtime) becomes an instance of the FSDP
+    """Each unit the GSPMD FSDP built (it holds a `GspmdUnit`) becomes an instance of the FSDP
     subclass of its class; on DTensor, torch's ``fully_shard`` made its units ``FSDPModule``s."""
     for unit in module.modules():
-        if "_fsdp_runtime" in vars(unit):
+        if "_fsdp_unit" in vars(unit):
             unit.__class__ = fsdp_class(type(unit))

@@ -1,6 +1,6 @@
-"""`FSDPOptions`: the options of one `fully_shard` call as one value the engines
-(`fsdp_xla._engines`) take. It checks and resolves itself when built (``__post_init__``), so
-every engine gets options that are already right, and `fully_shard` only builds one."""
+"""`FSDPOptions`: the options of one `fully_shard` call as one value each backend's FSDP
+(`fsdp_xla._backends`) takes. It checks and resolves itself when built (``__post_init__``), so
+each gets options that are already right, and `fully_shard` only builds one."""
 
 from __future__ import annotations
 

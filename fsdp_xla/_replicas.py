@@ -9,8 +9,8 @@ its all-reduce hook (``FSDPModule.set_all_reduce_hook``), not as a DeviceMesh di
 DeviceMesh's groups are fixed when it is built and the live replica groups change every step.
 
 This module is the core's side of that contract and imports no torchft: `FSDPOptions` accepts a
-`ReplicaSync` as ``replicate_axis``, the dtensor engine installs its hook on every unit, and the
-GSPMD engine refuses it (`fsdp_xla.errors.FaultToleranceError`).
+`ReplicaSync` as ``replicate_axis``, the DTensor backend's FSDP installs its hook on every unit, and the
+torch_xla backend's FSDP refuses it (`fsdp_xla.errors.FaultToleranceError`).
 """
 
 from __future__ import annotations

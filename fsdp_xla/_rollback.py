@@ -1,6 +1,6 @@
 """Put a module back as it was when wrapping it fails part way.
 
-`fully_shard` checks everything it can before the first change (`FSDPEngine.check`). What it
+`fully_shard` checks everything it can before the first change (`FSDPBackend.check`). What it
 cannot check ahead runs while units are being sharded: the user's ``param_init_fn`` or a
 module's ``reset_parameters`` raising on the third unit, torch's own ``fully_shard`` refusing a
 unit, memory running out. Then the units already done are undone from a snapshot taken before

@@ -32,7 +32,7 @@ import torch
 
 from fsdp_xla._units import UnitPlan
 from fsdp_xla.deferred import _init_module, _unit_modules, module_seed
-from spmd.torch_compat import tree_map
+from spmd.torch_compat import disabled_torch_function_impl, make_wrapper_subclass, tree_map
 
 __all__ = ["UnitRecord", "init_unit_into_shards", "record_init", "record_unit_init", "slab_rows", "stream_fill"]
 
@@ -97,11 +97,11 @@ class _Recording(torch.Tensor):
     (torch's ``trunc_normal_`` and ``orthogonal_`` skip meta tensors, so a meta stand-in would
     record nothing), a meta tensor of the same geometry inside; ops on it are logged."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = disabled_torch_function_impl
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor, slot: int, log: _Log) -> _Recording:
-        r = torch.Tensor._make_wrapper_subclass(
+        r = make_wrapper_subclass(
             cls, meta.shape, strides=meta.stride(), storage_offset=meta.storage_offset(), dtype=meta.dtype, device="cpu"
         )
         r._meta, r._slot, r._log = meta, slot, log

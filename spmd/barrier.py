@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spmd._backend import backend, backend_for
+from spmd._backend import backend_for, torch_xla_backend
 from spmd.errors import SpmdTypeError
 
 __all__ = ["optimization_barrier", "apply_backward_optimization_barrier"]
@@ -21,8 +21,8 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     where nothing merges work) the tensors come back unchanged.
 
     Raises:
-        SpmdTypeError: an argument is not a tensor, or a tensor the runtime of the first one
-            cannot take (`NotAnXlaTensorError` on torch_xla: one barrier is one runtime's).
+        SpmdTypeError: an argument is not a tensor, or a tensor the backend of the first one
+            cannot take (`NotAnXlaTensorError` on torch_xla: one barrier is one backend's).
     """
     flat = list(tensors)
     for i, t in enumerate(flat):
@@ -30,11 +30,11 @@ def optimization_barrier(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
             raise SpmdTypeError(f"optimization_barrier: argument {i} is a {type(t).__name__}, not a tensor.")
     if not flat:
         return ()
-    runtime = backend_for(flat[0])
+    backend = backend_for(flat[0])
     for i, t in enumerate(flat):
-        if not runtime.accepts(t):
-            raise runtime.refusal(t, f"optimization_barrier: argument {i} (tensor of shape {tuple(t.shape)})")
-    return tuple(runtime.barrier(flat))
+        if not backend.accepts(t):
+            raise backend.refusal(t, f"optimization_barrier: argument {i} (tensor of shape {tuple(t.shape)})")
+    return tuple(backend.barrier(flat))
 
 
 def apply_backward_optimization_barrier(module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
@@ -56,6 +56,6 @@ def apply_backward_optimization_barrier(module: torch.nn.Module) -> torch.utils.
         grads = [p.grad for p in mod.parameters() if p.grad is not None]
         flat = [g for g in grads + list(grad_input) if isinstance(g, torch.Tensor)]
         if flat:
-            backend.optimization_barrier_(flat)
+            torch_xla_backend.optimization_barrier_(flat)
 
     return module.register_full_backward_hook(barrier)

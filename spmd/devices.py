@@ -129,6 +129,6 @@ def enable_spmd() -> None:
     Raises:
         SpmdModeError: tensors were already placed on the device without SPMD mode.
     """
-    from spmd._backend import backend
+    from spmd._backend import torch_xla_backend
 
-    backend.ensure_spmd()
+    torch_xla_backend.ensure_spmd()

@@ -3,7 +3,7 @@
 
 A script written in DTensor's terms (a ``DeviceMesh``, placements, ``redistribute``,
 ``full_tensor``) runs unchanged on torch_xla's GSPMD in one process and on ``torch.distributed``
-under torchrun: these functions take the runtime from the tensors (`spmd.backend_for`), and the
+under torchrun: these functions take the backend from the tensors (`spmd.backend_for`), and the
 values they return answer DTensor's methods on both (a ``DTensor``; on torch_xla an
 `XLAShardedTensor`, which has ``placements``, ``redistribute`` and ``full_tensor``). A mesh
 argument may be a ``DeviceMesh``, our `Mesh` or torch_xla's; placements may be a `PartitionSpec`.
@@ -50,7 +50,7 @@ def device_mesh(mesh: MeshLike) -> Any:
 
 def init_device_mesh(mesh_shape: int | Sequence[int], mesh_dim_names: Sequence[str] | None = None) -> Any:
     """A ``DeviceMesh`` of ``mesh_shape`` over every device of the backend in use, in id order
-    (torch's ``init_device_mesh``, with the device type of the runtime). An int is a 1-D shape,
+    (torch's ``init_device_mesh``, with the device type of the backend). An int is a 1-D shape,
     as `Mesh` takes it.
 
     Raises:
@@ -82,14 +82,14 @@ def distribute_tensor(
     """
     if not isinstance(tensor, torch.Tensor):
         raise SpmdTypeError(f"distribute_tensor takes a torch.Tensor, got {type(tensor).__name__}.")
-    runtime = backend_for(tensor)
+    backend = backend_for(tensor)
     spec = PartitionSpec() if placements is None else placements
-    agree_on_sharding(runtime, "distribute_tensor", tensor, device_mesh, spec)
+    agree_on_sharding(backend, "distribute_tensor", tensor, device_mesh, spec)
     if tensor.is_meta:  # torch would fail copying it ("Cannot copy out of meta tensor")
         raise SpmdTypeError(f"distribute_tensor: the tensor of shape {tuple(tensor.shape)} is {_META}")
-    sharding, hlo = resolve_sharding(tensor, device_mesh, spec, "distribute_tensor", runtime, check_tensor=False)
-    placed = runtime.place(tensor, hlo)
-    return runtime.shard(placed, sharding, hlo, replace=True)
+    sharding, hlo = resolve_sharding(tensor, device_mesh, spec, "distribute_tensor", backend, check_tensor=False)
+    placed = backend.place(tensor, hlo)
+    return backend.shard(placed, sharding, hlo, replace=True)
 
 
 _META = (
@@ -133,14 +133,14 @@ def distribute_module(
             f"distribute_module: {len(meta)} tensors of {type(module).__name__} ({meta[:3]}) are {_META}"
         )
     first = next(iter(module.parameters()), None)
-    runtime = backend_for(first if first is not None else torch.empty(0))
-    kept = _Snapshot(module, runtime)
+    backend = backend_for(first if first is not None else torch.empty(0))
+    kept = _Snapshot(module, backend)
     try:
-        module.to(runtime.compute_device())
+        module.to(backend.compute_device())
         if partition_fn is not None:
             for name, sub in list(module.named_modules()):
                 partition_fn(name, sub, device_mesh)
-        shard_parameters(module, device_mesh, _replicate_the_rest(runtime))
+        shard_parameters(module, device_mesh, _replicate_the_rest(backend))
     except BaseException:
         kept.restore()
         raise
@@ -151,12 +151,12 @@ def distribute_module(
     return module
 
 
-def _replicate_the_rest(runtime: Any) -> Callable[[str, torch.nn.Parameter], PartitionSpec | None]:
+def _replicate_the_rest(backend: Any) -> Callable[[str, torch.nn.Parameter], PartitionSpec | None]:
     """Specs for `shard_parameters`: a parameter ``partition_fn`` already laid out keeps its
     layout; every other one is replicated."""
 
     def spec(name: str, p: torch.nn.Parameter) -> PartitionSpec | None:
-        return None if runtime.sharding_of(p) is not None else PartitionSpec()
+        return None if backend.sharding_of(p) is not None else PartitionSpec()
 
     return spec
 
@@ -167,11 +167,11 @@ class _Snapshot:
     fails part way: ``module.to`` may move a parameter's data in place or replace the parameter,
     a partition function may replace it (DTensor) or annotate it in place (torch_xla)."""
 
-    def __init__(self, module: torch.nn.Module, runtime: Any) -> None:
-        self.runtime = runtime
+    def __init__(self, module: torch.nn.Module, backend: Any) -> None:
+        self.backend = backend
         self.slots = [(sub, dict(sub._parameters), dict(sub._buffers)) for sub in module.modules()]
         tensors = {id(t): t for _, ps, bs in self.slots for t in (*ps.values(), *bs.values()) if t is not None}
-        self.tensors = [(t, t.data, runtime.sharding_of(t)) for t in tensors.values()]
+        self.tensors = [(t, t.data, backend.sharding_of(t)) for t in tensors.values()]
         self.grads = [(t, t.grad, t.grad.data) for t in tensors.values() if t.grad is not None]
 
     def restore(self) -> None:
@@ -181,8 +181,8 @@ class _Snapshot:
             sub._buffers.clear()
             sub._buffers.update(buffers)
         for t, data, sharding in self.tensors:
-            if sharding is None and self.runtime.sharding_of(t) is not None:
-                self.runtime.clear(t)  # annotated in place (torch_xla) by the partition function
+            if sharding is None and self.backend.sharding_of(t) is not None:
+                self.backend.clear(t)  # annotated in place (torch_xla) by the partition function
             if t.device != data.device:  # moved in place (``.data`` set) by module.to
                 t.data = data
         for t, grad, data in self.grads:

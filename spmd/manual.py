@@ -15,7 +15,7 @@ import torch
 
 from mesh import Mesh, mesh_or_global
 from mesh.checks import is_int
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 from spmd.errors import NotAnXlaTensorError, ShardingConflictError, ShardingError, SpmdTypeError
 from spmd.mark_sharding import SpecLike, _unwrap, mark_sharding
 from spmd.sharded_tensor import XLAShardedTensor
@@ -37,7 +37,7 @@ def enable_manual_sharding(t: torch.Tensor, partition_spec: SpecLike, *, mesh: M
     tensor = _unwrap(t)
     mesh = mesh_or_global(mesh, f"enable_manual_sharding(tensor of shape {tuple(tensor.shape)})")
     sharded = mark_sharding(tensor, mesh, partition_spec)
-    block = backend.full_to_shard_shape(sharded.global_tensor)
+    block = torch_xla_backend.full_to_shard_shape(sharded.global_tensor)
     return XLAShardedTensor._view(block, sharded.sharding)
 
 
@@ -63,7 +63,7 @@ def disable_manual_sharding(
         )
     shape = tuple(int(n) for n in full_shape)
     mesh = mesh_or_global(mesh, f"disable_manual_sharding(tensor of shape {tuple(tensor.shape)})")
-    if not backend.is_xla_tensor(tensor):
+    if not torch_xla_backend.is_xla_tensor(tensor):
         raise NotAnXlaTensorError(
             f"disable_manual_sharding: the block of shape {tuple(tensor.shape)} is on '{tensor.device}', not an "
             "XLA device."
@@ -78,7 +78,7 @@ def disable_manual_sharding(
             "Pass the full_shape and spec given to enable_manual_sharding."
         )
     mark_manual_sharding(tensor)
-    full = backend.shard_to_full_shape(tensor, hlo, shape, tensor.dtype, mesh.memo)
+    full = torch_xla_backend.shard_to_full_shape(tensor, hlo, shape, tensor.dtype, mesh.memo)
     return XLAShardedTensor._view(full, sharding)
 
 
@@ -91,9 +91,9 @@ def mark_manual_sharding(t: torch.Tensor) -> XLAShardedTensor:
             has a non-manual sharding; also a ``RuntimeError``, as torch_xla raises.
     """
     tensor = _unwrap(t)
-    if not backend.is_xla_tensor(tensor):
+    if not torch_xla_backend.is_xla_tensor(tensor):
         raise NotAnXlaTensorError(f"mark_manual_sharding: the tensor is on '{tensor.device}', not an XLA device.")
-    existing = backend.sharding_of(tensor)
+    existing = torch_xla_backend.sharding_of(tensor)
     if existing is not None and existing.kind is not ShardingKind.MANUAL:
         raise ShardingConflictError(
             f"mark_manual_sharding: the tensor of shape {tuple(tensor.shape)} is sharded as {existing}; only a "
@@ -101,7 +101,7 @@ def mark_manual_sharding(t: torch.Tensor) -> XLAShardedTensor:
             "Call clear_sharding(t) first if you mean to."
         )
     try:
-        backend.mark_manual_sharding(tensor)
+        torch_xla_backend.mark_manual_sharding(tensor)
     except RuntimeError as e:  # torch_xla refuses device data
         raise ShardingConflictError(
             f"mark_manual_sharding: the tensor of shape {tuple(tensor.shape)} is device data, not a value computed "

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mesh import DeviceCountError, Mesh, mesh_or_global
-from spmd._backend import ShardingBackend, backend, backend_for
+from spmd._backend import ShardingBackend, backend_for, torch_xla_backend
 from spmd._backend.agreement import agree_on_sharding
 from spmd._backend.torch_xla_backend.gradients import MarkShardingFunction
 from spmd._util.torch_compat import tree_flatten, tree_unflatten
@@ -59,7 +59,7 @@ def resolve_sharding(
     mesh: Mesh | None,
     spec: SpecLike,
     what: str,
-    runtime: ShardingBackend | None = None,
+    backend: ShardingBackend | None = None,
     *,
     check_tensor: bool = True,
 ) -> tuple[NamedSharding, HloSharding]:
@@ -67,17 +67,17 @@ def resolve_sharding(
 
     ``mesh`` may be a `Mesh`, torch_xla's mesh or a ``DeviceMesh`` (``None``: the global mesh);
     ``spec`` a `PartitionSpec`, a tuple, or DTensor placements (one per mesh axis). With
-    ``check_tensor=False`` the runtime need not accept ``t`` as it is (it will be moved).
+    ``check_tensor=False`` the backend need not accept ``t`` as it is (it will be moved).
     """
-    runtime = runtime or backend_for(t)
+    backend = backend or backend_for(t)
     spec, mesh = _spec_and_mesh(t, mesh, spec, what)
     hlo = hlo_sharding_for(mesh, spec, t.dim(), tuple(t.shape))  # spec errors first: pure checks
     context = f"{what}(tensor of shape {tuple(t.shape)}, spec {spec!r}, {mesh.describe()})"
-    if check_tensor and not runtime.accepts(t):
-        raise runtime.refusal(t, context)
-    available = runtime.device_count()
+    if check_tensor and not backend.accepts(t):
+        raise backend.refusal(t, context)
+    available = backend.device_count()
     try:
-        mesh.check_device_count(available, runtime.more_devices)
+        mesh.check_device_count(available, backend.more_devices)
     except DeviceCountError as e:
         raise DeviceCountError(f"{context}: {e}") from None
     return NamedSharding(mesh, spec), hlo
@@ -156,11 +156,11 @@ def mark_sharding(
     if not isinstance(replace, bool):  # a truthy string such as 'no' would replace the sharding
         raise SpmdTypeError(f"mark_sharding's replace takes True or False, got {replace!r:.80}.")
     tensor = _unwrap(t)
-    runtime = backend_for(tensor)
+    backend = backend_for(tensor)
     # Ranks agree first, on the arguments as given: then every later check fails alike on all.
-    agree_on_sharding(runtime, "mark_sharding", tensor, mesh, partition_spec, replace=replace)
-    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", runtime)
-    return runtime.shard(tensor, sharding, hlo, replace=replace)
+    agree_on_sharding(backend, "mark_sharding", tensor, mesh, partition_spec, replace=replace)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding", backend)
+    return backend.shard(tensor, sharding, hlo, replace=replace)
 
 
 def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> XLAShardedTensor:
@@ -172,8 +172,8 @@ def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec:
     """
     tensor = _unwrap(t)
     sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "annotate_custom_sharding")
-    backend.ensure_spmd()
-    backend.attach_sharding_constraint(tensor, hlo, sharding.mesh.memo)
+    torch_xla_backend.ensure_spmd()
+    torch_xla_backend.attach_sharding_constraint(tensor, hlo, sharding.mesh.memo)
     return XLAShardedTensor._view(tensor, sharding)
 
 
@@ -184,9 +184,9 @@ def with_sharding_constraint(x: torch.Tensor, mesh: Mesh | None, partition_spec:
     constraint; gradients flow through it unconstrained (see `mark_sharding_with_gradients`).
     """
     tensor = _unwrap(x)
-    runtime = backend_for(tensor)
-    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "with_sharding_constraint", runtime)
-    return runtime.constrain(tensor, sharding, hlo)
+    backend = backend_for(tensor)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "with_sharding_constraint", backend)
+    return backend.constrain(tensor, sharding, hlo)
 
 
 def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_spec: SpecLike) -> torch.Tensor:
@@ -196,9 +196,9 @@ def mark_sharding_with_gradients(x: torch.Tensor, mesh: Mesh | None, partition_s
     GSPMD would otherwise lay out badly. ``x`` is unchanged (not sharded in place).
     """
     tensor = _unwrap(x)
-    runtime = backend_for(tensor)
-    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding_with_gradients", runtime)
-    return runtime.constrain_with_gradient(tensor, sharding, hlo)
+    backend = backend_for(tensor)
+    sharding, hlo = resolve_sharding(tensor, mesh, partition_spec, "mark_sharding_with_gradients", backend)
+    return backend.constrain_with_gradient(tensor, sharding, hlo)
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
@@ -242,7 +242,7 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
             if (x is None) != (y is None):
                 raise SpmdTypeError(f"shard_as: leaf {i} is None in one tree only; put None in both or neither.")
         else:
-            x, y = backend.shard_alike(*_shard_as_pair(i, _unwrap(x), _unwrap(y)))
+            x, y = torch_xla_backend.shard_alike(*_shard_as_pair(i, _unwrap(x), _unwrap(y)))
         out_a.append(x)
         out_b.append(y)
     return tree_unflatten(out_a, a_tree), tree_unflatten(out_b, b_tree)
@@ -253,7 +253,7 @@ def _shard_as_pair(i: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     context = f"shard_as(leaf {i}: tensors of shape {tuple(x.shape)} and {tuple(y.shape)})"
     if x.shape != y.shape:
         raise ShardingError(f"{context}: the two differ in shape; shard_as pairs tensors of one shape.")
-    xla = backend.TorchXlaBackend()
+    xla = torch_xla_backend.TorchXlaBackend()
     for t in (x, y):
         if not xla.accepts(t):
             raise xla.refusal(t, context)

@@ -54,23 +54,23 @@ def shard_parameters(module: torch.nn.Module, mesh: Mesh | None, specs: SpecFor)
     params = list(module.named_parameters())
     if not params:
         return module
-    runtime = backend_for(params[0][1])
+    backend = backend_for(params[0][1])
     specs_given = [(name, p, spec_of(name, p)) for name, p in params]  # each parameter once, under its first name
-    _agree(runtime, module, mesh, specs_given)
+    _agree(backend, module, mesh, specs_given)
     resolved = []  # every spec checked (against its parameter, the mesh and the devices) before any is applied
     for _, p, spec in specs_given:
         sharding, hlo = resolve_sharding(
-            p, mesh, PartitionSpec() if spec is None else spec, "shard_parameters", runtime
+            p, mesh, PartitionSpec() if spec is None else spec, "shard_parameters", backend
         )
         resolved.append((p, sharding, hlo, spec is not None))
-    new = {id(p): runtime.parameter(p, sharding, hlo, specified=given) for p, sharding, hlo, given in resolved}
+    new = {id(p): backend.parameter(p, sharding, hlo, specified=given) for p, sharding, hlo, given in resolved}
     for sub in module.modules():
         for attr, p in sub._parameters.items():
             if p is not None and new[id(p)] is not p:
                 sub._parameters[attr] = new[id(p)]
         for attr, b in sub._buffers.items():
             if b is not None:
-                sub._buffers[attr] = runtime.buffer(b, sharding.mesh)
+                sub._buffers[attr] = backend.buffer(b, sharding.mesh)
     return module
 
 
@@ -108,10 +108,10 @@ def _spec_function(module: torch.nn.Module, specs: SpecFor) -> Callable[[str, to
         )
 
 
-def _agree(runtime: object, module: torch.nn.Module, mesh: object, specs: list) -> None:
+def _agree(backend: object, module: torch.nn.Module, mesh: object, specs: list) -> None:
     """One exchange for the whole module (not one per parameter): every rank lays out the same
     parameters and buffers, of the same shapes and dtypes, as the same specs, on one mesh."""
-    if getattr(runtime, "name", None) != "dtensor":
+    if getattr(backend, "name", None) != "dtensor":
         return
     fields = {
         "mesh": mesh_text(mesh),
@@ -121,4 +121,4 @@ def _agree(runtime: object, module: torch.nn.Module, mesh: object, specs: list) 
             f"{n} {tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" for n, b in module.named_buffers()
         ),
     }
-    agree(runtime, "shard_parameters", fields, SAME_SHARDING)
+    agree(backend, "shard_parameters", fields, SAME_SHARDING)

@@ -14,8 +14,10 @@ from typing import Any
 from spmd._util import torch_compat as _home
 from spmd._util.torch_compat import PRIVATE_SYMBOLS as PRIVATE_SYMBOLS
 from spmd._util.torch_compat import TORCH_VERSION as TORCH_VERSION
+from spmd._util.torch_compat import clear_dtensor_sharding_caches as clear_dtensor_sharding_caches
 from spmd._util.torch_compat import cpu_flash_attention as cpu_flash_attention
 from spmd._util.torch_compat import device_mesh_from_ids as device_mesh_from_ids
+from spmd._util.torch_compat import device_module_registration as device_module_registration
 from spmd._util.torch_compat import flatten_device_mesh as flatten_device_mesh
 from spmd._util.torch_compat import flight_record as flight_record
 from spmd._util.torch_compat import group_ranks as group_ranks

@@ -91,6 +91,63 @@ def private_upstream_imports(source: str) -> list[str]:
     return found
 
 
+def _upstream_aliases(tree: ast.AST) -> set[str]:
+    """Local names bound to an upstream module by ``import`` (``import torch``, ``import
+    torch.distributed as dist``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in UPSTREAMS:
+                    names.add(a.asname or a.name.split(".")[0])
+    return names
+
+
+def private_upstream_attributes(source: str) -> list[str]:
+    """``line path`` of every read of a private attribute through an upstream module
+    (``torch._C._disabled_torch_function_impl``, ``dist.distributed_c10d._get_default_store``);
+    operator names (``torch.ops.aten._local_scalar_dense``) are ATen's, not Python's, and pass."""
+    tree = ast.parse(source)
+    aliases = _upstream_aliases(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        parts, base = [node.attr], node.value
+        while isinstance(base, ast.Attribute):
+            parts.insert(0, base.attr)
+            base = base.value
+        if not (isinstance(base, ast.Name) and base.id in aliases) or "ops" in parts:
+            continue
+        cut = next((i for i, p in enumerate(parts) if _private([p])), None)
+        if cut is not None:
+            found.add((node.lineno, ".".join([base.id, *parts[: cut + 1]])))
+    return [f"{line} {path}" for line, path in sorted(found)]
+
+
+def test_the_scan_sees_private_attributes_of_upstream_modules():
+    source = (
+        "import torch\nimport torch.distributed as dist\nx = torch._C._disabled_torch_function_impl\n"
+        "store = dist.distributed_c10d._get_default_store()\nop = torch.ops.aten._local_scalar_dense\n"
+        "t = torch.Tensor._make_wrapper_subclass\nok = torch.nn.Linear\nself = object()\ny = self._x\n"
+    )
+    assert private_upstream_attributes(source) == [
+        "3 torch._C",
+        "4 dist.distributed_c10d._get_default_store",
+        "6 torch.Tensor._make_wrapper_subclass",
+    ]
+
+
+def test_only_the_compat_homes_read_private_attributes_of_upstream_modules():
+    found = []
+    for directory in ("mesh", "spmd", "fsdp_xla"):
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in HOMES:
+                found += [f"{rel}:{hit}" for hit in private_upstream_attributes(path.read_text())]
+    assert found == [], "read these through spmd._util.torch_compat / spmd.plan._jax_compat (add them to its table)"
+
+
 def test_the_scan_sees_each_kind_of_private_import():
     source = (
         "import torch._dynamo\nfrom torch.utils._pytree import tree_map\nfrom torch.distributed import _composable_state\n"

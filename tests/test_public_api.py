@@ -60,7 +60,7 @@ def test_the_seams_re_export_their_homes():
     from spmd import backend, torch_compat
 
     assert backend.backend_for is spmd.backend_for and backend.use_backend is spmd.use_backend
-    assert backend.torch_xla_backend is spmd._backend.backend
+    assert backend.torch_xla_backend is spmd._backend.torch_xla_backend
     assert checks.require_int is mesh._checks.require_int
     assert torch_compat.redistribute is spmd._util.torch_compat.redistribute
     assert torch_compat.tree_flatten is spmd._util.torch_compat.tree_flatten  # a private symbol, loaded on use

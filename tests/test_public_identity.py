@@ -80,7 +80,7 @@ def test_pickles_name_the_public_path_and_old_ones_still_load(value):
 def test_type_hints_resolve_under_the_public_path(public, name):
     """``typing.get_type_hints`` evaluates string annotations in the module ``__module__`` names;
     transformers calls it on every ``PreTrainedModel`` subclass, FSDP's units of a Hugging Face
-    model among them (they failed to build with ``NameError: UnitRuntime``)."""
+    model among them (they failed to build with ``NameError: GspmdUnit``)."""
     import typing
 
     typing.get_type_hints(getattr(importlib.import_module(public), name))

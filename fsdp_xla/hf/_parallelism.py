@@ -26,7 +26,7 @@ import torch
 from fsdp_xla.hf.config import HFConfigError
 from mesh import ParallelDims
 
-__all__ = ["context_inputs", "take_parallelism_config"]
+__all__ = ["causal_lm_loss_by_token", "context_inputs", "keep_token_layout_in_loss", "take_parallelism_config"]
 
 IGNORE_INDEX = -100  # the label the Trainer's losses ignore
 
@@ -118,3 +118,50 @@ def context_inputs(
         )
     inputs.update(plan.shard_batch(sequences, rows="local"))
     return inputs
+
+
+def causal_lm_loss_by_token(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' causal-LM loss (``ForCausalLMLoss``: float32 logits, labels shifted unless
+    ``shift_labels`` is given, a sum over ``num_items_in_batch`` or else a mean) computed over
+    ``[rows, seq]`` as they are, without flattening them to ``[rows x seq]``.
+
+    Under context parallelism on GSPMD the rows are split over the batch axes and the tokens over
+    the context axis; flattening the two into one dim is a layout GSPMD cannot give without
+    gathering the logits along the sequence (a ``[rows, seq, vocab]`` all-gather every step).
+    ``cross_entropy`` over ``[rows, vocab, seq]`` keeps both splits."""
+    if logits.dim() != 3:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        return ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    shift_labels = shift_labels.to(logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = torch.nn.functional.cross_entropy(
+        logits.float().transpose(1, 2), shift_labels, ignore_index=ignore_index, reduction=reduction
+    )
+    if reduction == "sum":
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def keep_token_layout_in_loss(model: Any) -> bool:
+    """Give ``model`` `causal_lm_loss_by_token` where it would use transformers' default causal-LM
+    loss; a loss of the user's own (``model.loss_function = ...``) or of another kind is left as
+    it is. Returns whether it was replaced."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    if "_loss_function" in vars(model) or getattr(model, "loss_function", None) is not LOSS_MAPPING["ForCausalLM"]:
+        return False
+    model.loss_function = causal_lm_loss_by_token
+    return True

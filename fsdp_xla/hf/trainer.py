@@ -8,8 +8,8 @@ initialized straight into its shards), gives each device its part of every batch
 Trainer alone: its optimizer, scheduler, logging and evaluation.
 
 It runs on either backend, chosen once when the trainer is built: under ``torchrun`` (the
-process group is up) on DTensor, torch's ``fully_shard`` per unit (`_dtensor_runtime`); in one
-process with torch_xla on GSPMD (`_gspmd_runtime`). What each changes in the Trainer is said
+process group is up) on DTensor, torch's ``fully_shard`` per unit (`_dtensor_backend`); in one
+process with torch_xla on GSPMD (`_gspmd_backend`). What each changes in the Trainer is said
 there. On both it:
 
 - turns the Trainer's own XLA FSDP flags off after reading the config: its v1 path wraps with
@@ -33,8 +33,8 @@ import torch
 import spmd
 from fsdp_xla.api import FSDP
 from fsdp_xla.errors import FSDPTypeError
-from fsdp_xla.hf._dtensor_runtime import TORCHRUN_HINT, DTensorRuntime
-from fsdp_xla.hf._gspmd_runtime import GspmdRuntime, batch_axes, batch_sharding
+from fsdp_xla.hf._dtensor_backend import TORCHRUN_HINT, DTensorTrainerBackend
+from fsdp_xla.hf._gspmd_backend import GspmdTrainerBackend, batch_axes, batch_sharding
 from fsdp_xla.hf._parallelism import context_inputs, take_parallelism_config
 from fsdp_xla.hf.config import HFConfigError, HFFSDPConfig, read_fsdp_config
 from mesh import Mesh, ParallelDims, as_mesh, roles
@@ -48,7 +48,7 @@ except ImportError as e:  # pragma: no cover - transformers is an optional depen
 __all__ = ["FSDPTrainer", "batch_axes", "batch_sharding"]
 
 
-def _runtime_for(batch_specs: Mapping[str, Any] | None) -> DTensorRuntime | GspmdRuntime:
+def _trainer_backend_for(batch_specs: Mapping[str, Any] | None) -> DTensorTrainerBackend | GspmdTrainerBackend:
     """DTensor once torch.distributed is up (torchrun; TrainingArguments starts the process
     group), else GSPMD where torch_xla is installed.
 
@@ -58,9 +58,9 @@ def _runtime_for(batch_specs: Mapping[str, Any] | None) -> DTensorRuntime | Gspm
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return DTensorRuntime(batch_specs)
+        return DTensorTrainerBackend(batch_specs)
     if importlib.util.find_spec("torch_xla") is not None:
-        return GspmdRuntime(batch_specs)
+        return GspmdTrainerBackend(batch_specs)
     raise HFConfigError(
         "FSDPTrainer found no torch.distributed process group and no torch_xla: without torch_xla it runs on "
         f"DTensor, one process per device. Launch the script with torchrun (e.g. `{TORCHRUN_HINT}`), and build "
@@ -162,8 +162,8 @@ class FSDPTrainer(Trainer):
         where the default (the batch dim over the data axes) does not fit, e.g.
         ``{"pixel_values": P("fsdp", None, None, None)}``."""
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
-        self._runtime = _runtime_for(batch_specs)
-        self._runtime.before_trainer(training_args)
+        self._fsdp_backend = _trainer_backend_for(batch_specs)
+        self._fsdp_backend.before_trainer(training_args)
         mesh = _check_mesh_and_plan(mesh, sharding_plan)
         self.parallel_dims = self._take_parallelism(training_args, mesh, sharding_plan)
         if self.parallel_dims is not None:
@@ -181,7 +181,7 @@ class FSDPTrainer(Trainer):
         self.is_fsdp_xla_enabled = False
         self.is_fsdp_xla_v1_enabled = False
         self.is_fsdp_xla_v2_enabled = False
-        self.fsdp_mesh = self._runtime.mesh(mesh, self.args)
+        self.fsdp_mesh = self._fsdp_backend.mesh(mesh, self.args)
         if not self.args.dataloader_drop_last:
             warnings.warn(
                 "FSDPTrainer sets dataloader_drop_last=True: every batch must divide by the data axes.",
@@ -194,6 +194,8 @@ class FSDPTrainer(Trainer):
         self.context_parallel = (
             spmd.context_parallel(self.model, self.fsdp_mesh) if dims is not None and dims.context > 1 else None
         )
+        if self.context_parallel is not None:
+            self._fsdp_backend.after_context_parallel(self.model)
 
     def _take_parallelism(
         self, training_args: Any, mesh: Mesh | None, sharding_plan: ShardingPlan | None
@@ -211,8 +213,8 @@ class FSDPTrainer(Trainer):
                 "FSDPTrainer got both mesh=... and TrainingArguments(parallelism_config=...), two meshes. Keep one: "
                 "the config's sizes build the mesh (mesh.ParallelDims), or pass the mesh alone."
             )
-        dims = take_parallelism_config(training_args, self._runtime.world())
-        self._runtime.check_parallelism(dims)
+        dims = take_parallelism_config(training_args, self._fsdp_backend.world())
+        self._fsdp_backend.check_parallelism(dims)
         if dims.tensor > 1 and sharding_plan is None:
             raise HFConfigError(
                 f"ParallelismConfig(tp_size={dims.tensor}) splits the mesh's tensor axis, and no sharding_plan says "
@@ -225,24 +227,24 @@ class FSDPTrainer(Trainer):
         (`fsdp_xla.hf._parallelism.context_inputs`), computed in place of accelerate's."""
         if self.context_parallel is None:
             return super()._prepare_context_parallel_inputs(model, inputs)
-        gather = self._runtime.context_rows(self.context_parallel)
+        gather = self._fsdp_backend.context_rows(self.context_parallel)
         return contextlib.nullcontext, context_inputs(self.context_parallel, inputs, gather)
 
     @property
     def backend(self) -> str:
         """``"torch_xla"`` (GSPMD, one process) or ``"dtensor"`` (torchrun, FSDP2)."""
-        return self._runtime.name
+        return self._fsdp_backend.name
 
     def _shard_model(self, sharding_plan: ShardingPlan | None) -> None:
         model = self.model
         if self.fsdp_xla_config.gradient_checkpointing and getattr(getattr(model, "config", None), "use_cache", False):
             model.config.use_cache = False  # a KV cache is meaningless while recomputing
         kwargs_fsdp = self.fsdp_xla_config.fsdp_kwargs(model)
-        kwargs_fsdp["mixed_precision"] = self._runtime.mixed_precision(kwargs_fsdp["mixed_precision"], self.args)
+        kwargs_fsdp["mixed_precision"] = self._fsdp_backend.mixed_precision(kwargs_fsdp["mixed_precision"], self.args)
         if sharding_plan is not None:
             kwargs_fsdp["param_spec_fn"] = sharding_plan.param_spec_fn(self.fsdp_mesh)
         FSDP(model, mesh=self.fsdp_mesh, shard_output=None, **kwargs_fsdp)
-        self._runtime.after_sharding(model)
+        self._fsdp_backend.after_sharding(model)
         self.model_wrapped = model
 
     def _wrap_model(self, model: torch.nn.Module, training: bool = True, dataloader: Any = None) -> torch.nn.Module:
@@ -250,28 +252,28 @@ class FSDPTrainer(Trainer):
 
     def get_train_dataloader(self) -> Any:
         """The Trainer's train dataloader, each device given its part of every batch."""
-        return self._runtime.shard_batches(super().get_train_dataloader())
+        return self._fsdp_backend.shard_batches(super().get_train_dataloader())
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """The Trainer's eval dataloader, each device given its part of every batch."""
-        return self._runtime.shard_batches(super().get_eval_dataloader(eval_dataset))
+        return self._fsdp_backend.shard_batches(super().get_eval_dataloader(eval_dataset))
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model: on DTensor in fsdp_xla's sharded format (``<output_dir>/fsdp_xla``, every
         rank its shards; `fsdp_xla.checkpoint.consolidate` merges it) with ``config.json``; on
         GSPMD as the Trainer does. `save_pretrained` writes consolidated safetensors."""
-        self._runtime.save_model(self, output_dir or self.args.output_dir, _internal_call, super().save_model)
+        self._fsdp_backend.save_model(self, output_dir or self.args.output_dir, _internal_call, super().save_model)
 
     def save_pretrained(self, output_dir: str | None = None) -> None:
         """The trained model as ``from_pretrained`` reads it (consolidated safetensors and config),
         written by rank 0 (every rank must call it)."""
-        self._runtime.save_pretrained(self, output_dir or self.args.output_dir)
+        self._fsdp_backend.save_pretrained(self, output_dir or self.args.output_dir)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        self._runtime.save_optimizer_and_scheduler(self, output_dir, super()._save_optimizer_and_scheduler)
+        self._fsdp_backend.save_optimizer_and_scheduler(self, output_dir, super()._save_optimizer_and_scheduler)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
-        self._runtime.load_model(self, resume_from_checkpoint, model, super()._load_from_checkpoint)
+        self._fsdp_backend.load_model(self, resume_from_checkpoint, model, super()._load_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        self._runtime.load_optimizer_and_scheduler(self, checkpoint, super()._load_optimizer_and_scheduler)
+        self._fsdp_backend.load_optimizer_and_scheduler(self, checkpoint, super()._load_optimizer_and_scheduler)

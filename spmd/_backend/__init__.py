@@ -1,4 +1,4 @@
-"""Runtime backends and the rule that picks one.
+"""The two backends and the rule that picks one.
 
 `torch_xla_backend` (GSPMD on lazy XLA tensors) and `dtensor_backend` (``torch.distributed``
 DTensor, one process per device) implement `ShardingBackend`. `backend_for(t)` picks:
@@ -8,11 +8,11 @@ DTensor, one process per device) implement `ShardingBackend`. `backend_for(t)` p
 3. else ``dtensor`` for a DTensor, or for any other tensor once ``torch.distributed`` is
    initialized (launched with torchrun);
 4. else ``torch_xla`` where it is installed (its errors then say how to move the tensor to the
-   XLA device), and ``dtensor`` where it is not, the current lane (its errors say how to start
+   XLA device), and ``dtensor`` where it is not (its errors say how to start
    torch.distributed).
 
-``backend`` is the torch_xla module itself, for the torch_xla-only operations (inspector,
-FSDP on GSPMD); it is the one user of ``torch_xla._XLAC``.
+`torch_xla_backend` is also the torch_xla backend's own operations, which only lazy XLA tensors
+have (inspector, FSDP on GSPMD); it is the one user of ``torch_xla._XLAC``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import importlib.util
 
 import torch
 
-from spmd._backend import torch_xla_backend as backend
+from spmd._backend import torch_xla_backend
 from spmd._backend.protocol import ShardingBackend
 
-__all__ = ["backend", "ShardingBackend", "use_backend", "backend_for", "BACKENDS"]
+__all__ = ["torch_xla_backend", "ShardingBackend", "use_backend", "backend_for", "BACKENDS"]
 
 BACKENDS = ("torch_xla", "dtensor")
 _chosen: str | None = None  # set by use_backend; the product's one other piece of process state
@@ -32,7 +32,7 @@ _chosen: str | None = None  # set by use_backend; the product's one other piece 
 
 def _make(name: str) -> ShardingBackend:
     if name == "torch_xla":
-        return backend.TorchXlaBackend()
+        return torch_xla_backend.TorchXlaBackend()
     from spmd._backend.dtensor_backend import DTensorBackend
 
     return DTensorBackend()

@@ -44,14 +44,14 @@ _SHOWN = 160  # characters of a value in a message (around the first difference)
 _SENT = 20_000  # characters of a value exchanged once the ranks are known to differ
 
 
-def process_count(runtime: Any) -> int:
+def process_count(backend: Any) -> int:
     """The runtime's process count; 1 where ``torch.distributed`` was never started on the
     dtensor backend (nothing to agree with)."""
-    if runtime.name == "dtensor":
+    if backend.name == "dtensor":
         import torch.distributed as dist
 
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return runtime.process_count()
+    return backend.process_count()
 
 
 def mesh_text(mesh: object) -> str:
@@ -85,13 +85,13 @@ SAME_SHARDING = (
 )
 
 
-def agree_on_sharding(runtime: Any, call: str, t: object, mesh: object, spec: object, **more: object) -> None:
-    """`agree` on `sharding_fields` (and ``more``) where the runtime lays data out by
+def agree_on_sharding(backend: Any, call: str, t: object, mesh: object, spec: object, **more: object) -> None:
+    """`agree` on `sharding_fields` (and ``more``) where the backend lays data out by
     collectives (DTensor); torch_xla's sharding is an annotation, and there is nothing to send.
     Ranks that differ only in the shape raise `LocalShapeMismatchError`, as before."""
-    if runtime.name == "dtensor":
+    if backend.name == "dtensor":
         fields = {**sharding_fields(t, mesh, spec), **more}
-        agree(runtime, call, fields, SAME_SHARDING, {"shape": LocalShapeMismatchError})
+        agree(backend, call, fields, SAME_SHARDING, {"shape": LocalShapeMismatchError})
 
 
 def sharding_fields(t: object, mesh: object, spec: object) -> dict[str, str]:
@@ -124,7 +124,7 @@ def digest(call: str, fields: Mapping[str, str]) -> tuple[int, ...]:
 
 
 def agree(
-    runtime: Any, call: str, fields: Mapping[str, object], fix: str, kinds: Mapping[str, type] | None = None
+    backend: Any, call: str, fields: Mapping[str, object], fix: str, kinds: Mapping[str, type] | None = None
 ) -> None:
     """Check that every process passed the same ``fields`` to ``call`` (a collective every
     process makes; nothing with one process). ``fields`` values are shown as ``str`` (a value
@@ -135,15 +135,15 @@ def agree(
     Raises:
         RankDisagreementError: on every process alike, naming each field that differs.
     """
-    if process_count(runtime) == 1:
+    if process_count(backend) == 1:
         return
     texts = {name: value if isinstance(value, str) else repr(value) for name, value in fields.items()}
     mine = digest(call, texts)
-    every = runtime.all_process_values(mine, same_length=True)
+    every = backend.all_process_values(mine, same_length=True)
     if all(values == every[0] for values in every):
         return
     shown = [[call, {name: text[:_SENT] for name, text in texts.items()}]]
-    gathered = runtime.all_process_values(tuple(json.dumps(shown).encode()))
+    gathered = backend.all_process_values(tuple(json.dumps(shown).encode()))
     calls = [json.loads(bytes(values).decode())[0] for values in gathered]
     error = _error(call, calls, every, fix)
     kind = {(kinds or {}).get(name, RankDisagreementError) for name in error.fields}

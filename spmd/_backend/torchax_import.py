@@ -53,21 +53,16 @@ def no_accelerator_claim() -> Iterator[None]:
     raised "PyTorch is not linked with support for jax devices", and the dtensor backend would
     have put its DeviceMeshes on ``jax``. Not available, it is passed over as an accelerator;
     torchax's tensors keep their ``jax`` device."""
-    import torch
+    from spmd._util.torch_compat import device_module_registration
 
-    register = torch._register_device_module
-
-    def register_unavailable(name: str, module: Any) -> None:
+    def register_unavailable(register: Any, name: str, module: Any) -> None:
         proxy = types.ModuleType(f"{module.__name__}_not_an_accelerator")
         proxy.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
         proxy.is_available = lambda: False  # type: ignore[attr-defined]
         register(name, proxy)
 
-    torch._register_device_module = register_unavailable
-    try:
+    with device_module_registration(register_unavailable):
         yield
-    finally:
-        torch._register_device_module = register
 
 
 def import_torchax_bridge(feature: str) -> None:

@@ -22,7 +22,8 @@ class PrivateSymbolError(ImportError):
 
 @dataclass(frozen=True)
 class PrivateSymbol:
-    """``module`` (an upstream module path), or its attribute ``attribute``. Every symbol exists on
+    """``module`` (an upstream module path), or its attribute ``attribute`` (dotted for an
+    attribute of a class: ``Tensor._make_wrapper_subclass``). Every symbol exists on
     both lanes (torch 2.9 and 2.15, jax 0.7.1 and 0.12): a home that needs one a lane lacks says
     so with feature detection, as `spmd._util.torch_compat`'s functions do."""
 
@@ -34,8 +35,10 @@ class PrivateSymbol:
         return self.module if self.attribute is None else f"{self.module}.{self.attribute}"
 
     def load(self) -> Any:
-        module = importlib.import_module(self.module)
-        return module if self.attribute is None else getattr(module, self.attribute)
+        found = importlib.import_module(self.module)
+        for name in () if self.attribute is None else self.attribute.split("."):
+            found = getattr(found, name)
+        return found
 
 
 def resolver(home: str, table: dict[str, PrivateSymbol], release: str) -> Any:

@@ -52,9 +52,11 @@ tests/test_private_upstream.py fails naming it, and only this table changes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import pickle
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +84,8 @@ __all__ = [
     "group_sequence_numbers",
     "flight_record",
     "cpu_flash_attention",
+    "clear_dtensor_sharding_caches",
+    "device_module_registration",
 ]
 
 
@@ -107,6 +111,17 @@ PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
     "TorchDispatchMode": PrivateSymbol("torch.utils._python_dispatch", "TorchDispatchMode"),
     # a DataLoader's in-process iterator (the dry run runs worker processes' loading in process)
     "SingleProcessDataLoaderIter": PrivateSymbol("torch.utils.data.dataloader", "_SingleProcessDataLoaderIter"),
+    # tensor subclasses: torch's C implementations of "no __torch_function__ / __torch_dispatch__
+    # here", the wrapper constructor, and the context that turns subclass dispatch off
+    "disabled_torch_function_impl": PrivateSymbol("torch._C", "_disabled_torch_function_impl"),
+    "disabled_torch_dispatch_impl": PrivateSymbol("torch._C", "_disabled_torch_dispatch_impl"),
+    "make_wrapper_subclass": PrivateSymbol("torch", "Tensor._make_wrapper_subclass"),
+    "DisableTorchFunctionSubclass": PrivateSymbol("torch._C", "DisableTorchFunctionSubclass"),
+    # tracing and autograd: dynamo's tracing context, the engine that runs backward (a callback at
+    # its end), a module's parameters swapped for a call
+    "TracingContext": PrivateSymbol("torch._guards", "TracingContext"),
+    "autograd_engine": PrivateSymbol("torch.autograd.variable", "Variable._execution_engine"),
+    "reparametrize_module": PrivateSymbol("torch.nn.utils.stateless", "_reparametrize_module"),
     # pytrees (no public torch.utils.pytree in 2.9 or 2.15)
     "tree_flatten": PrivateSymbol(_PYTREE, "tree_flatten"),
     "tree_unflatten": PrivateSymbol(_PYTREE, "tree_unflatten"),
@@ -117,6 +132,7 @@ PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
     "FakeProcessGroup": PrivateSymbol(_FAKE_PG, "FakeProcessGroup"),
     "FakeStore": PrivateSymbol(_FAKE_PG, "FakeStore"),
     "resolve_process_group": PrivateSymbol("torch.distributed.distributed_c10d", "_resolve_process_group"),
+    "default_store": PrivateSymbol("torch.distributed.distributed_c10d", "_get_default_store"),
     "dump_fr_trace": PrivateSymbol("torch._C._distributed_c10d", "_dump_fr_trace"),
     # DTensor's internals
     "StridedShard": PrivateSymbol("torch.distributed.tensor.placement_types", "_StridedShard"),
@@ -327,3 +343,34 @@ def cpu_flash_attention() -> tuple[Any, Any] | None:
         ops._scaled_dot_product_flash_attention_for_cpu.default,
         ops._scaled_dot_product_flash_attention_for_cpu_backward.default,
     )
+
+
+def clear_dtensor_sharding_caches() -> None:
+    """Drop DTensor's cached sharding decisions (the Python propagator's, the redistribute
+    planner's, the mesh topology's, and from torch 2.10 the C++ dispatch fast path's): they hold
+    meshes whose process groups may since have been destroyed."""
+    from torch.distributed.tensor import DTensor
+
+    redistribute_module = __getattr__("dtensor_redistribute")
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    redistribute_module._gen_transform_infos.cache_clear()
+    if hasattr(redistribute_module, "clear_redistribute_planner_cache"):
+        redistribute_module.clear_redistribute_planner_cache()
+    __getattr__("dtensor_collective_utils").MeshTopoInfo.build_from_mesh.cache_clear()
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
+
+
+@contextlib.contextmanager
+def device_module_registration(register: Callable[[Callable[[str, Any], None], str, Any], None]) -> Iterator[None]:
+    """Inside: ``torch._register_device_module(name, module)`` calls ``register(original, name,
+    module)`` instead (torch's registry of accelerator modules, which torchax's import writes to)."""
+    original = torch._register_device_module
+    torch._register_device_module = functools.partial(register, original)
+    try:
+        yield
+    finally:
+        torch._register_device_module = original

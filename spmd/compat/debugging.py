@@ -28,11 +28,13 @@ def visualize_sharding(sharding: str, **kwargs: Any) -> Any:
         TorchXlaNotInstalledError: torch_xla is not installed (`spmd.visualize_sharding` draws
             the same blocks without it).
     """
-    from spmd._backend import backend
+    from spmd._backend import torch_xla_backend
 
     text = str(HloSharding.parse(sharding))  # iota forms expanded: torch_xla's table reads listed ids
     feature = "spmd.debugging.visualize_sharding (torch_xla's own table; spmd.visualize_sharding needs no torch_xla)"
-    return backend.torch_xla_module("torch_xla.distributed.spmd.debugging", feature).visualize_sharding(text, **kwargs)
+    return torch_xla_backend.torch_xla_module("torch_xla.distributed.spmd.debugging", feature).visualize_sharding(
+        text, **kwargs
+    )
 
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:

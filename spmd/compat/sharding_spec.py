@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mesh import Mesh, MeshTypeError
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 from spmd.errors import ShardingError, SpmdTypeError
 from spmd.sharding import PartitionSpec, hlo_sharding_for
 
@@ -98,7 +98,7 @@ class ShardingSpec:
         if spec is None:
             return None
         hlo = hlo_sharding_for(self.mesh, spec, t.dim(), tuple(t.shape))
-        return backend.xla_sharding_spec(t, hlo, self.minibatch)
+        return torch_xla_backend.xla_sharding_spec(t, hlo, self.minibatch)
 
     def apply(self, t: torch.Tensor) -> torch.Tensor:
         """Shard XLA tensor ``t`` in place (`mark_sharding`) and return it."""

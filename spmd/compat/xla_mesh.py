@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import mesh as _mesh
 from mesh import DeviceInfo, as_mesh
-from spmd._backend import backend, backend_for
+from spmd._backend import backend_for, torch_xla_backend
 from spmd.sharding import PartitionSpec, hlo_sharding_for
 
 __all__ = ["HybridMesh", "Mesh", "TorchXlaGlobalMesh", "get_1d_mesh"]
@@ -42,12 +42,12 @@ class Mesh(_mesh.Mesh):
         Raises:
             ShardingError: the spec does not fit this mesh (the message says why).
         """
-        return backend.op_sharding(self._hlo(partition_spec), self.memo)
+        return torch_xla_backend.op_sharding(self._hlo(partition_spec), self.memo)
 
     def _get_op_sharding_args(self, partition_spec: Sequence[object]) -> tuple[list, list, list, int]:
         """torch_xla's ``(tile_assignment, group_assignment, replication_groups, sharding_type)``
         for ``partition_spec``: the arguments of ``OpSharding`` giving the same sharding."""
-        return backend.sharding_args(self._hlo(partition_spec))
+        return torch_xla_backend.sharding_args(self._hlo(partition_spec))
 
     def _hlo(self, partition_spec: Sequence[object]) -> object:
         spec = PartitionSpec.from_value(partition_spec)
@@ -69,7 +69,7 @@ class HybridMesh(_mesh.HybridMesh, Mesh):
         devices: Sequence[DeviceInfo] | None = None,
     ) -> None:
         if devices is None:
-            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(backend.device_attributes())]
+            devices = [DeviceInfo.from_attributes(i, a) for i, a in enumerate(torch_xla_backend.device_attributes())]
         super().__init__(
             ici_mesh_shape=ici_mesh_shape, dcn_mesh_shape=dcn_mesh_shape, axis_names=axis_names, devices=devices
         )
@@ -87,9 +87,9 @@ class TorchXlaGlobalMesh:
 
     def set(self, mesh: _mesh.Mesh | None) -> None:
         """Make torch_xla's global mesh ``mesh``, as a mesh with the methods torch_xla calls."""
-        backend.mirror_global_mesh(None if mesh is None else Mesh.of(mesh))
+        torch_xla_backend.mirror_global_mesh(None if mesh is None else Mesh.of(mesh))
 
     def current(self) -> _mesh.Mesh | None:
         """torch_xla's global mesh (ours, or one torch_xla's own ``set_global_mesh`` set)."""
-        theirs = backend.global_mesh()
+        theirs = torch_xla_backend.global_mesh()
         return None if theirs is None else as_mesh(theirs, "torch_xla's global mesh")

@@ -78,10 +78,10 @@ def reexported(name: str) -> Any:
     Raises:
         TorchXlaNotInstalledError: torch_xla is not installed.
     """
-    from spmd._backend import backend
+    from spmd._backend import torch_xla_backend
 
     module, attr = TORCH_XLA_REEXPORTS[name]
-    return getattr(backend.torch_xla_module(module, f"{name} (torch_xla's own object)"), attr)
+    return getattr(torch_xla_backend.torch_xla_module(module, f"{name} (torch_xla's own object)"), attr)
 
 
 def __getattr__(name: str) -> Any:

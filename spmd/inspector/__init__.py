@@ -1,5 +1,5 @@
 """The sharding inspector: per-device memory and communication of compiled steps, read from
-XLA's own dumps, on virtual CPU devices before a TPU pod is spent; on the DTensor lane, a dry
+XLA's own dumps, on virtual CPU devices before a TPU pod is spent; on the DTensor backend, a dry
 run of any rank of an N-rank job in one process.
 
 - ``python -m spmd.inspector SCRIPT [ARGS]``: run a script, print a table, write JSON.

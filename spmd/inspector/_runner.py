@@ -2,7 +2,7 @@
 its folder first on ``sys.path``, inside what a capture wraps around it; and say how it ended.
 
 Both captures run scripts through here (torch_xla's under `capture`, the dry run's in its fake
-world), so a script stops, fails and exits the same way on both lanes:
+world), so a script stops, fails and exits the same way on both backends:
 
 - a capture ends the script early by raising `StopScript` in it (after ``--steps`` steps);
 - ``sys.exit(0)`` is a finished script; ``sys.exit(n)`` its failure, and the CLI exits with
@@ -81,7 +81,7 @@ class ScriptEnd:
 @dataclass(frozen=True)
 class Outcome:
     """What a capture hands the CLI (`spmd.inspector.cli`), which prints it the same way for
-    both lanes: the table, the JSON, the failure, and exits with ``exit_code``.
+    both backends: the table, the JSON, the failure, and exits with ``exit_code``.
 
     Attributes:
         report: the report, or None when there is nothing to report.

@@ -1,5 +1,5 @@
 """`capture`: inspect the graphs compiled inside a ``with`` block, in the running process (the
-torch_xla lane; its implementation is `spmd.inspector._xla.capture`).
+torch_xla backend; its implementation is `spmd.inspector._xla.capture`).
 
 While the block runs, every ``torch_xla.sync()`` is counted as the end of a step, and every
 ``nn.Module`` call opens a scope named by the module's path (``transformer.h.0.attn``), which

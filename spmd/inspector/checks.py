@@ -1,4 +1,4 @@
-"""Warnings the inspector raises, as `Finding` values, for both lanes.
+"""Warnings the inspector raises, as `Finding` values, for both backends.
 
 torch_xla's compiled steps (`find_issues`): what is replicated that need not be, what is
 gathered whole every step, and what was compiled more than once. A dry run's rank

@@ -2,7 +2,7 @@
 report per-device memory and collectives of every graph it compiles; with ``--world N`` (or
 without torch_xla), a dry run of the script as ranks of an N-rank DTensor job.
 
-One CLI for both lanes: the flags, the choice of capture (`spmd.inspector._xla.cli`,
+One CLI for both backends: the flags, the choice of capture (`spmd.inspector._xla.cli`,
 `spmd.inspector._dtensor.cli`), and printing what it found (the table, ``--json``, the script's
 failure and exit code)."""
 
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dry_run_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the dry run on DTensor: the job's size and the ranks to run as."""
-    dry = parser.add_argument_group("dry run on DTensor (the lane without torch_xla)")
+    dry = parser.add_argument_group("dry run on DTensor (the backend without torch_xla)")
     dry.add_argument(
         "--world",
         type=int_in(1, MAX_RANKS),
@@ -141,7 +141,7 @@ def _refuse_xla_only(args: argparse.Namespace) -> Outcome | None:
 
 
 def _show(outcome: Outcome, args: argparse.Namespace) -> int:
-    """Print what a capture found, the same way for both lanes; the exit code."""
+    """Print what a capture found, the same way for both backends; the exit code."""
     report = outcome.report
     if report is not None:
         print(report.table(max_collectives=args.max_collectives))
@@ -159,7 +159,7 @@ def _show(outcome: Outcome, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI: the script under the capture of its lane (the dry run on DTensor with
+    """Run the CLI: the script under the capture of its backend (the dry run on DTensor with
     ``--world`` or without torch_xla, else torch_xla's); returns the exit code."""
     args = build_parser().parse_args(argv)
     script = Path(args.script)

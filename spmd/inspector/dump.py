@@ -1,5 +1,5 @@
 """XLA's dump directory: turning dumps on (`prepare`), finding the compiled modules
-(`list_modules`), reading one into a `GraphReport` (`read_graph`). The torch_xla lane's; its
+(`list_modules`), reading one into a `GraphReport` (`read_graph`). The torch_xla backend's; its
 implementation is `spmd.inspector._xla.dump`."""
 
 from spmd.inspector._xla.dump import ParameterNamer as ParameterNamer

@@ -1,11 +1,12 @@
-"""The inspector's report, one for both lanes: what a captured step costs each device, with
+"""The inspector's report, one for both backends: what a captured step costs each device, with
 warnings; a table, and JSON in one schema.
 
 torch_xla's capture fills ``graphs`` (each compiled program, `GraphReport`); the dry run on
 DTensor fills ``ranks`` (each rank it ran as, `spmd.inspector._dtensor.run.RankRun`). The rest
-is common, and so is the JSON (`Report.to_dict`): the keys ``tool``, ``lane``, ``partial``,
+is common, and so is the JSON (`Report.to_dict`): the keys ``tool``, ``backend``, ``partial``,
 ``devices``, ``platform``, ``graphs``, ``ranks``, ``steps``, ``totals``, ``warnings``, where
-each lane leaves the other's list empty, and ``steps`` holds the same `StepTotals` on both.
+each backend leaves the other's list empty, and ``steps`` holds the same `StepTotals` on both.
+``lane`` is the old name of ``backend`` (the same value), kept for readers of older reports.
 
 Values only (frozen dataclasses): the captures build them (`spmd.inspector.capture`, the dry
 run), warnings come from `spmd.inspector.checks`.
@@ -17,6 +18,7 @@ import enum
 import json
 import os
 import shutil
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +68,7 @@ class WarningCode(enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """A warning about the sharding, with what to change (either lane).
+    """A warning about the sharding, with what to change (either backend).
 
     Attributes:
         code: its kind.
@@ -94,7 +96,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class StepTotals:
-    """One step of a captured run, per device, on either lane: an entry of the JSON ``steps``.
+    """One step of a captured run, per device, on either backend: an entry of the JSON ``steps``.
 
     Attributes:
         step: the step's number (0 first).
@@ -122,7 +124,7 @@ class StepTotals:
 
 @dataclass(frozen=True)
 class Report:
-    """The inspector's findings for one captured step or one script run, on either lane.
+    """The inspector's findings for one captured step or one script run, on either backend.
 
     Attributes:
         graphs: torch_xla: each compiled graph, in compile order.
@@ -148,9 +150,17 @@ class Report:
     script: str = ""
 
     @property
-    def lane(self) -> str:
+    def backend(self) -> str:
         """``'dtensor'`` for a dry run, else ``'torch_xla'``."""
         return "dtensor" if self.ranks else "torch_xla"
+
+    @property
+    def lane(self) -> str:
+        """The old name of `backend` (deprecated)."""
+        warnings.warn(
+            "Report.lane is deprecated: use Report.backend (the same value).", DeprecationWarning, stacklevel=2
+        )
+        return self.backend
 
     # Totals -------------------------------------------------------------------------------
     @property
@@ -250,10 +260,11 @@ class Report:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes as ints), the same keys on both lanes (module docstring)."""
+        """A JSON-ready dict (bytes as ints), the same keys on both backends (module docstring)."""
         return {
             "tool": "spmd.inspector",
-            "lane": self.lane,
+            "backend": self.backend,
+            "lane": self.backend,  # the old key, kept for older readers
             "partial": self.partial or None,
             "devices": self.devices,
             "platform": self.platform,

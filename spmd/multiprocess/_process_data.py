@@ -55,21 +55,21 @@ def _as_tensor(local: object, what: str) -> torch.Tensor:
     return local.detach()
 
 
-def _runtime(mesh: Mesh | None, what: str) -> tuple[ShardingBackend, Mesh]:
-    runtime = backend_for(None)
+def _backend_and_mesh(mesh: Mesh | None, what: str) -> tuple[ShardingBackend, Mesh]:
+    backend = backend_for(None)
     mesh = mesh_or_global(mesh, what)
     try:
-        mesh.check_device_count(runtime.device_count(), runtime.more_devices)
+        mesh.check_device_count(backend.device_count(), backend.more_devices)
     except DeviceCountError as e:
         raise DeviceCountError(f"{what}: {e}") from None
-    return runtime, mesh
+    return backend, mesh
 
 
-def _layout(runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, what: str) -> ProcessLayout:
+def _layout(backend: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, what: str) -> ProcessLayout:
     spec = PartitionSpec.from_value(spec)
     hlo = hlo_sharding_for(mesh, spec, local.dim())
     where = f"{what}(local shape {tuple(local.shape)}, spec {spec!r}, {mesh.describe()})"
-    return ProcessLayout(hlo, local.dim(), runtime.device_processes(), runtime.process_index(), where)
+    return ProcessLayout(hlo, local.dim(), backend.device_processes(), backend.process_index(), where)
 
 
 SAME_DATA = (
@@ -79,7 +79,7 @@ SAME_DATA = (
 
 
 def _agree(
-    runtime: ShardingBackend,
+    backend: ShardingBackend,
     what: str,
     mesh: Mesh | None,
     specs: Mapping[str, SpecLike] | SpecLike,
@@ -117,7 +117,7 @@ def _agree(
         "dtype": dtypes,
         **{k: str(v) for k, v in more.items()},
     }
-    agree(runtime, what, fields, SAME_DATA, {"local shape": LocalShapeMismatchError})
+    agree(backend, what, fields, SAME_DATA, {"local shape": LocalShapeMismatchError})
 
 
 def _whole(value: object, name: str, what: str) -> int:
@@ -224,19 +224,19 @@ def global_tensor(
         raise
     # First, on the arguments as given: every later check then fails alike on every rank.
     _agree(backend_for(None), what, mesh, spec, {"": tensor}, {**shape, **more})
-    runtime, mesh = _runtime(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
-    return _make(runtime, mesh, spec, tensor, global_shape, what)
+    backend, mesh = _backend_and_mesh(mesh, f"{what}(local shape {tuple(tensor.shape)}, spec {spec!r})")
+    return _make(backend, mesh, spec, tensor, global_shape, what)
 
 
 def _make(
-    runtime: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, given: Sequence[int] | None, what: str
+    backend: ShardingBackend, mesh: Mesh, spec: SpecLike, local: torch.Tensor, given: Sequence[int] | None, what: str
 ) -> torch.Tensor:
-    layout = _layout(runtime, mesh, spec, local, what)
+    layout = _layout(backend, mesh, spec, local, what)
     shape = layout.global_shape(tuple(local.shape), None if given is None else _global_shape(given, what))
     blocks = {d: local[slices] for d, (slices, _) in layout.blocks(shape, tuple(local.shape)).items()}
     spec = PartitionSpec.from_value(spec)
     hlo = hlo_sharding_for(mesh, spec, local.dim(), shape)
-    return runtime.from_local_blocks(blocks, NamedSharding(mesh, spec), hlo, shape)
+    return backend.from_local_blocks(blocks, NamedSharding(mesh, spec), hlo, shape)
 
 
 def _batch_tensors(batch: object, what: str) -> dict[str, torch.Tensor]:
@@ -296,9 +296,9 @@ def global_batch(
                 f"each key (e.g. {{{missing[0]!r}: P('data')}}), or pass one spec for all keys."
             )
     shapes = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in tensors.items())
-    runtime, mesh = _runtime(mesh, f"{what}({{{shapes}}})")
+    backend, mesh = _backend_and_mesh(mesh, f"{what}({{{shapes}}})")
     return {
-        k: _make(runtime, mesh, specs[k] if per_key else specs, v, None, f"{what}: key {k!r}")
+        k: _make(backend, mesh, specs[k] if per_key else specs, v, None, f"{what}: key {k!r}")
         for k, v in tensors.items()
     }
 
@@ -314,11 +314,11 @@ def process_rows(mesh: Mesh | None, spec: SpecLike, global_size: int, dim: int =
     """
     global_size = _whole(global_size, "process_rows' global_size", "the rows of the global batch, e.g. 64")
     dim = _whole(dim, "process_rows' dim", "a dim counted from 0 (the tensor's rank is not known here, so not -1)")
-    runtime, mesh = _runtime(mesh, f"process_rows(spec {spec!r}, {global_size} rows)")
+    backend, mesh = _backend_and_mesh(mesh, f"process_rows(spec {spec!r}, {global_size} rows)")
     spec = PartitionSpec.from_value(spec)
     entries = list(spec) + [None] * (dim + 1 - len(spec))
     one_dim = PartitionSpec(*[entries[d] if d == dim else None for d in range(dim + 1)])
     hlo = hlo_sharding_for(mesh, one_dim, dim + 1)
     where = f"process_rows(spec {spec!r}, {global_size} rows along dim {dim}, {mesh.describe()})"
-    layout = ProcessLayout(hlo, dim + 1, runtime.device_processes(), runtime.process_index(), where)
+    layout = ProcessLayout(hlo, dim + 1, backend.device_processes(), backend.process_index(), where)
     return layout.rows(dim, global_size)

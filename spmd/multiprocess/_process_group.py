@@ -180,7 +180,9 @@ def _store(timeouts: Timeouts) -> Any:
             wait_for_workers=False,
         )
     else:  # initialized another way (a file, a URL): the process group's own store
-        store = dist.distributed_c10d._get_default_store()
+        from spmd._util import torch_compat
+
+        store = torch_compat.default_store()
     return dist.PrefixStore(prefix, store)
 
 

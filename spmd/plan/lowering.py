@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mesh import Mesh, Role
+from spmd._util.torch_compat import reparametrize_module
 from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
@@ -252,7 +253,7 @@ class _StepBuilder:
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
                 full = {n: self.gathered(p, self.specs[f"{name}.0.{n}"]) for n, p in tp.items()}
-                with torch.nn.utils.stateless._reparametrize_module(template, full):
+                with reparametrize_module(template, full):
                     out = template(th, *targs, **tkwargs)
             return self.residual(env.t2j_iso(out))
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
-from fsdp_xla._runtime import BACKWARD_GRAPH_NAME
+from fsdp_xla._gspmd_unit import BACKWARD_GRAPH_NAME
 from spmd import P, mark_sharding
 from spmd.inspector import CollectiveKind, capture
 from tests.fsdp_xla.helpers import GPT, Block, batches, fsdp_mesh, lm_loss

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fsdp_xla._gspmd_unit import BACKWARD_GRAPH_NAME
 from fsdp_xla._phases import Phase, parse_scope, scope_name
-from fsdp_xla._runtime import BACKWARD_GRAPH_NAME
 from fsdp_xla.communication import attribute, bytes_by_phase, counts_by_unit, zero3_minimum_bytes
 from spmd.inspector import CollectiveKind, GraphReport, HloModuleText
 from spmd.inspector.collectives import collectives_of, module_scope

@@ -22,7 +22,7 @@ from fsdp_xla import (
     TorchftNotInstalledError,
     ft,
 )
-from fsdp_xla._gspmd import GspmdEngine
+from fsdp_xla._gspmd import GspmdFSDP
 from fsdp_xla._replicas import ReplicaSync
 from mesh import Mesh
 from tests.torchrun import ROOT, WORKERS, child_env
@@ -69,7 +69,7 @@ def test_the_gspmd_engine_refuses_healing_before_it_touches_the_model():
     before = [p.detach().clone() for p in model.parameters()]
     options = FSDPOptions(mesh=mesh(("fsdp", 4)), replicate_axis=Sync())
     with pytest.raises(FaultToleranceError, match=r"dtensor backend only .*xla-spmd\[current,ft\].*save_sharded"):
-        GspmdEngine().check(model, options)
+        GspmdFSDP().check(model, options)
     assert isinstance(FaultToleranceError("x"), FSDPError)
     assert all(type(p) is torch.nn.Parameter and torch.equal(p, b) for p, b in zip(model.parameters(), before))
 

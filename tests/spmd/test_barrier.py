@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spmd import NotAnXlaTensorError, optimization_barrier
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 
 
 def test_barrier_appears_in_hlo_and_keeps_values(xla):
@@ -12,7 +12,7 @@ def test_barrier_appears_in_hlo_and_keeps_values(xla):
     b = torch.ones(4).to(xla) + 1
     out_a, out_b = optimization_barrier(a, b)
     assert out_a is a and out_b is b
-    assert "opt-barrier" in backend.tensors_hlo_text([a + b])
+    assert "opt-barrier" in torch_xla_backend.tensors_hlo_text([a + b])
     torch.testing.assert_close((a + b).cpu(), torch.full((4, 4), 4.0))
 
 

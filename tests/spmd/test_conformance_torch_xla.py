@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spmd import P, hlo_sharding_for, mark_sharding
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 from tests.spmd.specs import MESH_SHAPES, all_specs, make_mesh
 
 SHAPES = {1: (8,), 2: (8, 16), 3: (8, 4, 8)}
@@ -18,7 +18,7 @@ def torch_xla_text(mesh, spec, rank, device):
     xmesh = xs.Mesh(mesh.device_ids, mesh.mesh_shape, mesh.axis_names)
     t = torch.zeros(SHAPES[rank]).to(device)
     xs.mark_sharding(t, xmesh, spec)
-    return backend.sharding_text(t)
+    return torch_xla_backend.sharding_text(t)
 
 
 @pytest.mark.parametrize("shape", MESH_SHAPES)
@@ -41,4 +41,4 @@ def test_mark_sharding_attaches_the_same_sharding_as_torch_xla(xla, data):
     spec = data.draw(st.sampled_from(list(all_specs(len(shape), rank))))
     t = torch.zeros(SHAPES[rank]).to(xla)
     mark_sharding(t, mesh, P(*spec))
-    assert backend.sharding_text(t) == torch_xla_text(mesh, spec, rank, xla)
+    assert torch_xla_backend.sharding_text(t) == torch_xla_text(mesh, spec, rank, xla)

@@ -23,7 +23,7 @@ from spmd import (
     shard_as,
     with_sharding_constraint,
 )
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 
 MESH_2D = Mesh(np.arange(8), (4, 2), ("data", "model"))
 MESH_3D = Mesh(np.arange(8), (2, 2, 2), ("x", "y", "z"))
@@ -135,13 +135,13 @@ def test_alternating_replace_compiles_once_per_layout(xla, dtype):
     host = (torch.randn(16, 16) * 4).to(dtype)
     w = host.to(xla)
     specs = [P("data", "model"), P("model", "data")]
-    before = backend.compile_count()
+    before = torch_xla_backend.compile_count()
     for i in range(12):
         mark_sharding(w, MESH_2D, specs[i % 2], replace=True)
         assert get_sharding(w) == hlo_sharding_for(MESH_2D, specs[i % 2], 2)
         w = w | w if dtype == torch.bool else w * 1 + 0
         torch_xla.sync()
-    assert backend.compile_count() - before <= 3  # the two step variants (+ the first layout's)
+    assert torch_xla_backend.compile_count() - before <= 3  # the two step variants (+ the first layout's)
     assert torch.equal(w.cpu(), host)
 
 
@@ -173,15 +173,15 @@ def test_intermediate_becomes_a_constraint(xla):
     a = torch.ones(8, 8).to(xla)
     b = a * 2
     mark_sharding(b, MESH_2D, P("data", "model"))
-    hlo = backend.tensors_hlo_text([b + 1])
+    hlo = torch_xla_backend.tensors_hlo_text([b + 1])
     assert 'custom_call_target="Sharding", sharding={devices=[4,2]0,1,2,3,4,5,6,7}' in hlo
 
 
 def test_with_sharding_constraint_leaves_input_alone(xla):
     a = torch.ones(8, 8).to(xla) + 1
     b = with_sharding_constraint(a, MESH_2D, P(None, "model"))
-    assert "Sharding" in backend.tensors_hlo_text([b])
-    assert "Sharding" not in backend.tensors_hlo_text([a])
+    assert "Sharding" in torch_xla_backend.tensors_hlo_text([b])
+    assert "Sharding" not in torch_xla_backend.tensors_hlo_text([a])
     torch.testing.assert_close(b.cpu(), torch.full((8, 8), 2.0))
 
 
@@ -189,7 +189,7 @@ def test_mark_sharding_with_gradients_constrains_backward(xla):
     w = torch.randn(8, 8, device=xla, requires_grad=True)
     h = mark_sharding_with_gradients(w * 3, MESH_2D, P("data", None))
     h.sum().backward()
-    hlo = backend.tensors_hlo_text([w.grad])
+    hlo = torch_xla_backend.tensors_hlo_text([w.grad])
     assert hlo.count('custom_call_target="Sharding", sharding={devices=[4,1,2]') == 1
     torch.testing.assert_close(w.grad.cpu(), torch.full((8, 8), 3.0))
 

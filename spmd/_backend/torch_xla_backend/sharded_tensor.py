@@ -29,6 +29,12 @@ from spmd._backend.torch_xla_backend import runtime, shardings
 from spmd._backend.torch_xla_backend.dtensor_spec import dtensor_spec
 from spmd._backend.torch_xla_backend.local_shards import load_local_shards, local_shards
 from spmd._backend.torch_xla_backend.shard import Shard
+from spmd._util.torch_compat import (
+    DisableTorchFunctionSubclass,
+    TracingContext,
+    disabled_torch_dispatch_impl,
+    disabled_torch_function_impl,
+)
 from spmd.errors import ShardLoadError, SpmdTypeError
 from spmd.sharding import HloSharding, NamedSharding, PartitionSpec, ShardBounds, ShardingType
 
@@ -65,7 +71,7 @@ class XLAShardedTensor(DTensor):
     # Ops never reach DTensor's dispatcher (it would look for a per-process local tensor, which a
     # GSPMD tensor has not: one process holds every device's block). Without a __torch_dispatch__
     # the view's tensor carries no Python dispatch key, and ops run on XLA's kernels directly.
-    __torch_dispatch__ = torch._C._disabled_torch_dispatch_impl
+    __torch_dispatch__ = disabled_torch_dispatch_impl
 
     def __new__(
         cls,
@@ -122,7 +128,7 @@ class XLAShardedTensor(DTensor):
         if type(tensor) is torch.Tensor or isinstance(tensor, torch.nn.Parameter):
             view = torch.Tensor.as_subclass(tensor, cls)
         else:  # a subclass with a __torch_function__ of its own
-            with torch._C.DisableTorchFunctionSubclass():
+            with DisableTorchFunctionSubclass():
                 view = tensor.as_subclass(cls)
         view._spmd_marked = tensor
         view._spmd_sharding = sharding
@@ -146,11 +152,11 @@ class XLAShardedTensor(DTensor):
         # marked tensor), so C++ code handed the view (torch_xla's FSDPv2 marks outputs with
         # _XLAC calls) and the ops after it see one tensor. Results stay sharded tensors while
         # on the XLA device (torch_xla's behaviour); a host copy is a plain tensor.
-        if torch.compiler.is_compiling() or torch._guards.TracingContext.try_get() is not None:
+        if torch.compiler.is_compiling() or TracingContext.try_get() is not None:
             # Under torch.compile the view is the tensor it views: Dynamo traces the plain op.
             # (Rewrapping here, Dynamo wrapped each rewrapped result again, without end; and it
             # cannot trace the C helper below, so the context manager it knows does the same.)
-            with torch._C.DisableTorchFunctionSubclass():
+            with DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         out = _call_as_plain_tensors(func, types, args, kwargs or {})
         if type(out) is torch.Tensor:  # the common case first: one tensor result
@@ -166,7 +172,7 @@ class XLAShardedTensor(DTensor):
         marked = self.__dict__.get("_spmd_marked")
         if marked is not None:
             return marked
-        with torch._C.DisableTorchFunctionSubclass():
+        with DisableTorchFunctionSubclass():
             return self.as_subclass(torch.Tensor)
 
     @property
@@ -367,7 +373,7 @@ ShardedTensor = XLAShardedTensor
 
 # torch's C implementation of "run func with __torch_function__ off": what a context manager
 # would do, without its per-op Python cost (half of the subclass's overhead, measured).
-_call_as_plain_tensors = torch._C._disabled_torch_function_impl
+_call_as_plain_tensors = disabled_torch_function_impl
 
 # Methods whose results describe the tensor rather than being it.
 _PLAIN_RESULT = frozenset(

@@ -1,5 +1,5 @@
 """``python -m spmd.inspector --world N [--rank r | --ranks all|worst] [--steps k] SCRIPT``: the
-dry run on the DTensor lane (no torch_xla): the script runs as each chosen rank of an N-rank job
+dry run on the DTensor backend (no torch_xla): the script runs as each chosen rank of an N-rank job
 in this process; `spmd.inspector.cli` prints the report (and writes it with ``--json``)."""
 
 from __future__ import annotations

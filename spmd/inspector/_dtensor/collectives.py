@@ -18,8 +18,8 @@ from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
 
 __all__ = ["CollectiveCall", "collective_call", "is_collective"]
 
-# c10d op name -> the kind the torch_xla lane's report uses (CollectiveKind values), so both
-# lanes' JSON name a collective alike; the ones GSPMD never emits keep a name of their own.
+# c10d op name -> the kind the torch_xla backend's report uses (CollectiveKind values), so both
+# backends' JSON name a collective alike; the ones GSPMD never emits keep a name of their own.
 _KINDS = {
     "_allgather_base_": "all-gather",
     "allgather_": "all-gather",
@@ -81,7 +81,7 @@ class CollectiveCall:
 
     @property
     def bytes_sent(self) -> int:
-        """Ring-algorithm bytes the rank sends for the call (as the torch_xla lane counts them);
+        """Ring-algorithm bytes the rank sends for the call (as the torch_xla backend counts them);
         for a broadcast, send...: what the rank puts in."""
         try:
             kind = CollectiveKind(self.op)

@@ -84,7 +84,7 @@ class RankRun:
         return max((s.peak_bytes for s in self.steps), default=0)
 
     def step_totals(self) -> tuple[StepTotals, ...]:
-        """Its steps as the report's ``steps`` hold them on both lanes."""
+        """Its steps as the report's ``steps`` hold them on both backends."""
         return tuple(s.totals() for s in self.steps)
 
     def to_dict(self) -> dict[str, Any]:

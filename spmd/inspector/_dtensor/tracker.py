@@ -103,7 +103,7 @@ class StepRecord:
         return sum(c.bytes_sent for c in self.collectives)
 
     def totals(self) -> StepTotals:
-        """The step as the report's ``steps`` hold it on both lanes."""
+        """The step as the report's ``steps`` hold it on both backends."""
         kinds = dict(Counter(c.op for c in self.collectives))
         return StepTotals(self.step, (), kinds, self.bytes_sent, self.peak_bytes)
 

@@ -293,19 +293,6 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
 def _forget_shardings() -> None:
     """Drop DTensor's cached sharding decisions: they hold meshes whose process groups were just
     destroyed, and the next rank's run (``--ranks all``) reuses the group names."""
-    import torch
-    from torch.distributed.tensor import DTensor
+    from spmd._util.torch_compat import clear_dtensor_sharding_caches
 
-    from spmd._util.torch_compat import dtensor_collective_utils as _collective_utils
-    from spmd._util.torch_compat import dtensor_redistribute as _redistribute
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.propagate_op_sharding.cache_clear()
-    propagator._propagate_tensor_meta_cached.cache_clear()
-    _redistribute._gen_transform_infos.cache_clear()
-    if hasattr(_redistribute, "clear_redistribute_planner_cache"):
-        _redistribute.clear_redistribute_planner_cache()
-    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
-    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear_native is not None:  # the C++ dispatch fast path's own cache (torch 2.10+)
-        clear_native()
+    clear_dtensor_sharding_caches()

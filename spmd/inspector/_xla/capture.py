@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from spmd._backend import backend
+from spmd._backend import torch_xla_backend
 from spmd.inspector._xla.dump import dump_dir_from_flags, list_modules, module_versions, prepare, read_graph
 from spmd.inspector.checks import CheckOptions, find_issues
 from spmd.inspector.collectives import module_scope
@@ -50,7 +50,7 @@ class _ModuleScopes:
         return self._names[key]
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        self._stack.append(backend.push_scope(self._name(module)))
+        self._stack.append(torch_xla_backend.push_scope(self._name(module)))
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._stack:
@@ -141,7 +141,7 @@ class _StepRecorder:
         return counted_sync
 
     def __enter__(self) -> _StepRecorder:
-        for owner, attr in backend.step_functions():
+        for owner, attr in torch_xla_backend.step_functions():
             fn = getattr(owner, attr)
             self._saved.append((owner, attr, fn))
             setattr(owner, attr, self._wrap(fn))
@@ -229,14 +229,14 @@ def capture(
             too late) or nothing was compiled.
         TorchXlaNotInstalledError: torch_xla is not installed (the current lane).
     """
-    backend.require_torch_xla("spmd.inspector.capture (it reads XLA's dumps of torch_xla's programs)")
+    torch_xla_backend.require_torch_xla("spmd.inspector.capture (it reads XLA's dumps of torch_xla's programs)")
     options = CheckOptions(replicated_threshold_bytes, warmup_steps, ignore)  # type: ignore[arg-type]
     if not isinstance(name_modules, bool):
         raise TypeError(f"capture(name_modules=...) takes True or False, got {name_modules!r:.60}.")
     dump_dir = dump_dir_from_flags() or prepare()
     dump_dir.mkdir(parents=True, exist_ok=True)
     handle = Capture()
-    compiled_before = backend.compile_count() if "torch_xla" in sys.modules else 0
+    compiled_before = torch_xla_backend.compile_count() if "torch_xla" in sys.modules else 0
     recorder = _StepRecorder(dump_dir)
     scopes = _ModuleScopes()
     error: BaseException | None = None
@@ -249,7 +249,7 @@ def capture(
                 yield handle
         except BaseException as e:  # noqa: BLE001 - report what compiled, then re-raise it
             error = e
-    compiled = backend.compile_count() - compiled_before
+    compiled = torch_xla_backend.compile_count() - compiled_before
     _finish(handle, recorder, dump_dir, scopes.name_parameter if name_modules else None, options, compiled, error)
     if error is not None:
         raise error
@@ -278,8 +278,8 @@ def _finish(
     handle._report = Report(
         graphs=graphs,
         warnings=find_issues(graphs, steps, options),
-        devices=backend.device_count(),
-        platform=backend.platform(),
+        devices=torch_xla_backend.device_count(),
+        platform=torch_xla_backend.platform(),
         steps=steps,
         dump_dir=str(dump_dir),
         partial=partial,

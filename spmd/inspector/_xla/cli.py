@@ -1,4 +1,4 @@
-"""``python -m spmd.inspector SCRIPT`` on the torch_xla lane: XLA's dumps requested before
+"""``python -m spmd.inspector SCRIPT`` on the torch_xla backend: XLA's dumps requested before
 torch_xla starts, the script run under `capture` on virtual devices (or the TPU), stopped after
 ``--steps`` syncs; `spmd.inspector.cli` prints the report."""
 
@@ -20,9 +20,9 @@ __all__ = ["inspect"]
 def _stop_after(steps: int) -> Callable[[], None]:
     """Wrap the runtime's step function so the script stops after ``steps`` steps; returns the
     function that unwraps it."""
-    from spmd._backend import backend
+    from spmd._backend import torch_xla_backend
 
-    ((owner, attr),) = backend.step_functions()
+    ((owner, attr),) = torch_xla_backend.step_functions()
     original = getattr(owner, attr)
     count = 0
 

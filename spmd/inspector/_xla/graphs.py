@@ -1,4 +1,4 @@
-"""A compiled graph of the torch_xla lane, as the report holds it: its memory (XLA's buffer
+"""A compiled graph of the torch_xla backend, as the report holds it: its memory (XLA's buffer
 assignment), arguments and collectives per device; its JSON entry and its part of the table.
 
 Values only (frozen dataclasses); reading them from XLA's dumps is `spmd.inspector._xla.dump`.

@@ -74,8 +74,8 @@ def test_blog_config_trains_gpt2_with_deferred_init(trained):
     assert model.fsdp_units == ["", "transformer.h.0", "transformer.h.1"]
     assert all(p.device.type == "xla" for p in model.parameters())
     assert str(get_sharding(model.transformer.h[0].attn.c_attn.weight)) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # dim 0
-    assert model.transformer.h[0]._fsdp_runtime.checkpoint  # xla_fsdp_grad_ckpt
-    assert model.transformer.h[0]._fsdp_runtime.config.compute_dtype is torch.bfloat16
+    assert model.transformer.h[0]._fsdp_unit.checkpoint  # xla_fsdp_grad_ckpt
+    assert model.transformer.h[0]._fsdp_unit.config.compute_dtype is torch.bfloat16
     assert str(seen[0]).startswith("{devices=[8,1]")  # the batch is split over the fsdp axis
     assert trainer.optimizer.param_groups[0]["params"][0].device.type == "xla"
 

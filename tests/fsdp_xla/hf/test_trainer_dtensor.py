@@ -146,7 +146,7 @@ def test_load_best_model_at_end_is_refused_on_dtensor(tmp_path):
     from transformers import TrainingArguments
 
     from fsdp_xla.hf import HFConfigError
-    from fsdp_xla.hf._dtensor_runtime import DTensorRuntime
+    from fsdp_xla.hf._dtensor_backend import DTensorTrainerBackend
 
     args = TrainingArguments(
         output_dir=str(tmp_path),
@@ -156,4 +156,4 @@ def test_load_best_model_at_end_is_refused_on_dtensor(tmp_path):
         report_to=[],
     )
     with pytest.raises(HFConfigError, match=r"load_best_model_at_end=True.*fsdp_xla.checkpoint.load_sharded"):
-        DTensorRuntime(None).before_trainer(args)
+        DTensorTrainerBackend(None).before_trainer(args)

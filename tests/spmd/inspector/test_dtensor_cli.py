@@ -20,14 +20,15 @@ def inspector(*args, cwd=ROOT):
     return subprocess.run(command, cwd=cwd, env=child_env(xla=False), capture_output=True, text=True, timeout=600)
 
 
-def test_the_report_and_its_json_in_both_lanes_schema(tmp_path):
+def test_the_report_and_its_json_in_both_backends_schema(tmp_path):
     out = tmp_path / "dry.json"
     run = inspector("--world", 8, "--rank", 5, "--json", out, BARE, "--tp", 2)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "== rank 5, step 1: peak" in run.stdout and "all-gather" in run.stdout
     data = json.loads(out.read_text())
     xla = Report(graphs=()).to_dict()
-    assert data.keys() == xla.keys() and data["lane"] == "dtensor" and xla["lane"] == "torch_xla"
+    assert data.keys() == xla.keys() and data["backend"] == "dtensor" and xla["backend"] == "torch_xla"
+    assert data["lane"] == data["backend"] and xla["lane"] == xla["backend"]  # the old key, same value
     assert data["steps"][0].keys() == {
         "step",
         "graphs",

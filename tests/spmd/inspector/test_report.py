@@ -172,3 +172,12 @@ def test_named_graphs_in_a_step_are_not_mid_step_executions(tmp_path):
     assert find_issues([fsdp, opt], {0: [0, 1]}, quiet) == ()
     (finding,) = find_issues([fsdp, opt, extra], {0: [0, 1, 2]}, quiet)
     assert finding.code is WarningCode.RECOMPILATION and "2 graphs" in finding.message
+
+
+def test_the_backend_is_named_backend_and_lane_is_its_deprecated_alias(tmp_path):
+    report = Report((make_graph(tmp_path),), devices=8, platform="CPU")
+    assert report.backend == "torch_xla"
+    with pytest.warns(DeprecationWarning, match="Report.lane is deprecated: use Report.backend"):
+        assert report.lane == "torch_xla"
+    data = report.to_dict()
+    assert data["backend"] == data["lane"] == "torch_xla"

@@ -32,9 +32,9 @@ from fsdp_xla._phases import Phase, scope_name
 from fsdp_xla._units import UnitPlan
 from spmd.backend import torch_xla_backend
 from spmd.sharding import HloSharding
-from spmd.torch_compat import tree_flatten, tree_unflatten
+from spmd.torch_compat import autograd_engine, tree_flatten, tree_unflatten
 
-__all__ = ["UnitConfig", "UnitRuntime", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
+__all__ = ["UnitConfig", "GspmdUnit", "Registry", "gather", "BACKWARD_GRAPH_NAME"]
 
 BACKWARD_GRAPH_NAME = "FSDPForwardBackward"
 """The HLO module name of the forward+backward graph when it runs on its own."""
@@ -118,7 +118,7 @@ class UnitConfig:
 class _Recipe:
     """What a saved-tensor hook stores instead of a gathered parameter (or a view of one)."""
 
-    unit: UnitRuntime
+    unit: GspmdUnit
     index: int
     view_fn: Callable[[torch.Tensor], torch.Tensor] | None
 
@@ -128,8 +128,8 @@ class Registry:
     of every unit of one root (an inner unit may save an outer unit's tied weight)."""
 
     def __init__(self, sync_after_backward: bool = False) -> None:
-        self.live: dict[int, tuple[UnitRuntime, int]] = {}
-        self.units: list[UnitRuntime] = []
+        self.live: dict[int, tuple[GspmdUnit, int]] = {}
+        self.units: list[GspmdUnit] = []
         self.backward_pending = False
         self.sync_after_backward = sync_after_backward
 
@@ -174,7 +174,7 @@ def _barrier_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return copies
 
 
-class UnitRuntime:
+class GspmdUnit:
     """The run-time state of one unit; the FSDP module's ``forward`` calls `run`."""
 
     def __init__(
@@ -237,7 +237,7 @@ class UnitRuntime:
     def _on_output_grad(self, grad: torch.Tensor) -> torch.Tensor:
         if not self.registry.backward_pending:
             self.registry.backward_pending = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.registry.end_of_backward)
+            autograd_engine.queue_callback(self.registry.end_of_backward)
         if self._regathered is None and self.reshards:
             barriered = self._regather(grad)
             if barriered is not None:

@@ -33,7 +33,7 @@ from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, ParallelDims
 from spmd.backend import process_count, process_index
 
-__all__ = ["DTensorRuntime", "SHARDED_DIR", "TORCHRUN_HINT"]
+__all__ = ["DTensorTrainerBackend", "SHARDED_DIR", "TORCHRUN_HINT"]
 
 SHARDED_DIR = "fsdp_xla"  # the sharded checkpoint inside a Trainer checkpoint directory
 TORCHRUN_HINT = "torchrun --nproc_per_node 4 your_script.py"
@@ -55,7 +55,7 @@ def _inner(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-class DTensorRuntime:
+class DTensorTrainerBackend:
     """The DTensor side of `FSDPTrainer` (module docstring)."""
 
     name = "dtensor"
@@ -102,6 +102,9 @@ class DTensorRuntime:
                 "tp_size=1 here (dp_shard_size and cp_size split the rest), or the torch_xla backend with a "
                 "sharding_plan (fsdp_xla.hf.llama_plan())."
             )
+
+    def after_context_parallel(self, model: Any) -> None:
+        """Nothing: each process computes the loss of its own tokens, a plain tensor."""
 
     def context_rows(self, plan: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         """Joins, in the context axis's order, the rows each process of a context group was given:

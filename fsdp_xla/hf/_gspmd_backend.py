@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fsdp_xla.hf._parallelism import keep_token_layout_in_loss
 from fsdp_xla.hf.config import HFConfigError
 from mesh import Mesh, ParallelDims, roles, set_global_mesh
 from spmd.backend import torch_xla_backend
@@ -20,7 +21,7 @@ from spmd.compat.sharding_spec import ShardingSpec
 from spmd.devices import enable_spmd
 from spmd.errors import SpmdModeError
 
-__all__ = ["GspmdRuntime", "batch_axes", "batch_sharding"]
+__all__ = ["GspmdTrainerBackend", "batch_axes", "batch_sharding"]
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
@@ -63,7 +64,7 @@ class _KeyedSharding(dict):
         return self.default
 
 
-class GspmdRuntime:
+class GspmdTrainerBackend:
     """The torch_xla side of `FSDPTrainer` (module docstring)."""
 
     name = "torch_xla"
@@ -92,6 +93,12 @@ class GspmdRuntime:
     def context_rows(self, plan: Any) -> None:
         """Nothing to join: the one process holds every row."""
         return None
+
+    def after_context_parallel(self, model: Any) -> None:
+        """A causal LM's loss over its ``[rows, seq]`` tokens as they are split, not flattened
+        (`fsdp_xla.hf._parallelism.causal_lm_loss_by_token`: flattening made GSPMD gather the
+        logits along the sequence every step)."""
+        keep_token_layout_in_loss(model)
 
     def mesh(self, mesh: Mesh | None, training_args: Any) -> Mesh:
         """The mesh (the global one from now on); the batch must divide by its data axes.
