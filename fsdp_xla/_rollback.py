@@ -35,7 +35,7 @@ class ModuleSnapshot:
 
     def __init__(self, root: torch.nn.Module) -> None:
         first = next(iter(root.parameters()), None)
-        self.runtime = backend_for(first if first is not None else torch.empty(0))
+        self.backend = backend_for(first if first is not None else torch.empty(0))
         self.modules = [(m, type(m), {k: _shallow(v) for k, v in vars(m).items()}) for m in root.modules()]
         tensors = {
             id(t): t
@@ -48,7 +48,7 @@ class ModuleSnapshot:
 
     def _sharding(self, t: torch.Tensor) -> Any:
         try:
-            return self.runtime.sharding_of(t)
+            return self.backend.sharding_of(t)
         except Exception:  # a tensor of another runtime than the first parameter's: it has none of ours
             return None
 
@@ -61,7 +61,7 @@ class ModuleSnapshot:
             _forget_composable_state(module)
         for t, data, sharding in self.tensors:
             if sharding is None and self._sharding(t) is not None:
-                self.runtime.clear(t)  # annotated in place (torch_xla)
+                self.backend.clear(t)  # annotated in place (torch_xla)
             if t.device != data.device or t.shape != data.shape or t.dtype != data.dtype:
                 t.data = data  # moved or resized in place
         for t, grad in self.grads:

@@ -79,7 +79,7 @@ class ContextParallel:
     def __init__(self, model: torch.nn.Module, mesh: Mesh, axis: str, strategy: str, load_balance: bool) -> None:
         self.mesh, self.axis, self.strategy, self.load_balance = mesh, axis, strategy, load_balance
         self.size = mesh.axis_size(axis)
-        self._runtime = backend_for(None)
+        self._backend = backend_for(None)
         self._local = threading.local()
         self._mode = _AttentionMode(self)
         self._tokens: tuple[int, int] | None = None  # torch_xla: the (rows, seq) of the batch shard_batch laid out
@@ -89,7 +89,7 @@ class ContextParallel:
     def __repr__(self) -> str:
         return (
             f"ContextParallel({self.mesh.describe()}, axis={self.axis!r}, strategy={self.strategy!r}, "
-            f"load_balance={self.load_balance}, backend={self._runtime.name!r})"
+            f"load_balance={self.load_balance}, backend={self._backend.name!r})"
         )
 
     def order(self, seq_len: int) -> SequenceOrder:
@@ -167,7 +167,7 @@ class ContextParallel:
     ) -> torch.Tensor:
         self._check_call(query, key, attn_mask, dropout_p)
         scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-        if self._runtime.name == "dtensor":
+        if self._backend.name == "dtensor":
             return self._local_attention(query, key, value, bool(is_causal), scale)
         return self._global_attention(query, key, value, bool(is_causal), scale)
 
@@ -265,27 +265,27 @@ class ContextParallel:
         """The tokens of ``t`` (a tensor `shard_batch` split, or a model output made from one)
         back in sequence order and whole along the sequence: on the dtensor backend every
         context shard's part gathered (rows stay this process's); on torch_xla reordered."""
-        if self._runtime.name == "dtensor":
+        if self._backend.name == "dtensor":
             t = all_gather_dim(t, self.group(), seq_dim)
         return t.index_select(seq_dim, self.order(t.shape[seq_dim]).restore.to(t.device))
 
     @property
     def backend(self) -> str:
         """The backend the plan runs on: ``"dtensor"`` or ``"torch_xla"``."""
-        return self._runtime.name
+        return self._backend.name
 
     @property
     def device(self) -> torch.device:
         """The device this process computes on (``cpu`` with gloo, ``cuda:i``, ``xla:0``...)."""
-        return self._runtime.compute_device()
+        return self._backend.compute_device()
 
     def group(self) -> Any:
         """The context axis's process group (dtensor backend): this process's context peers."""
-        return self._runtime.device_mesh(self.mesh).get_group(self.axis)
+        return self._backend.device_mesh(self.mesh).get_group(self.axis)
 
     def shard_index(self) -> int:
         """This process's coordinate on the context axis (dtensor backend)."""
-        return axis_coordinate(self._runtime.device_mesh(self.mesh), self.axis)
+        return axis_coordinate(self._backend.device_mesh(self.mesh), self.axis)
 
 
 def _label(name: str, module: torch.nn.Module) -> str:
