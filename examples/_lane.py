@@ -25,6 +25,7 @@ import torch
 
 __all__ = [
     "CPU_RANKS",
+    "ArgumentParser",
     "INT_FLAG_MAX",
     "at_least",
     "default_backend",
@@ -37,6 +38,7 @@ __all__ = [
     "ranks_to_launch",
     "settle_backend",
     "under_torchrun",
+    "world_flag_error",
 ]
 
 CPU_RANKS = 4
@@ -46,6 +48,36 @@ CPU_RANKS = 4
 def under_torchrun() -> bool:
     """Whether torchrun started this process (it sets ``WORLD_SIZE`` for every process it starts)."""
     return "WORLD_SIZE" in os.environ
+
+
+def _speaks() -> bool:
+    """Whether this process prints a command-line error: under torchrun rank 0 only (every rank
+    finds the same flag wrong, and torchrun shows every rank's output), else always."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose usage, help and error lines are printed once under an explicit
+    torchrun (by rank 0); every rank still exits with argparse's status (2 for an error)."""
+
+    def print_usage(self, file=None) -> None:  # noqa: ANN001 - argparse's signature
+        if _speaks():
+            super().print_usage(file)
+
+    def print_help(self, file=None) -> None:  # noqa: ANN001 - argparse's signature
+        if _speaks():
+            super().print_help(file)
+
+    def exit(self, status: int = 0, message: str | None = None):  # noqa: ANN201 - argparse's signature
+        super().exit(status, message if _speaks() else None)
+
+
+def world_flag_error(script: str, message: str) -> None:
+    """Exit 2 with ``script: error: message``, printed once: for a flag that only the world, known
+    once the ranks run, shows to be wrong (under torchrun every rank finds it)."""
+    if _speaks():
+        print(f"{os.path.basename(script)}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def default_backend() -> str:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _lane.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fsdp-config", default=str(HERE / "fsdp_config.json"))
     parser.add_argument("--steps", type=_lane.at_least(1), default=12)
     parser.add_argument(

@@ -331,7 +331,7 @@ def plot(rows: list[dict], path: Path, peak_label: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _lane.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2-tiny", choices=sorted(MODELS))
     parser.add_argument("--config", type=Path, default=None, help="a Hugging Face config.json (gpt2 or llama)")
     parser.add_argument(

@@ -86,7 +86,7 @@ def train(steps: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> list[float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _lane.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=_lane.at_least(1), default=10)
     parser.add_argument("--json", type=_lane.output_file, help="write the losses here (rank 0)")
     parser.add_argument(

@@ -238,7 +238,7 @@ def check_checkpoint_dir(directory: Path) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _lane.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=_lane.at_least(1), default=20)
     parser.add_argument(
         "--batch",
@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None, hook: Hook | None = None) -> list[float]
     args = parse_args(argv)
     hook = hook or (lambda event, step, info: None)
     n, rank, where = start_runtime(args)
+    if args.batch is not None and args.batch % n:  # under an explicit torchrun the world is known only now
+        _lane.world_flag_error(__file__, f"--batch {args.batch} does not split over the {n} ranks of this run")
     mesh = Mesh(np.arange(n), (n,), ("fsdp",))
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"devices: {where}, mesh: {dict(mesh.shape())}")

@@ -145,7 +145,7 @@ def synthetic_tokens(step: int, batch: int, seq: int, vocab: int) -> torch.Tenso
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _lane.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=_lane.at_least(1), default=10)
     parser.add_argument("--seq", type=_lane.at_least(1), default=512, help="tokens per sequence")
     parser.add_argument(
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     try:
         dims = ParallelDims.for_world(devices, context=args.context, tensor=args.tensor)
     except MeshError as e:  # the world is known only now (under torchrun, or torch_xla's devices): one line
-        raise SystemExit(f"train_long_context.py: error: {e}") from None
+        _lane.world_flag_error(__file__, str(e))
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{devices} devices, {args.backend}: {dims.mesh().describe()}, {args.seq} tokens a sequence")
     model, plan, optimizer = build(args, dims)

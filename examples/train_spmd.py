@@ -105,7 +105,7 @@ def synthetic_batch(generator: torch.Generator, batch: int, seq: int, vocab: int
 
 
 def main(argv: list[str] | None = None) -> list[float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _lane.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=_lane.at_least(1), default=30)
     parser.add_argument("--batch", type=_lane.at_least(1), default=16, help="global batch")
     parser.add_argument("--model-axis", type=_lane.at_least(1), default=2, help="size of the 'model' mesh axis")

@@ -262,7 +262,7 @@ def agree_on_wrap(module: torch.nn.Module, options: FSDPOptions) -> None:
     Raises:
         RankDisagreementError: on every rank alike, naming what differs and the ranks.
     """
-    runtime = DTensorBackend()
+    backend = DTensorBackend()
     tensors = [*module.named_parameters(), *module.named_buffers()]
     fields = {
         "parameters": ", ".join(f"{n} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for n, t in tensors),
@@ -272,7 +272,7 @@ def agree_on_wrap(module: torch.nn.Module, options: FSDPOptions) -> None:
             (options.reshard_after_forward, options.gradient_checkpointing, options.mixed_precision, options.init_seed)
         ),
     }
-    agree(runtime, "FSDP", fields, SAME_MODEL)
+    agree(backend, "FSDP", fields, SAME_MODEL)
 
 
 class DTensorFSDP:
@@ -290,8 +290,8 @@ class DTensorFSDP:
         fsdp_shard_dims(plans, options)
         if needs_materialization(module):
             check_materializable(module, plans, options.param_init_fn)
-        runtime = DTensorBackend()
-        options.mesh.check_device_count(runtime.device_count(), runtime.more_devices)
+        backend = DTensorBackend()
+        options.mesh.check_device_count(backend.device_count(), backend.more_devices)
 
     def apply(self, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
         plans = plan_units(module, options.auto_wrap_policy)

@@ -26,7 +26,7 @@ from fsdp_xla.errors import FSDPError, FSDPTypeError
 from fsdp_xla.policies import MixedPrecision, WrapPolicy
 from mesh import Mesh
 from spmd import PartitionSpec, with_sharding_constraint
-from spmd.backend import backend_for
+from spmd.backend import agree_on_arguments, backend_for, mesh_text
 from spmd.torch_compat import tree_flatten, tree_unflatten
 
 __all__ = ["FSDP", "FullyShardedDataParallel", "OutputSharding", "fsdp_class", "fully_shard"]
@@ -175,28 +175,41 @@ def fully_shard(
         FSDPError: the module is already wrapped, or a parameter carries another sharding; on
             the dtensor backend, a ``shard_output`` or ``param_spec_fn`` spec or an axis layout
             that torch's ``fully_shard`` cannot express (see `fsdp_xla._dtensor_fsdp`).
+        RankDisagreementError: on the dtensor backend with several processes, one rank's
+            arguments were refused and another's not (every rank raises it at once), or the ranks
+            wrap different models.
     """
-    _check_module(module)
-    options = FSDPOptions(
-        mesh=mesh,
-        fsdp_axis=fsdp_axis,
-        replicate_axis=replicate_axis,
-        auto_wrap_policy=auto_wrap_policy,
-        mixed_precision=mixed_precision,
-        reshard_after_forward=reshard_after_forward,
-        gradient_checkpointing=gradient_checkpointing,
-        optimization_barriers=optimization_barriers,
-        shard_output=shard_output,
-        param_spec_fn=param_spec_fn,
-        param_init_fn=param_init_fn,
-        init_seed=init_seed,
-        sync_after_backward=sync_after_backward,
-        shardable_layer_norm=shardable_layer_norm,
-    )
-    if options.auto_wrap_policy is not None:
-        options.auto_wrap_policy.check(module)
-    first = next(iter(module.parameters()), None)
-    fsdp = fsdp_backend_for(backend_for(first))
+
+    def checked() -> FSDPOptions:
+        _check_module(module)
+        options = FSDPOptions(
+            mesh=mesh,
+            fsdp_axis=fsdp_axis,
+            replicate_axis=replicate_axis,
+            auto_wrap_policy=auto_wrap_policy,
+            mixed_precision=mixed_precision,
+            reshard_after_forward=reshard_after_forward,
+            gradient_checkpointing=gradient_checkpointing,
+            optimization_barriers=optimization_barriers,
+            shard_output=shard_output,
+            param_spec_fn=param_spec_fn,
+            param_init_fn=param_init_fn,
+            init_seed=init_seed,
+            sync_after_backward=sync_after_backward,
+            shardable_layer_norm=shardable_layer_norm,
+        )
+        if options.auto_wrap_policy is not None:
+            options.auto_wrap_policy.check(module)
+        return options
+
+    first = next(iter(module.parameters()), None) if isinstance(module, torch.nn.Module) else None
+    backend = backend_for(first)
+    if backend.name == "dtensor":  # one process per device: a rank refusing alone must not leave the others waiting
+        fields = {"module": type(module).__name__, "mesh": mesh_text(mesh)}
+        options = agree_on_arguments(backend, "FSDP arguments", fields, checked, _SAME_ARGUMENTS)
+    else:  # GSPMD: one program over every device, nothing to meet
+        options = checked()
+    fsdp = fsdp_backend_for(backend)
     fsdp.check(module, options)  # everything refused before anything is sharded
     return _apply_or_roll_back(fsdp, module, options)
 
@@ -212,6 +225,9 @@ def _apply_or_roll_back(fsdp: Any, module: torch.nn.Module, options: FSDPOptions
         kept.restore()
         raise
     return wrapped
+
+
+_SAME_ARGUMENTS = "Wrap the same model with the same FSDP arguments on every rank (one rank runs a stale config?)."
 
 
 def _check_module(module: object) -> None:

@@ -14,7 +14,8 @@ What else is public here:
 - `dtensor_device_mesh`, `device_type_of`, `process_index`, `process_count`: DTensor's meshes
   and processes as the DTensor backend sees them.
 - `agree`, `spec_text`: every rank checks that all ranks make the same call (and the text a
-  spec shows in its message).
+  spec shows in its message); `agree_on_arguments`: the same after a call's own argument checks,
+  which a rank refusing alone still joins.
 
 The implementation lives in ``spmd._backend`` (private to ``spmd``).
 """
@@ -25,6 +26,7 @@ from spmd._backend import backend_for as backend_for
 from spmd._backend import torch_xla_backend as torch_xla_backend
 from spmd._backend import use_backend as use_backend
 from spmd._backend.agreement import agree as agree
+from spmd._backend.agreement import agree_on_arguments as agree_on_arguments
 from spmd._backend.agreement import mesh_text as mesh_text
 from spmd._backend.agreement import spec_text as spec_text
 from spmd._backend.dtensor_backend import DTensorBackend as DTensorBackend
@@ -40,6 +42,7 @@ __all__ = [
     "ShardingBackend",
     "TorchXlaBackend",
     "agree",
+    "agree_on_arguments",
     "backend_for",
     "device_type_of",
     "dtensor_device_mesh",

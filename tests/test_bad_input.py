@@ -195,7 +195,18 @@ def lone_refusals(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.parametrize("case", ["check_no_on_one_rank", "list_on_one_rank", "int_key_on_one_rank"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "check_no_on_one_rank",
+        "list_on_one_rank",
+        "int_key_on_one_rank",
+        # constructors with no collective of their own: the other rank failed at its next collective
+        # (the attention's gather, FSDP's agreement) only after the process group's timeout
+        "context_parallel_strategy_on_one_rank",
+        "fsdp_axis_on_one_rank",
+    ],
+)
 def test_an_argument_refused_on_one_rank_fails_every_rank_at_once(lone_refusals, case):
     """The refusing rank raised before the ranks' exchange and the others waited in it until the
     timeout, then got gloo's raw "Timed out waiting 12000ms" (issue 36): now it takes part in the
@@ -203,6 +214,13 @@ def test_an_argument_refused_on_one_rank_fails_every_rank_at_once(lone_refusals,
     (kind0, said0, took0), (kind1, said1, took1) = (r[case] for r in lone_refusals)
     assert kind0 == kind1 == "RankDisagreementError" and said0 == said1, (said0, said1)
     assert "arguments:" in said0 and "refused (" in said0 and max(took0, took1) < 15
+
+
+def test_context_parallel_plans_that_differ_between_ranks_are_refused_on_every_rank(lone_refusals):
+    """load_balance True on one rank and False on the other was accepted, and the ranks then split
+    the sequence in different orders: a wrong result, silently."""
+    (kind0, said0, _), (kind1, said1, _) = (r["context_parallel_load_balance_differs"] for r in lone_refusals)
+    assert kind0 == kind1 == "RankDisagreementError" and said0 == said1 and "load_balance" in said0
 
 
 def test_an_argument_refused_on_every_rank_is_the_type_error(lone_refusals):

@@ -352,3 +352,24 @@ def test_example_files_and_combinations_are_checked_before_any_rank_starts(name,
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert said in err and err.count("error:") == 1, err
+
+
+@pytest.mark.parametrize(
+    "name, argv, said",
+    [
+        # found by argparse on every rank (the sequence's chunks do not depend on the world)
+        ("train_long_context", ["--context", "3"], "cannot be split over 3 context shards"),
+        # known only once the ranks run: the world torchrun gave them
+        ("train_long_context", ["--context", "3", "--seq", "768"], "2 devices do not divide into"),
+        ("train_fsdp", ["--batch", "3"], "--batch 3 does not split over the 2 ranks of this run"),
+    ],
+)
+def test_a_flag_error_under_an_explicit_torchrun_is_printed_once_and_every_rank_exits_2(name, argv, said):
+    """Each rank printed its own usage and error (or its own traceback from the data loader, for
+    --batch); torchrun shows them all. Now rank 0 prints it, and every rank still exits 2."""
+    run = torchrun(ROOT / "examples" / f"{name}.py", 2, *argv, "--steps", "1", timeout=300)
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if line.startswith(f"{name}.py: error:")]
+    assert len(errors) == 1 and said in errors[0], run.stderr[-3000:]
+    assert "]: Traceback" not in run.stderr, run.stderr[-3000:]  # no rank's own (torchrun's follows a failure)
+    assert run.stderr.count("exitcode  : 2") >= 1 and "exitcode  : 1" not in run.stderr, run.stderr[-3000:]

@@ -53,6 +53,38 @@ def _cross_group_pg(timeout: timedelta) -> Any:
     )
 
 
+def average_over_live_groups(manager: Any, cross_group: Any) -> Callable[[torch.Tensor], None]:
+    """FSDP2's all-reduce hook for healing HSDP: average a unit's reduce-scattered gradient shard,
+    in place, over the replica groups taking part in this step.
+
+    What torchft's ``Manager.allreduce`` does (through its ``ManagedProcessGroup``), called on the
+    reconfigurable process group directly: wait for the step's quorum, send zeros while this group
+    is being healed, sum, divide by the participants; an error (a lost peer, the group's timeout)
+    is reported to the manager, which then drops the step on every rank of the group
+    (``should_commit``). torchft's own path wraps each all-reduce's future in a chain of callbacks
+    and a timer on its timeout thread, measured at about 1 ms a unit and 3 ms of CPU a step on
+    gloo (benchmarks/ft_overhead.py); the process group's own timeout (``ReplicaGroup(timeout=)``)
+    bounds the wait here instead.
+    """
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+
+    def all_reduce(shard: torch.Tensor) -> None:
+        participants = manager.num_participants()  # waits for the quorum zero_grad() started
+        if manager.errored() is not None:
+            return  # the step is dropped already (a failed quorum or all-reduce): spare the wait
+        if not manager.is_participating():
+            shard.zero_()  # healing: the live groups' sum must not count this group's gradient
+        try:
+            cross_group.allreduce([shard], options).wait()
+        except Exception as e:  # noqa: BLE001 - any failure drops the step; the next quorum rebuilds the group
+            manager.report_error(e)
+            return
+        shard.div_(participants)
+
+    return all_reduce
+
+
 class ReplicaGroup(ReplicaSync):
     """This torchrun job as one replica group of a healing HSDP run.
 
@@ -110,8 +142,9 @@ class ReplicaGroup(ReplicaSync):
         host = hostname or socket.gethostname()
         self._store, store_host, store_port = _fresh_store(host)
         self.replica_id, self.min_replicas = replica_id, min_replicas
+        self._cross_group = _cross_group_pg(timedelta(seconds=timeout))
         self.manager = manager_module.Manager(
-            pg=_cross_group_pg(timedelta(seconds=timeout)),
+            pg=self._cross_group,
             load_state_dict=None,
             state_dict=None,
             min_replica_size=min_replicas,
@@ -126,7 +159,6 @@ class ReplicaGroup(ReplicaSync):
             hostname=host,
             init_sync=init_sync,
         )
-        self._managed: Any = None
 
     def describe(self) -> str:
         return f"ReplicaGroup(replica_id={self.replica_id}, min_replicas={self.min_replicas})"
@@ -135,18 +167,9 @@ class ReplicaGroup(ReplicaSync):
         return self.describe()
 
     def all_reduce_hook(self) -> Callable[[torch.Tensor], None]:
-        """Average a gradient shard over the live replica groups (torchft's managed process
-        group: a group being healed sends zeros, and a failed all-reduce drops the step)."""
-        if self._managed is None:
-            process_group = torchft_module("torchft.process_group")
-            self._managed = process_group.ManagedProcessGroup(self.manager)
-            self._managed.register(f"fsdp_xla_replicas_{self.replica_id}")
-        managed = self._managed
-
-        def all_reduce(shard: torch.Tensor) -> None:
-            dist.all_reduce(shard, group=managed, op=dist.ReduceOp.AVG)
-
-        return all_reduce
+        """Average a gradient shard over the live replica groups (a group being healed sends
+        zeros, and a failed all-reduce drops the step): `average_over_live_groups`."""
+        return average_over_live_groups(self.manager, self._cross_group)
 
     def optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
         """``optimizer`` wrapped for healing: ``zero_grad()`` joins the step's quorum, ``step()``

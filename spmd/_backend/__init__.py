@@ -55,19 +55,31 @@ def use_backend(name: str | None) -> None:
 
 def backend_for(t: torch.Tensor | None = None) -> ShardingBackend:
     """The backend for tensor ``t`` (see the module docstring for the rule); with no tensor,
-    ``dtensor`` once ``torch.distributed`` is initialized, else ``torch_xla``."""
+    ``dtensor`` once ``torch.distributed`` is initialized, else ``torch_xla``.
+
+    Raises:
+        SpmdTypeError: ``t`` is neither a tensor nor None (a list, a numpy array, a module: the
+            backend would be a guess, and the fallback's errors would blame the wrong thing).
+    """
+    if t is not None and not isinstance(t, torch.Tensor):
+        from spmd.errors import SpmdTypeError
+
+        raise SpmdTypeError(
+            f"backend_for takes a torch.Tensor or None, got {type(t).__name__} {t!r:.60}; pass the tensor itself "
+            "(torch.as_tensor(x) for a list or numpy array, a parameter for a module), or nothing for the backend "
+            "of this process."
+        )
     if _chosen is not None:
         return _make(_chosen)
     if t is None:
         import torch.distributed as dist
 
         return _make("dtensor" if dist.is_available() and dist.is_initialized() else _fallback())
-    if isinstance(t, torch.Tensor) and t.device.type == "xla":
+    if t.device.type == "xla":
         return _make("torch_xla")
-    if isinstance(t, torch.Tensor):
-        dtensor = _make("dtensor")
-        if dtensor.accepts(t):
-            return dtensor
+    dtensor = _make("dtensor")
+    if dtensor.accepts(t):
+        return dtensor
     return _make(_fallback())
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from mesh import as_mesh, get_global_mesh
 from spmd._util.ranks import ranks_text
@@ -30,6 +30,7 @@ __all__ = [
     "SAME_SHARDING",
     "SLOTS",
     "agree",
+    "agree_on_arguments",
     "agree_on_sharding",
     "digest",
     "mesh_text",
@@ -39,13 +40,14 @@ __all__ = [
     "spec_text",
 ]
 
+T = TypeVar("T")
 SLOTS = 16  # ints exchanged per check: the call, then one per field (the rest share the last)
 _SHOWN = 160  # characters of a value in a message (around the first difference)
 _SENT = 20_000  # characters of a value exchanged once the ranks are known to differ
 
 
 def process_count(backend: Any) -> int:
-    """The runtime's process count; 1 where ``torch.distributed`` was never started on the
+    """The backend's process count; 1 where ``torch.distributed`` was never started on the
     dtensor backend (nothing to agree with)."""
     if backend.name == "dtensor":
         import torch.distributed as dist
@@ -150,6 +152,29 @@ def agree(
     if len(kind) == 1 and kind != {RankDisagreementError}:
         raise kind.pop()(str(error), error.call, error.fields)
     raise error
+
+
+def agree_on_arguments(backend: Any, call: str, fields: Mapping[str, object], check: Callable[[], T], fix: str) -> T:
+    """``check()`` (the call's own checks of its arguments, before its first collective), then
+    `agree` on ``fields`` and on whether ``check`` passed; returns what ``check`` returned.
+
+    A rank whose check refused still takes part in the exchange: alone, it would raise at once
+    while the others went on to their next collective and failed there only after the process
+    group's timeout, with a raw error. So a refusal on one rank reaches every rank at once, as
+    the same `RankDisagreementError` naming it; refused alike on every rank, each rank raises
+    the check's own error.
+
+    Raises:
+        RankDisagreementError: the ranks differ in ``fields`` or in whether ``check`` passed.
+        Exception: what ``check`` raised, when every rank refused alike.
+    """
+    try:
+        result = check()
+    except Exception as refused:
+        agree(backend, call, {"arguments": f"refused ({type(refused).__name__}: {refused})", **fields}, fix)
+        raise
+    agree(backend, call, {"arguments": "accepted", **fields}, fix)
+    return result
 
 
 def _error(call: str, calls: list[list], digests: list[tuple[int, ...]], fix: str) -> RankDisagreementError:

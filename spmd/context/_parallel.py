@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from mesh import Mesh, Role, mesh_or_global, roles
 from spmd._backend import backend_for, torch_xla_backend
+from spmd._backend.agreement import agree_on_arguments, mesh_text
 from spmd._backend.dtensor_context import all_gather_dim, axis_coordinate
 from spmd.context._batch import shard_batch
 from spmd.context._blockwise import span_attention
@@ -42,6 +43,10 @@ from spmd.sharding import P
 __all__ = ["STRATEGIES", "ContextParallel", "context_parallel"]
 
 STRATEGIES = ("all_gather",)
+SAME_PLAN = (
+    "Call context_parallel with the same mesh, axis, strategy and load_balance on every rank (one rank runs a "
+    "stale config?): the ranks' attention gathers must meet."
+)
 
 
 @lru_cache(maxsize=64)
@@ -329,6 +334,8 @@ def context_parallel(
         UnknownAxisError: the mesh has no axis ``axis``.
         ContextParallelError: an unknown strategy.
         SpmdTypeError: ``model`` is not a module, ``load_balance`` not a bool.
+        RankDisagreementError: with several processes, the ranks passed different arguments, or
+            one rank's were refused (every rank raises it at once).
 
     Example:
         >>> dims = mesh.ParallelDims(fsdp=2, context=2)                     # doctest: +SKIP
@@ -336,6 +343,21 @@ def context_parallel(
         >>> batch = cp.shard_batch({"input_ids": tokens, "labels": labels})  # doctest: +SKIP
         >>> loss = model(**batch).loss                                      # doctest: +SKIP
     """
+    fields = {
+        "model": type(model).__name__,
+        "mesh": mesh_text(mesh),
+        "axis": repr(axis),
+        "strategy": repr(strategy),
+        "load_balance": repr(load_balance),
+    }
+    # every rank checks, then all agree: a rank refusing alone no longer leaves the others to a timeout
+    checked = lambda: _checked_mesh(model, mesh, axis, strategy, load_balance)  # noqa: E731
+    mesh = agree_on_arguments(backend_for(None), "context_parallel", fields, checked, SAME_PLAN)
+    return ContextParallel(model, mesh, axis, strategy, load_balance)
+
+
+def _checked_mesh(model: object, mesh: Mesh | None, axis: object, strategy: object, load_balance: object) -> Mesh:
+    """`context_parallel`'s own checks of its arguments; the mesh to use."""
     if not isinstance(model, torch.nn.Module):
         raise SpmdTypeError(f"context_parallel takes an nn.Module, got {type(model).__name__}.")
     if not isinstance(load_balance, bool):
@@ -352,4 +374,4 @@ def context_parallel(
             f"context_parallel strategy {strategy!r} is not one of {STRATEGIES}. 'all_gather' (MaxText's default) "
             "runs on every backend and device."
         )
-    return ContextParallel(model, mesh, axis, strategy, load_balance)
+    return mesh

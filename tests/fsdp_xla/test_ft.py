@@ -239,3 +239,72 @@ def test_the_example_under_a_bare_torchrun_says_what_to_set(tmp_path):
     env["WORLD_SIZE"] = "1"  # as torchrun sets it
     run = _refused_example_run(tmp_path, env)
     assert "TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID not set" in run.stderr
+
+
+class FakeManager:
+    """The part of torchft's Manager the all-reduce hook reads, for one step's quorum."""
+
+    def __init__(self, participants=2, participating=True, errored=None):
+        self.participants, self.participating, self.error, self.reported = participants, participating, errored, []
+
+    def num_participants(self):
+        return self.participants
+
+    def is_participating(self):
+        return self.participating
+
+    def errored(self):
+        return self.error
+
+    def report_error(self, e):
+        self.reported.append(e)
+
+
+class FakeCrossGroup:
+    """The reconfigurable process group: the peer group's shard is ``peer``; records what was sent."""
+
+    def __init__(self, peer, fail=None):
+        self.peer, self.fail, self.sent = peer, fail, []
+
+    def allreduce(self, tensors, options):
+        assert options.reduceOp == torch.distributed.ReduceOp.SUM
+        self.sent.append(tensors[0].clone())
+        if self.fail is not None:
+            raise self.fail
+        tensors[0].add_(self.peer)
+        return self
+
+    def wait(self):
+        return True
+
+
+@pytest.mark.parametrize(
+    "manager, sent, result",
+    [
+        (FakeManager(), [1.0, 2.0], [2.0, 3.0]),  # (own + peer's) / 2 participants
+        (FakeManager(participating=False), [0.0, 0.0], [1.5, 2.0]),  # healing: zeros sent, the peer's average
+        (FakeManager(participants=3), [1.0, 2.0], [4 / 3, 2.0]),  # divided by the quorum's count
+    ],
+)
+def test_the_hook_averages_a_shard_over_the_live_groups_on_the_process_group_itself(manager, sent, result):
+    from fsdp_xla.ft._group import average_over_live_groups
+
+    group = FakeCrossGroup(peer=torch.tensor([3.0, 4.0]))
+    shard = torch.tensor([1.0, 2.0])
+    average_over_live_groups(manager, group)(shard)
+    assert [t.tolist() for t in group.sent] == [sent]  # one all-reduce, no wrapper (torchft's Manager.allreduce)
+    assert shard.tolist() == pytest.approx(result)
+    assert manager.reported == []
+
+
+def test_a_failed_cross_group_all_reduce_drops_the_step_and_an_errored_step_sends_nothing():
+    from fsdp_xla.ft._group import average_over_live_groups
+
+    lost = RuntimeError("Connection closed by peer")
+    manager, group = FakeManager(), FakeCrossGroup(peer=torch.ones(2), fail=lost)
+    average_over_live_groups(manager, group)(torch.ones(2))
+    assert manager.reported == [lost]  # should_commit then says no on every rank of the group
+    errored, group = FakeManager(errored=lost), FakeCrossGroup(peer=torch.ones(2))
+    shard = torch.ones(2)
+    average_over_live_groups(errored, group)(shard)
+    assert group.sent == [] and shard.tolist() == [1.0, 1.0] and errored.reported == []

@@ -81,6 +81,22 @@ def test_backend_rule():
     assert spmd.BACKENDS == ("torch_xla", "dtensor")
 
 
+@pytest.mark.parametrize("chosen", [None, "dtensor"])
+@pytest.mark.parametrize("given", [[1.0, 2.0], np.zeros(2), torch.nn.Linear(2, 2), "x"])
+def test_backend_for_refuses_what_is_not_a_tensor_naming_it(given, chosen):
+    # the fallback backend used to come back, and its errors then blamed the device or torchrun
+    use_backend(chosen)
+    try:
+        with pytest.raises(
+            spmd.errors.SpmdTypeError,
+            match=rf"backend_for takes a torch.Tensor or None, got {type(given).__name__} .*torch.as_tensor",
+        ):
+            spmd.backend_for(given)
+        assert spmd.backend_for(torch.nn.Parameter(torch.zeros(2))).name in spmd.BACKENDS  # a parameter is a tensor
+    finally:
+        use_backend(None)
+
+
 # 8 ranks on 2 cores take a minute. Where torch cannot order a group's ranks (2.9, the torch_xla
 # lane) permuted meshes are refused and 8 ranks only add in-order layouts to the 4-rank run's,
 # so there it runs on demand (pytest -m slow); the current lane runs it always.

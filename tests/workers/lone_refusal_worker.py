@@ -59,6 +59,21 @@ case(
         torch.nn.Sequential(torch.nn.Linear(4, 4 + 2 * rank)), mesh=Mesh(np.arange(world), (world,), ("fsdp",))
     ),
 )
+context = Mesh(np.arange(world), (world,), ("context",))
+case(
+    "context_parallel_strategy_on_one_rank",
+    lambda: spmd.context_parallel(torch.nn.Linear(2, 2), context, strategy="ring" if rank else "all_gather"),
+)
+case(
+    "context_parallel_load_balance_differs",
+    lambda: spmd.context_parallel(torch.nn.Linear(2, 2), context, load_balance=bool(rank)),
+)
+case(
+    "fsdp_axis_on_one_rank",
+    lambda: fsdp_xla.fully_shard(
+        torch.nn.Linear(4, 4), mesh=Mesh(np.arange(world), (world,), ("fsdp",)), fsdp_axis="nope" if rank else None
+    ),
+)
 case("plain_model_saved_by_every_rank", lambda: ck.save_sharded(out / "plain", torch.nn.Linear(2, 2)))
 (out / f"rank{rank}.json").write_text(json.dumps(results))
 dist.destroy_process_group()
