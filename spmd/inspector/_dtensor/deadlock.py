@@ -29,20 +29,63 @@ from spmd.inspector._dtensor.agreement import Issued
 
 __all__ = ["Deadlock", "Waiting", "coverage", "find_deadlock", "order_deadlock", "stuck_at"]
 
-# One collective of a group, as every member counts it: (the group's ranks, its index among
+# One collective of a group, as every member counts it: (the group's number, its index among
 # the collectives the rank issued on that group).
-_Meeting = tuple[tuple[int, ...], int]
+_Meeting = tuple[int, int]
 
 
-def _meetings(issued: Sequence[Issued]) -> list[_Meeting]:
-    """``issued`` as the meetings they are: the n-th collective a rank issues on a group meets
-    the n-th of every other member (a communicator matches calls by their order, not their op)."""
-    seen: dict[tuple[int, ...], int] = defaultdict(int)
-    out = []
-    for i in issued:
-        out.append((i.ranks, seen[i.ranks]))
-        seen[i.ranks] += 1
-    return out
+@dataclass(frozen=True)
+class _Replay:
+    """``logs`` numbered as meetings (``meetings[rank][n]``: the meeting its n-th collective
+    joins; the n-th collective a rank issues on a group meets the n-th of every other member, as
+    a communicator matches calls by their order), ``groups[g]``: group g's ranks, and ``stuck``:
+    ``{rank: position}`` for each rank left blocked."""
+
+    meetings: dict[int, list[_Meeting]]
+    groups: list[tuple[int, ...]]
+    stuck: dict[int, int]
+
+
+def _number(logs: Mapping[int, Sequence[Issued]]) -> tuple[dict[int, list[_Meeting]], list[tuple[int, ...]]]:
+    """Each rank's collectives as meetings, and the groups by number. Groups are numbered by
+    their ranks' tuple object first: hashing a 256-rank tuple at every collective would cost
+    more than the replay (a log holds the same few tuples: `CollectiveLog` interns them)."""
+    numbers: dict[tuple[int, ...], int] = {}
+    by_object: dict[int, int] = {}
+    meetings: dict[int, list[_Meeting]] = {}
+    for rank, issued in logs.items():
+        seen: dict[int, int] = defaultdict(int)
+        mine = meetings[rank] = []
+        for i in issued:
+            group = by_object.get(id(i.ranks))
+            if group is None:
+                group = by_object[id(i.ranks)] = numbers.setdefault(i.ranks, len(numbers))
+            mine.append((group, seen[group]))
+            seen[group] += 1
+    return meetings, list(numbers)
+
+
+def _replay(logs: Mapping[int, Sequence[Issued]]) -> _Replay:
+    meetings, groups = _number(logs)
+    run = [sum(1 for m in group if m in logs) for group in groups]  # the members a meeting waits for
+    position = dict.fromkeys(logs, 0)
+    at: dict[_Meeting, list[int]] = defaultdict(list)
+    ready: deque[_Meeting] = deque()
+
+    def arrive(rank: int) -> None:
+        if position[rank] < len(meetings[rank]):
+            meeting = meetings[rank][position[rank]]
+            at[meeting].append(rank)
+            if len(at[meeting]) == run[meeting[0]]:
+                ready.append(meeting)
+
+    for rank in logs:
+        arrive(rank)
+    while ready:  # each meeting completes once: linear in the collectives issued
+        for rank in at.pop(ready.popleft()):
+            position[rank] += 1
+            arrive(rank)
+    return _Replay(meetings, groups, {r: p for r, p in position.items() if p < len(meetings[r])})
 
 
 def stuck_at(logs: Mapping[int, Sequence[Issued]]) -> dict[int, int]:
@@ -50,25 +93,7 @@ def stuck_at(logs: Mapping[int, Sequence[Issued]]) -> dict[int, int]:
     forever, at the collective it is blocked in ({} when every rank finishes). A meeting
     completes when every member of its group that is in ``logs`` has reached it: the members
     not run are assumed never to hold it back."""
-    meetings = {r: _meetings(issued) for r, issued in logs.items()}
-    position = dict.fromkeys(logs, 0)
-    at: dict[_Meeting, set[int]] = defaultdict(set)
-    ready: deque[_Meeting] = deque()
-
-    def arrive(rank: int) -> None:
-        if position[rank] < len(meetings[rank]):
-            meeting = meetings[rank][position[rank]]
-            at[meeting].add(rank)
-            if len(at[meeting]) == sum(1 for m in meeting[0] if m in logs):
-                ready.append(meeting)
-
-    for rank in logs:
-        arrive(rank)
-    while ready:  # each meeting completes once: linear in the collectives issued
-        for rank in sorted(at.pop(ready.popleft())):
-            position[rank] += 1
-            arrive(rank)
-    return {r: p for r, p in position.items() if p < len(meetings[r])}
+    return _replay(logs).stuck
 
 
 @dataclass(frozen=True)
@@ -123,15 +148,15 @@ class Deadlock:
 def find_deadlock(logs: Mapping[int, Sequence[Issued]]) -> Deadlock | None:
     """The ranks of ``logs`` (each rank's collectives, in issue order) a real job leaves blocked,
     and why; None when every rank gets through all its collectives."""
-    stuck = stuck_at(logs)
+    replay = _replay(logs)
+    stuck, meetings = replay.stuck, replay.meetings
     if not stuck:
         return None
-    meetings = {r: _meetings(logs[r]) for r in stuck}
 
     def waiting(rank: int) -> Waiting:
-        group, index = meetings[rank][stuck[rank]]
-        there = {r for r in stuck if meetings[r][stuck[r]] == (group, index)}
-        first = next(m for m in group if m in logs and m not in there)
+        group, index = meeting = meetings[rank][stuck[rank]]
+        there = {r for r in stuck if meetings[r][stuck[r]] == meeting}
+        first = next(m for m in replay.groups[group] if m in logs and m not in there)
         return Waiting(rank, logs[rank][stuck[rank]], index, first)
 
     chain = [waiting(min(stuck))]
