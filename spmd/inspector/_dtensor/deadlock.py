@@ -4,7 +4,10 @@ of the group has reached it; a rank blocked there issues nothing else. Two group
 issued in different orders on different ranks can then hang the job although each group's own
 sequence is the same on all its ranks (`spmd.inspector._dtensor.agreement` checks that): rank 0
 waits in the world's all-reduce for rank 1, which waits in the all-reduce of the group (0, 1)
-for rank 0. The fake process group completes every collective at once and cannot see it.
+for rank 0. The order of issue counts with ``async_op=True`` too: NCCL's kernels block while
+they wait for their peers, and its guide asks that operations on different communicators be
+submitted in the same order on every rank. The fake process group completes every collective at
+once and cannot see any of it.
 
 - `stuck_at` replays the ranks' logs as a real job progresses and returns where each rank that
   never finishes stays blocked.
