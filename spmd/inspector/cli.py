@@ -23,6 +23,9 @@ __all__ = ["main", "build_parser"]
 MAX_RANKS = 1 << 20
 """The largest ``--world`` (a dry run's process group numbers ranks in C++ ints)."""
 
+# Findings that are errors: a dry run whose ranks would not meet never passes, so --ignore
+# cannot leave them out.
+_ERRORS = (WarningCode.UNMATCHED_COLLECTIVES, WarningCode.COLLECTIVE_ORDER_DEADLOCK)
 _XLA_ONLY = {"devices": 8, "dump_dir": None, "threshold": 1 << 20, "warmup_steps": 2}
 """The flags only torch_xla's capture reads (argparse's ``dest``) and their defaults: each
 defaults to None in the parser, so a dry run can tell one given from one left out."""
@@ -81,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore",
         action="append",
         default=[],
-        choices=[c.value for c in WarningCode if c is not WarningCode.UNMATCHED_COLLECTIVES],  # an error
+        choices=[c.value for c in WarningCode if c not in _ERRORS],
         help="leave out a kind of warning (repeatable)",
     )
     parser.add_argument(

@@ -64,6 +64,9 @@ class WarningCode(enum.Enum):
     UNMATCHED_COLLECTIVES = "unmatched-collectives"
     """An error, not a warning: ranks of a dry run issue different collectives (a real run hangs);
     it fails the run and cannot be ignored."""
+    COLLECTIVE_ORDER_DEADLOCK = "collective-order-deadlock"
+    """An error, not a warning: ranks of a dry run issue two groups' collectives in orders that
+    block each other (a real run hangs); it fails the run and cannot be ignored."""
 
 
 @dataclass(frozen=True)

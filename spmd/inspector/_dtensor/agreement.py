@@ -67,17 +67,21 @@ class CollectiveLog(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.issued: list[Issued] = []
+        self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per group (`deadlock`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
         if func.namespace == "c10d" and func._schema.name.split("::")[-1] == "barrier":
-            self.issued.append(Issued("barrier", _barrier_ranks(args), "", user_line()))
+            self.issued.append(Issued("barrier", self._group(_barrier_ranks(args)), "", user_line()))
         elif is_collective(func):
             call = collective_call(func, args, kwargs or {}, result, position=0, phase="", module="")
             if call.op not in _POINT_TO_POINT:  # a scatter's or broadcast's other ranks give no input: their output's
                 dtype = call.dtype or _first_dtype(list(args))
-                self.issued.append(Issued(call.op, call.ranks, dtype, user_line()))
+                self.issued.append(Issued(call.op, self._group(call.ranks), dtype, user_line()))
         return result
+
+    def _group(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return self._groups.setdefault(ranks, ranks)
 
 
 def _on_group(issued: Sequence[Issued], group: tuple[int, ...]) -> list[Issued]:

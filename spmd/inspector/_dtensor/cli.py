@@ -106,8 +106,8 @@ def _comparisons(args: argparse.Namespace, script: Path, runs: list[RankRun]) ->
 
 def dry_run(args: argparse.Namespace, script: Path) -> Outcome:
     """Run the dry runs (and the runs of ranks to compare collectives with); their report, and
-    the exit code (the failing script's, 1 when ranks would not meet in the same collectives, 2
-    when this torch cannot dry-run)."""
+    the exit code (the failing script's, 1 when ranks would not meet in the same collectives or
+    would block each other by their order across groups, 2 when this torch cannot dry-run)."""
     missing = _missing_support()
     if missing:
         return Outcome(None, 2, f"error: {missing}")
@@ -123,8 +123,8 @@ def dry_run(args: argparse.Namespace, script: Path) -> Outcome:
         )
         others = tuple(r for r in runs if r is not highest) + compared
         dry = DryRunReport(str(script), args.world, (highest,), ignore, others)
-    if dry.mismatch:
-        return Outcome(dry.report, 1, dry.mismatch)
+    if dry.mismatch or dry.deadlock:
+        return Outcome(dry.report, 1, dry.mismatch or dry.deadlock)
     if not dry.partial:
         return Outcome(dry.report, notes=(dry.agreement_note(),) if dry.agreement_note() else ())
     end = next(r.end for r in runs + list(compared) if r.failure)

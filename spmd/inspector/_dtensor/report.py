@@ -5,9 +5,11 @@ the ranks run (those reported and those run only to compare) issue the same coll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from spmd.inspector._dtensor.agreement import first_mismatch
+from spmd.inspector._dtensor.deadlock import coverage, order_deadlock
 from spmd.inspector._dtensor.record import StepRecord
 from spmd.inspector._dtensor.run import RankRun
 from spmd.inspector.checks import dry_run_issues
@@ -45,13 +47,27 @@ class DryRunReport:
                 return f"rank {run.rank}: {run.failure}{where}"
         return ""
 
-    @property
+    @cached_property  # the replay and comparison are linear and quadratic in the ranks: once
     def mismatch(self) -> str:
         """How the ranks run first differ in the collectives of a group they share ('' if they
         do not, or a run stopped early: its collectives end there)."""
         if self.partial:
             return ""
-        return first_mismatch({r.rank: r.issued for r in self.runs + self.compared})
+        return first_mismatch(self._logs())
+
+    @cached_property
+    def deadlock(self) -> str:
+        """How the ranks run, whose collectives match group by group, would still block each
+        other for good in a real run (issuing two groups' collectives in different orders); ''
+        if they would not, or the groups do not match (`mismatch` says why), or a run stopped
+        early."""
+        if self.partial or self.mismatch:
+            return ""
+        return order_deadlock(self._logs())
+
+    def _logs(self) -> dict[int, tuple]:
+        """Each rank run's collectives, in issue order."""
+        return {r.rank: r.issued for r in self.runs + self.compared}
 
     def agreement_note(self) -> str:
         """What the comparison of collectives covered, for a run that found no mismatch."""
@@ -60,7 +76,10 @@ class DryRunReport:
             return ""
         if len(ranks) == 1:
             return f"collectives: rank {ranks[0]} alone was run; no other rank was compared with it."
-        same = f"collectives: ranks {', '.join(map(str, ranks))} issue the same collectives on every group they share"
+        same = (
+            f"collectives: ranks {', '.join(map(str, ranks))} issue the same collectives on every group they share"
+            + coverage(self._logs(), self.world)
+        )
         if len(ranks) == self.world:
             return same + " (every rank of the job compared)."
         return same + f"; the other ranks were not run (--ranks all runs and compares all {self.world})."
@@ -75,6 +94,8 @@ class DryRunReport:
         found = list(dry_run_issues(self.worst(), self.ignore))
         if self.mismatch:  # an error: never left out
             found.insert(0, Finding(WarningCode.UNMATCHED_COLLECTIVES, "", self.mismatch))
+        if self.deadlock:  # an error too
+            found.insert(0, Finding(WarningCode.COLLECTIVE_ORDER_DEADLOCK, "", self.deadlock))
         return found
 
     @property
