@@ -4,7 +4,7 @@ assignment (arguments, outputs, temporaries), the dry run's from torch's memory 
 (parameters, gradients, optimizer state, activations... at the peak, and each one's maximum).
 
 The planner reads the TPU compiler's ``memory_analysis()`` into the same kinds of buffer
-(`spmd.plan.report.MemoryReport`, its own math in `spmd.plan.memory.MemoryMath`); it is to move
+(`spmd.plan.report.plan_report.MemoryReport`, its own math in `spmd.plan.predict.memory.MemoryMath`); it is to move
 onto `MemoryUsage` and these units (``generated_code_bytes`` and ``host_temp_bytes`` are its
 categories; its ``output_bytes`` counts aliased outputs too, which `MemoryUsage` keeps apart).
 """

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from spmd.plan._step_time import predict_step
-from spmd.plan.estimate import estimate_step
-from spmd.plan.remat import Remat
-from spmd.plan.report import CollectiveSummary, MemoryReport, PlanReport
-from spmd.plan.topology import parse_slice
+from spmd.plan.predict._step_time import predict_step
+from spmd.plan.predict.estimate import estimate_step
+from spmd.plan.report.plan_report import CollectiveSummary, MemoryReport, PlanReport
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.topology import parse_slice
 from tests.spmd.plan.test_step_time import CAL, LOOP
 
 TARGET = parse_slice("tpu7x:2x2x1")  # 8 devices

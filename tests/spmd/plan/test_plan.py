@@ -14,11 +14,11 @@ from mesh import Mesh
 from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advise, plan
 from spmd.plan.__main__ import main as cli
 from spmd.plan.api import DEFAULT_SEQ_LEN, check_even_splits, default_seq_len, param_spec_for, uneven_splits
-from spmd.plan.compile import largest_buffers as _largest
-from spmd.plan.compile import oom_counts_temporaries_only
-from spmd.plan.compile import oom_used_bytes as _oom_used_bytes
-from spmd.plan.models import build_meta_model
-from spmd.plan.report import MemoryReport
+from spmd.plan.compile.step import largest_buffers as _largest
+from spmd.plan.compile.step import oom_counts_temporaries_only
+from spmd.plan.compile.step import oom_used_bytes as _oom_used_bytes
+from spmd.plan.report.plan_report import MemoryReport
+from spmd.plan.request.models import build_meta_model
 from tests.spmd.plan import plan_results
 
 CHIPS = 4

@@ -16,7 +16,7 @@ from typing import Any
 
 from mesh import Mesh, Role, roles
 from spmd.plan.errors import PlanError
-from spmd.plan.meshes import STRATEGIES
+from spmd.plan.request.meshes import STRATEGIES
 from spmd.sharding import P, PartitionSpec, resolve_spec
 
 __all__ = [

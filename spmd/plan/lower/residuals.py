@@ -1,9 +1,9 @@
 """What a repeated block keeps for backward, named and read back.
 
-`named_projections` names each projection's output of a block as MaxText names it (`spmd.plan.remat`),
+`named_projections` names each projection's output of a block as MaxText names it (`spmd.plan.request.remat`),
 so that a remat policy can keep it by name; `saved_residuals` reads from the traced step what the
 block scan then keeps: JAX's own residuals, one `SavedActivation` per array, which the tests hold
-against each policy's MaxText names and against our memory math (`spmd.plan.memory`).
+against each policy's MaxText names and against our memory math (`spmd.plan.predict.memory`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from spmd.plan._jax_compat import scan_stacked_outputs
-from spmd.plan.remat import projection_name
+from spmd.plan.request.remat import projection_name
 
 __all__ = ["SavedActivation", "named_projections", "saved_residuals"]
 

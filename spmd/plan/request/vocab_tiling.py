@@ -15,7 +15,7 @@ Chunks are strided over the sequence (chunk ``j`` holds positions ``j, j + n, j 
 every sequence), so each keeps the batch's sharding and, under context parallelism, the
 sequence's: no chunk lives on a subset of the devices. The loss is written on the ``[batch,
 seq]`` grid against the tokens as targets (MaxText's pipeline gives them shifted; a compile
-needs no values), as `spmd.plan.context.context_token_loss` is.
+needs no values), as `spmd.plan.request.context.context_token_loss` is.
 """
 
 from __future__ import annotations

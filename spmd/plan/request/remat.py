@@ -38,8 +38,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from spmd.plan.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
 from spmd.plan.errors import PlanError
+from spmd.plan.request.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
 
 __all__ = [
     "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "jax_policy", "kernel_residual_name", "projection_name",
@@ -90,7 +90,7 @@ class Remat(enum.Enum):
     first, but for ``save_qkv_context``, which keeps about what ``save_dot_except_mlp`` keeps
     (attention's output where that keeps the output projection's, as wide in a Llama) and runs
     again the output projection where that runs attention: less from a sequence as long as the
-    width on (the advisor tries it first of the two; `spmd.plan.ceiling` on what that means for
+    width on (the advisor tries it first of the two; `spmd.plan.predict.ceiling` on what that means for
     ruling policies out)."""
 
     NONE = "none"
@@ -107,7 +107,7 @@ class Remat(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | Remat | CustomRemat) -> Remat | CustomRemat:
-        """A preset by name, or a per-tensor policy ``custom:name=choice,...`` (`spmd.plan.custom_remat`)."""
+        """A preset by name, or a per-tensor policy ``custom:name=choice,...`` (`spmd.plan.request.custom_remat`)."""
         if isinstance(value, (Remat, CustomRemat)):
             return value
         if isinstance(value, str) and value.startswith(CUSTOM_PREFIX):

@@ -5,7 +5,7 @@ Policies run least recomputation first. A policy is only worth a batch larger th
 policy's largest fitting one (at a batch a lighter policy fits, it would only be slower), as
 MaxText's ``estimator.py`` walks its Pareto frontier of batch against policy. Within a policy:
 
-1. batches our math (`spmd.plan.memory`) puts more than `MARGIN` over the budget are ruled out
+1. batches our math (`spmd.plan.predict.memory`) puts more than `MARGIN` over the budget are ruled out
    unseen, and so is the policy when none is left (one line says why, with the figure);
 2. the rest are bisected by compiling, as MaxText's ``largest_batch_size`` does, first probing
    the largest batch our math says fits: when the math is right, one compile settles the policy,
@@ -16,7 +16,7 @@ smallest.
 
 Across meshes, a policy that cannot win is not compiled: every mesh's search shares a `Leader`,
 the best predicted MFU of a compiled plan that fits so far, and a policy whose MFU ceiling
-(`spmd.plan.ceiling`, known before compiling) is below it ends the search, with every heavier
+(`spmd.plan.predict.ceiling`, known before compiling) is below it ends the search, with every heavier
 policy (their ceilings are no higher). A search rules out nothing so until a plan of its own mesh
 has been compiled and every one compiled so far counts at least its floor of matmul FLOPs (where
 the step-time model misses matmuls, a prediction can pass the ceiling). The winner is then the
@@ -29,8 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spmd.plan.advice import Candidate, Outcome
-from spmd.plan.memory import MARGIN, MemoryMath
+from spmd.plan.advisor.advice import Candidate, Outcome
+from spmd.plan.predict.memory import MARGIN, MemoryMath
 
 __all__ = ["MeshSearch"]
 
@@ -90,7 +90,7 @@ class MeshSearch:
     predict: Predict
     ceiling: Ceiling = _no_ceiling
     leader: Leader = field(default_factory=Leader)
-    counted: Counted = _counted  # a compiled plan's matmul count reaches its floor (`spmd.plan.ceiling`)
+    counted: Counted = _counted  # a compiled plan's matmul count reaches its floor (`spmd.plan.predict.ceiling`)
     outcomes: list[Outcome] = field(default_factory=list)
     _index: int = -1
     _best: int = 0
@@ -198,7 +198,7 @@ class MeshSearch:
         for r in self.remats[start:]:
             ceiling = self.ceiling(r)
             why = (
-                f"not compiled: cannot win: its predicted MFU is at most {100 * ceiling:.1f} % (spmd.plan.ceiling), "  # type: ignore[operator]
+                f"not compiled: cannot win: its predicted MFU is at most {100 * ceiling:.1f} % (spmd.plan.predict.ceiling), "  # type: ignore[operator]
                 f"below the {100 * self.leader.mfu:.1f} % of {self.leader.label}"
             )
             self.outcomes.append(Outcome(self.candidate(r, self.batches[0]), skipped=why))

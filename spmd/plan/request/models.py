@@ -116,7 +116,7 @@ def _hf_config(config: dict[str, Any]) -> Any:
     import transformers
 
     # a deep copy: transformers writes into nested values (it adds rope_theta to Llama 3.1's
-    # rope_scaling), and the built-in configs key the compile cache (`spmd.plan.plan_cache.model_key`):
+    # rope_scaling), and the built-in configs key the compile cache (`spmd.plan.advisor.plan_cache.model_key`):
     # a second plan of the same model in one process missed the first's cache entries
     config = copy.deepcopy(config)
     model_type = config.pop("model_type", None)

@@ -2,8 +2,8 @@
 
 Four axes: ``data`` (the batch only; across slices, over DCN), ``fsdp`` (the batch and the
 parameters), ``context`` (the sequence, and the parameters with ``fsdp``: context parallelism,
-`spmd.plan.context`) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
-JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.topology`). Devices come from libtpu's
+`spmd.plan.request.context`) and ``tensor`` (the 2-D plan's heads, MLP and vocabulary). A mesh position is a
+JAX device: a chip, or a TensorCore on TPU7x (`spmd.plan.request.topology`). Devices come from libtpu's
 compile-only client and are laid out in the installed jax's ICI-aware order (`create_device_mesh`,
 or `create_hybrid_device_mesh` across slices, the order our `HybridMesh` follows), which differs
 between jax versions on TPU7x (`spmd.plan._jax_compat`); the report names it.
@@ -19,9 +19,9 @@ import numpy as np
 
 from mesh import Mesh, Role, roles
 from spmd.plan._jax_compat import device_mesh, topology_devices
-from spmd.plan.dcn import split_dcn
 from spmd.plan.errors import PlanError
-from spmd.plan.topology import TpuSlice
+from spmd.plan.request.dcn import split_dcn
+from spmd.plan.request.topology import TpuSlice
 
 __all__ = [
     "ADVISED_STRATEGIES",
@@ -115,7 +115,7 @@ def build_mesh(
 ) -> Mesh:
     """Our `Mesh` over ``devices`` positions, in the physical order the installed jax gives
     (`spmd.plan._jax_compat.device_mesh`, its hybrid mesh across slices). ``dcn``: the slices each axis
-    spans (`spmd.plan.dcn.split_dcn`); default a ``data`` axis spanning them all."""
+    spans (`spmd.plan.request.dcn.split_dcn`); default a ``data`` axis spanning them all."""
     names, sizes = tuple(shape), tuple(shape.values())
     if math.prod(sizes) != len(devices):
         raise PlanError(

@@ -22,7 +22,7 @@ Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table), pe
 
 The MXU column is the side of the matrix unit's systolic array (128 x 128 through v5p, 256 x 256
 from v6e on): a matmul dimension is padded to a multiple of it, which the step-time model counts
-(`spmd.plan._step_time`).
+(`spmd.plan.predict._step_time`).
 
 HBM is the compiler's verdict first: libtpu fails a compile that does not fit its device (v5e: "Used
 45.97G of 15.75G hbm", 16 GiB less 0.25 GiB it reserves), and the planner reports that as OOM;

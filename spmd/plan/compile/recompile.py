@@ -6,11 +6,11 @@ reduce-scatter, half the bytes), and it neither combines nor reassociates collec
 sent measured on virtual CPU devices overstate what the same program sends on a TPU. This compiles
 the very graph a run dumped, before XLA's passes (``*.before_optimizations.txt``: the
 unpartitioned module with GSPMD's sharding annotations), for a TPU slice of as many chips, and
-reads its collectives with `spmd.plan.program.step_collectives`. No TPU is needed.
+reads its collectives with `spmd.plan.compile.program.step_collectives`. No TPU is needed.
 
     collectives = tpu_step_collectives(Path(graph.hlo_path), devices=8)   # a v5e-8
 
-The compile runs in a subprocess (``python -m spmd.plan.recompile``): the calling process's
+The compile runs in a subprocess (``python -m spmd.plan.compile.recompile``): the calling process's
 XLA_FLAGS (virtual CPU devices, dumps) would apply to it, and torch_xla's runtime and libtpu's
 stay apart. Needs ``jax`` with ``libtpu`` (the ``plan`` extra).
 """
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from spmd.errors import ShardingError
-from spmd.plan.program import StepCollective, step_collectives
-from spmd.plan.topology import TpuSlice, parse_slice
+from spmd.plan.compile.program import StepCollective, step_collectives
+from spmd.plan.request.topology import TpuSlice, parse_slice
 
 __all__ = ["RecompileError", "before_optimizations_path", "compile_hlo_for_tpu", "tpu_step_collectives"]
 
@@ -64,7 +64,7 @@ def compile_hlo_for_tpu(hlo_text: str, target: TpuSlice) -> str:
 
     from spmd.plan._jax_compat import jax_compiler as compiler
     from spmd.plan._jax_compat import xla_client as xc
-    from spmd.plan.api import tpu_devices
+    from spmd.plan.request.meshes import tpu_devices
 
     devices = tpu_devices(target)
     module = xc._xla.hlo_module_from_text(hlo_text)
@@ -112,7 +112,15 @@ def tpu_step_collectives(after_path: Path, devices: int, timeout: float = 900) -
         raise RecompileError(f"No TPU v5e slice of {devices} chips to compile for: {e}") from None
     with tempfile.TemporaryDirectory(prefix="spmd-recompile-") as tmp:
         out = Path(tmp) / "tpu_after_optimizations.txt"
-        command = [sys.executable, "-m", "spmd.plan.recompile", str(before), str(out), "--slice", f"v5e-{devices}"]
+        command = [
+            sys.executable,
+            "-m",
+            "spmd.plan.compile.recompile",
+            str(before),
+            str(out),
+            "--slice",
+            f"v5e-{devices}",
+        ]
         try:
             done = subprocess.run(command, env=_clean_env(), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -126,7 +134,7 @@ def tpu_step_collectives(after_path: Path, devices: int, timeout: float = 900) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m spmd.plan.recompile BEFORE.txt OUT.txt --slice v5e-8``."""
+    """``python -m spmd.plan.compile.recompile BEFORE.txt OUT.txt --slice v5e-8``."""
     parser = argparse.ArgumentParser(description="Compile an unoptimized HLO dump for a TPU slice with libtpu.")
     parser.add_argument("hlo", type=Path, help="an unoptimized HLO text dump (*.before_optimizations.txt)")
     parser.add_argument("out", type=Path, help="where to write the TPU-optimized HLO text")

@@ -3,17 +3,17 @@
 Nothing here allocates a parameter: the model is built on the ``meta`` device, its parameters
 become ``jax.ShapeDtypeStruct`` values carrying a ``NamedSharding``, and ``torchax`` runs the
 module's own ``forward`` on JAX tracers, in an ``Environment`` of the plan's own (where
-``--attention flash`` routes ``scaled_dot_product_attention``, `spmd.plan.attention`). Only
+``--attention flash`` routes ``scaled_dot_product_attention``, `spmd.plan.request.attention`). Only
 buffers (rotary tables, masks) are real.
 
 The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, AdamW with fp32
 master weights and moments stored like the parameters. FSDP units are the repeated blocks of the
 model; each gathers its parameters at use (a sharding constraint to the spec without the
 ``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does. What a block
-keeps for backward is the ``--remat`` policy (`spmd.plan.remat`, `spmd.plan.custom_remat`). The
+keeps for backward is the ``--remat`` policy (`spmd.plan.request.remat`, `spmd.plan.request.custom_remat`). The
 residual stream between blocks is laid out by MaxText's activation rules
 (`spmd.logical_axes.ACTIVATION_AXIS_RULES`: on a 2-D mesh its width over ``tensor``), and with
-``vocab_tiles`` the loss runs in chunks of tokens (`spmd.plan.vocab_tiling`).
+``vocab_tiles`` the loss runs in chunks of tokens (`spmd.plan.request.vocab_tiling`).
 
 The repeated blocks run as one ``lax.scan`` over parameters stacked on a leading layer dim
 (MaxText's ``scan_layers``, torch_xla's ``scan_layers``): the TPU compiler then compiles one
@@ -36,12 +36,12 @@ from mesh import Mesh, Role
 from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
-from spmd.plan.attention import Attention, causal_without_mask, route_attention
-from spmd.plan.context import context_positions, context_token_loss
 from spmd.plan.errors import TracingError
-from spmd.plan.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
-from spmd.plan.residuals import SavedActivation, named_projections, saved_residuals
-from spmd.plan.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
+from spmd.plan.lower.residuals import SavedActivation, named_projections, saved_residuals
+from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
+from spmd.plan.request.context import context_positions, context_token_loss
+from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
+from spmd.plan.request.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
 from spmd.sharding import P, PartitionSpec
 
 __all__ = ["LoweredStep", "TrainStepConfig", "find_layer_stack", "lower_train_step", "to_jax_spec"]
@@ -61,8 +61,8 @@ class TrainStepConfig:
         gather_axes: mesh axes a block's parameters are gathered over at use (FSDP's).
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         learning_rate, weight_decay, betas, eps: AdamW's.
-        sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.context`).
-        vocab_tiles: chunks the loss is computed in (`spmd.plan.vocab_tiling`; 1: the model's own loss).
+        sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.request.context`).
+        vocab_tiles: chunks the loss is computed in (`spmd.plan.request.vocab_tiling`; 1: the model's own loss).
     """
 
     global_batch: int
@@ -309,7 +309,7 @@ class _StepBuilder:
 
     def context_kwargs(self) -> dict[str, Any]:
         """With the sequence split over ``context``: each token's true position (the shards hold it
-        load-balanced, `spmd.plan.context`), and no labels: the loss is the planner's own
+        load-balanced, `spmd.plan.request.context`), and no labels: the loss is the planner's own
         (`context_token_loss`)."""
         if not self.config.sequence_axes:
             return {}

@@ -1,5 +1,5 @@
 """The step-time model's calibration: what it cannot derive from the program and the chip's
-figures, in one place (`spmd.plan._step_time`; docs/plan.md, "Calibration")."""
+figures, in one place (`spmd.plan.predict._step_time`; docs/plan.md, "Calibration")."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ CALIBRATION = Calibration(
     chip_efficiency=(("tpu7x", 0.760), ("v5e", 0.949)),
 )
 
-# The runs the efficiencies are fitted on (`spmd.plan.published.run_name`); every other published
+# The runs the efficiencies are fitted on (`spmd.plan.predict.published.run_name`); every other published
 # run with a recipe is held out: predicted, never fitted to (benchmarks/plan_prediction.py).
 # MaxText's v5p-128 runs are not among them: the planner's 2-D program is not MaxText's (its
 # residual stream is whole on each tensor shard), and even at an efficiency of 1 it predicts the
@@ -84,7 +84,7 @@ class CalibrationPoint:
     the run published. ``benchmarks/plan_prediction.py`` records these.
 
     Attributes:
-        run: the run's name (`spmd.plan.published.run_name`).
+        run: the run's name (`spmd.plan.predict.published.run_name`).
         published_tflops: TFLOP/s per chip the run published (MaxText's FLOP count).
         model_flops_per_chip: the model's FLOPs per step per chip (the same count).
         efficiencies: increasing efficiencies the step was predicted at.

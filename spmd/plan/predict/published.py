@@ -4,7 +4,7 @@ Each `Published` run is a figure a source measured (MFU against the chip's bf16 
 TFLOP/s per chip it gives, both as MaxText counts FLOPs: causal attention halved) and, where its
 recipe is public, a `Recipe`: the plan that runs the same model shape on the same slice (batch,
 mesh, remat policy, attention). ``benchmarks/plan_prediction.py`` plans each recipe and compares
-the predicted TFLOP/s per chip with the published one; `spmd.plan._calibration` names the runs
+the predicted TFLOP/s per chip with the published one; `spmd.plan.predict._calibration` names the runs
 the step-time model was fitted on (the others are held out).
 """
 
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from mesh import Role
-from spmd.plan.meshes import batch_axes
+from spmd.plan.request.meshes import batch_axes
 
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
 
@@ -28,19 +28,19 @@ class Recipe:
     global_batch=..., seq_len=..., remat=..., attention=..., moment_dtype=...)``.
 
     Attributes:
-        topology: the slice (`spmd.plan.topology.parse_slice`).
+        topology: the slice (`spmd.plan.request.topology.parse_slice`).
         strategy: ``fsdp``, ``2d`` or ``cp`` (fsdp x context: the sequence split over ``context``).
         mesh: axis sizes, in order (``(("fsdp", 16), ("tensor", 4))``).
         per_device_batch: MaxText's ``per_device_batch_size``: sequences per JAX device (a
             TensorCore on TPU7x), a fraction where the sequence is split (``0.125``: 8 devices a
             sequence over ``context``).
         seq_len: tokens per sequence (``max_target_length``).
-        remat: the planner's remat policy nearest the recipe's: a preset (`spmd.plan.remat.Remat`) or
-            MaxText's per-tensor choices as ``custom:name=choice,...`` (`spmd.plan.custom_remat`).
+        remat: the planner's remat policy nearest the recipe's: a preset (`spmd.plan.request.remat.Remat`) or
+            MaxText's per-tensor choices as ``custom:name=choice,...`` (`spmd.plan.request.custom_remat`).
         attention: ``flash`` (MaxText's ``attention='flash'``, splash on TPU) or ``dot``.
         moment_dtype: AdamW's first moment (MaxText's ``mu_dtype``).
         vocab_tiles: the loss in this many chunks of tokens (MaxText's ``num_vocab_tiling``,
-            `spmd.plan.vocab_tiling`); 1: untiled.
+            `spmd.plan.request.vocab_tiling`); 1: untiled.
         planned_batch_per_shard: the batch per shard the planner plans instead of the recipe's,
             when its lowering cannot hold the recipe's (``None``: the recipe's). TFLOP/s per chip
             is what is compared, and at these batches it barely depends on the batch.

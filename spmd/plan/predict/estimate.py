@@ -1,12 +1,12 @@
 """The planner's step-time estimate: a prediction from the compiled program
-(`spmd.plan._step_time`: each operation's roofline, the collectives on their links, what the
+(`spmd.plan.predict._step_time`: each operation's roofline, the collectives on their links, what the
 schedule overlaps, loops times their trip counts), and beside it, as its bound, a roofline from
 model FLOPs, recomputation and the collectives the compiler emitted.
 
 The bound:
 Compute: the step's model FLOPs (`spmd.mfu.flops`: every matmul, causal attention halved, x3 for
 backward) per device over the device's peak bf16 FLOP/s, times the remat policy's recomputation
-(`spmd.plan.remat.recompute_factor`). Communication: each collective's ring bytes sent per device
+(`spmd.plan.request.remat.recompute_factor`). Communication: each collective's ring bytes sent per device
 over the device's share of its chip's all-reduce bandwidth (DCN's for collectives between slices).
 The step takes at least the larger of the two (all communication hidden behind compute) and at
 most their sum (none hidden); MFU, against the device's bf16 peak, is given for both. The
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spmd.plan.remat import Remat, recompute_factor
-from spmd.plan.topology import TpuSlice
+from spmd.plan.request.remat import Remat, recompute_factor
+from spmd.plan.request.topology import TpuSlice
 
 __all__ = ["TOP_OPS", "StepEstimate", "estimate_step", "explain_flops", "model_flops"]
 
@@ -35,7 +35,7 @@ class StepEstimate:
     ``hardware_flops_per_device`` (the matmul FLOPs the prediction counts) is explained by
     ``flops_by_loop``, one entry per nest of ``while`` loops (``loops``: ``[[name, trips], ...]``,
     outermost first; ``[]``: the step's own body), and ``flops_by_op``, the `TOP_OPS` largest
-    operations (`spmd.plan._step_time.FlopsEntry` as a dict), each with ``flops``, its share of
+    operations (`spmd.plan.predict._step_time.FlopsEntry` as a dict), each with ``flops``, its share of
     the model's FLOPs per device (``of_model``).
     """
 
@@ -65,7 +65,7 @@ class StepEstimate:
 def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, dict[str, float]]:
     """``(training FLOPs per token, the shares of them that remat policies may run again)``:
     attention's, the MLP input projections' and the output projection's (the shares
-    `spmd.plan.remat.recompute_factor` takes). A model with no known shape counts ``6 N`` and no
+    `spmd.plan.request.remat.recompute_factor` takes). A model with no known shape counts ``6 N`` and no
     shares."""
     from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
 
@@ -98,8 +98,8 @@ def estimate_step(
     step_time: Any = None,
 ) -> StepEstimate:
     """The estimate for a step of ``tokens`` tokens (module docstring); ``collectives`` are
-    `spmd.plan.program.StepCollective` values, ``step_time`` the program's
-    `spmd.plan._step_time.StepTime` (``None``: no program, no prediction)."""
+    `spmd.plan.compile.program.StepCollective` values, ``step_time`` the program's
+    `spmd.plan.predict._step_time.StepTime` (``None``: no program, no prediction)."""
     per_token, shares = model_flops(hf_config, n_params, seq_len)
     flops = per_token * tokens
     chip, devices = target.chip, target.devices

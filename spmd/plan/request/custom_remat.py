@@ -8,7 +8,7 @@ The planner takes the same names and choices:
     --remat custom:decoder_layer_input=offload,query_proj=offload,key_proj=device,value_proj=device
 
 Names: ``decoder_layer_input`` (the block's input), ``context`` (attention's output: the splash
-kernel's residuals, `spmd.plan.remat.CONTEXT`), and the projections `spmd.plan.remat` names
+kernel's residuals, `spmd.plan.request.remat.CONTEXT`), and the projections `spmd.plan.request.remat` names
 (``query_proj``, ``key_proj``, ``value_proj``, ``qkv_proj``, ``out_proj``, ``mlpwi_0``,
 ``mlpwi_1``, ``mlpwi``, ``mlpwo``). Choices: ``device`` (kept in HBM), ``offload`` (moved to the
 host's pinned memory in forward and back in backward), ``remat`` (computed again; every name
@@ -39,13 +39,13 @@ __all__ = [
 
 CUSTOM_PREFIX = "custom:"
 # The checkpoint names the program gives MaxText's `context` (the splash kernel's residuals, spelled
-# apart from the mesh's context axis) and `decoder_layer_input` (`spmd.plan.remat` re-exports them).
+# apart from the mesh's context axis) and `decoder_layer_input` (`spmd.plan.request.remat` re-exports them).
 CONTEXT = "attention_context"
 BLOCK_INPUT = "xla_spmd_block_input"
 CHOICES = ("device", "offload", "remat")
 BLOCK_INPUT_NAME = "decoder_layer_input"
 # MaxText's names the planner's blocks produce; `context` and the block input are spelled apart
-# in the program (`spmd.plan.remat.CONTEXT`, `BLOCK_INPUT`), the projections as MaxText spells them.
+# in the program (`spmd.plan.request.remat.CONTEXT`, `BLOCK_INPUT`), the projections as MaxText spells them.
 # MaxText's tensor name `context` (attention's output) is spelled as the mesh role `context` is;
 # it is no mesh axis, and is read from this one list (mesh role names are literals only in
 # mesh/roles.py, tests/mesh/test_roles.py).
@@ -61,7 +61,7 @@ MLP_INPUTS = NAMES[7:10]
 class CustomRemat:
     """A choice per named tensor (module docstring); ``choices`` in `NAMES` order, ``remat`` left out.
 
-    It answers what `spmd.plan.remat.Remat` members answer (``value``, ``saved_names``,
+    It answers what `spmd.plan.request.remat.Remat` members answer (``value``, ``saved_names``,
     ``checkpoints_block``), so the step, the memory math and the estimate take either.
     """
 

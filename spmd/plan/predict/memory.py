@@ -1,16 +1,16 @@
 """Our own memory math: what a plan holds per device, from the model's shape alone, before any
-compile. The advisor rules plans out with it (`spmd.plan.advisor`); each report sets it beside
+compile. The advisor rules plans out with it (`spmd.plan.advisor.advisor`); each report sets it beside
 the compiler's figure.
 
 Per device, in bytes (``t``: tokens per device, a batch shard's sequences over the ``context``
 axis, ``T``: the ``tensor`` axis size):
 
 - **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
-  ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.specs`).
+  ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.request.specs`).
 - **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
   projections split over ``tensor``, and the block's input (the residual stream, whose width the
   activation rules split over ``tensor``: `spmd.logical_axes.RESIDUAL`), are divided by ``T``.
-  This is JAX's own list of the scan's residuals (`spmd.plan.lowering.saved_residuals`), counted
+  This is JAX's own list of the scan's residuals (`spmd.plan.lower.lowering.saved_residuals`), counted
   from the shape: exact for every policy but ``none``, whose list depends on how the model writes
   its norms (counted for Llama's).
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
@@ -18,7 +18,7 @@ axis, ``T``: the ``tensor`` axis size):
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
   backward, the bf16 gradients, the block's recomputed MLP; with a ``context`` axis, the layer's
   gathered K and V and their copies in position order, 4 x ``b x kv_heads / T x seq x head_dim x 2``
-  for ``b`` sequences a batch shard, `spmd.plan.context`).
+  for ``b`` sequences a batch shard, `spmd.plan.request.context`).
 
 The working set is the part a compiler schedules: it is what the math gets least right, and the
 advisor compiles every plan within `MARGIN` of the budget rather than trust it.
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd._util.memory import GIB
-from spmd.plan.attention import Attention
-from spmd.plan.custom_remat import CustomRemat
-from spmd.plan.remat import BLOCK_INPUT, CONTEXT, Remat
+from spmd.plan.request.attention import Attention
+from spmd.plan.request.custom_remat import CustomRemat
+from spmd.plan.request.remat import BLOCK_INPUT, CONTEXT, Remat
 
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
 
@@ -139,7 +139,7 @@ def plan_memory(
     """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
     (sharding math); ``param_bytes``: the fp32 parameters per device alone; ``context``: the
     context axis the sequence is split over; ``vocab_tiles``: chunks the loss takes the logits in
-    (`spmd.plan.vocab_tiling`), each holding that share of them."""
+    (`spmd.plan.request.vocab_tiling`), each holding that share of them."""
     tokens = per_device_batch * seq_len / context
     device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
     saved = int(shape.n_layer * tokens * device)

@@ -1,5 +1,5 @@
 """A plan's result: per-device memory from the TPU compiler, collectives, FLOPs, the estimated
-step time and MFU (`spmd.plan.estimate`), what compiled it, and the verdict. Table and JSON forms.
+step time and MFU (`spmd.plan.predict.estimate`), what compiled it, and the verdict. Table and JSON forms.
 
 Memory is per device (a mesh position: a chip, or a TensorCore on TPU7x) and, where a chip has
 several devices, per chip too.
@@ -13,10 +13,10 @@ from typing import Any
 
 from mesh import Role
 from spmd._util.memory import GIB, MIB
-from spmd.plan import estimate as _estimate_module
 from spmd.plan.errors import PlanError
-from spmd.plan.estimate import StepEstimate
-from spmd.plan.published import published_for
+from spmd.plan.predict import estimate as _estimate_module
+from spmd.plan.predict.estimate import StepEstimate
+from spmd.plan.predict.published import published_for
 
 __all__ = [
     "CollectiveSummary", "ContextReport", "MemoryReport", "PlanReport", "StepEstimate", "plan_table", "summarize",
@@ -95,7 +95,7 @@ class CollectiveSummary:
 
 @dataclass(frozen=True)
 class ContextReport:
-    """A plan's context axis (context parallelism, `spmd.plan.context`), per device.
+    """A plan's context axis (context parallelism, `spmd.plan.request.context`), per device.
 
     Attributes:
         axis: the mesh axis the sequence is split over (``context``).
@@ -125,13 +125,13 @@ class ContextReport:
 class PlanReport:
     """Everything `spmd.plan.plan` found for one (model, topology, mesh, strategy, remat, attention).
 
-    ``splash_kernels``: splash attention kernels in the program (`spmd.plan.program.splash_kernels`).
+    ``splash_kernels``: splash attention kernels in the program (`spmd.plan.compile.program.splash_kernels`).
     ``toolchain``: what compiled it (`spmd.plan._jax_compat.Toolchain` as a dict: the partitioner,
     jax, jaxlib, libtpu, torch, torchax, and ``device_order``, how jax ordered the mesh's devices:
     ``jax 0.12.0.1 mesh_utils (core axis first)`` on TPU7x). ``context_parallel``: the context axis, its
     K/V gathers and collectives (`ContextReport`; ``None``: the sequence is not split).
-    ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.vocab_tiling`; 1: untiled).
-    ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.dcn`; ``{}``: one slice).
+    ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.request.vocab_tiling`; 1: untiled).
+    ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.request.dcn`; ``{}``: one slice).
     """
 
     model: str
@@ -262,7 +262,7 @@ class PlanReport:
 
 
 def summarize(collectives: list[Any]) -> tuple[CollectiveSummary, ...]:
-    """Per-kind totals of `spmd.plan.program.StepCollective` values (DCN: those with ``over_dcn``)."""
+    """Per-kind totals of `spmd.plan.compile.program.StepCollective` values (DCN: those with ``over_dcn``)."""
     counts: Counter[str] = Counter()
     sent: Counter[str] = Counter()
     dcn: Counter[str] = Counter()

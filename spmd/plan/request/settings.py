@@ -13,10 +13,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from spmd.plan.attention import Attention
 from spmd.plan.errors import PlanError
-from spmd.plan.topology import TpuSlice, parse_slice
-from spmd.plan.vocab_tiling import check_vocab_tiles
+from spmd.plan.request.attention import Attention
+from spmd.plan.request.topology import TpuSlice, parse_slice
+from spmd.plan.request.vocab_tiling import check_vocab_tiles
 
 __all__ = ["COMPUTE_DTYPES", "MOMENT_DTYPES", "PlanSettings"]
 
@@ -33,16 +33,16 @@ class PlanSettings:
     """The step settings a plan and an advice share.
 
     Attributes:
-        topology: a TPU slice name (`spmd.plan.topology.parse_slice`).
+        topology: a TPU slice name (`spmd.plan.request.topology.parse_slice`).
         slices: slices joined over DCN.
-        seq_len: tokens per sequence; ``None``: the model's default (`spmd.plan.models.default_seq_len`).
+        seq_len: tokens per sequence; ``None``: the model's default (`spmd.plan.request.models.default_seq_len`).
         compute_dtype: ``bfloat16`` (fp32 master weights, bf16 compute) or ``float32``.
         attention: what ``scaled_dot_product_attention`` runs (`Attention`, or its name).
         hbm_bytes: the per-device budget; ``None``: the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``,
             which its Ironwood recipes set to bf16); the second moment stays fp32.
         vocab_tiles: chunks of tokens the loss is computed in (MaxText's ``num_vocab_tiling``,
-            `spmd.plan.vocab_tiling`); 1: the model's own loss, over all the logits at once.
+            `spmd.plan.request.vocab_tiling`); 1: the model's own loss, over all the logits at once.
     """
 
     topology: str

@@ -21,7 +21,7 @@ the device until it ends; collectives on one link run one after another; host tr
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
 The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency,
-host bandwidth) are `spmd.plan._calibration.CALIBRATION`, shared by every plan.
+host bandwidth) are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ from dataclasses import dataclass
 
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
 from spmd.inspector.hlo_text import HloModuleText, Instruction
-from spmd.plan._calibration import CALIBRATION, Calibration
-from spmd.plan._op_costs import SLICING as _SLICING
-from spmd.plan._op_costs import dims as _dims
-from spmd.plan._op_costs import fill as _fill
-from spmd.plan._op_costs import in_place_update as _in_place_update
-from spmd.plan._op_costs import source as _source
-from spmd.plan._op_costs import splash_head_dim_matmuls, splash_matmuls, window_taps
-from spmd.plan._op_costs import users_of as _users
-from spmd.plan._op_costs import uses as _uses
+from spmd.plan.compile.program import hbm_bytes, shape_leaves, trip_count
 from spmd.plan.errors import PlanError
-from spmd.plan.program import hbm_bytes, shape_leaves, trip_count
-from spmd.plan.topology import TpuSlice
+from spmd.plan.predict._calibration import CALIBRATION, Calibration
+from spmd.plan.predict._op_costs import SLICING as _SLICING
+from spmd.plan.predict._op_costs import dims as _dims
+from spmd.plan.predict._op_costs import fill as _fill
+from spmd.plan.predict._op_costs import in_place_update as _in_place_update
+from spmd.plan.predict._op_costs import source as _source
+from spmd.plan.predict._op_costs import splash_head_dim_matmuls, splash_matmuls, window_taps
+from spmd.plan.predict._op_costs import users_of as _users
+from spmd.plan.predict._op_costs import uses as _uses
+from spmd.plan.request.topology import TpuSlice
 
 __all__ = [
     "CALIBRATION",

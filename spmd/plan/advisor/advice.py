@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import Role
-from spmd.plan.dcn import split_dcn, whole_sizes
-from spmd.plan.meshes import batch_axes
-from spmd.plan.published import published_for
-from spmd.plan.remat import Remat
-from spmd.plan.report import GIB, PlanReport
+from spmd.plan.predict.published import published_for
+from spmd.plan.report.plan_report import GIB, PlanReport
+from spmd.plan.request.dcn import split_dcn, whole_sizes
+from spmd.plan.request.meshes import batch_axes
+from spmd.plan.request.remat import Remat
 from spmd.sharding import P
 
 __all__ = ["Advice", "Candidate", "Outcome", "advice_table", "winner_code"]
@@ -29,7 +29,7 @@ class Candidate:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        """The mesh as `spmd.plan.plan` takes it (``dcn_`` sizes across slices kept: `spmd.plan.dcn`)."""
+        """The mesh as `spmd.plan.plan` takes it (``dcn_`` sizes across slices kept: `spmd.plan.request.dcn`)."""
         return dict(self.mesh)
 
     @property
@@ -98,7 +98,7 @@ class Advice:
         return sorted(best.values(), key=lambda o: -o.report.mfu)  # type: ignore[union-attr]
 
     def published(self) -> str | None:
-        """The published run of this model on this many chips, if any (`spmd.plan.published`)."""
+        """The published run of this model on this many chips, if any (`spmd.plan.predict.published`)."""
         found = published_for(self.model, self.chip, self.chips, self.seq_len)
         return None if found is None else found.line()
 
@@ -271,7 +271,7 @@ def _sequence_entry(shape: dict[str, int]) -> str | None:
 
 
 def _context_lines(shape: dict[str, int]) -> list[str]:
-    """What the code cannot say of a context-parallel winner (`spmd.plan.context`)."""
+    """What the code cannot say of a context-parallel winner (`spmd.plan.request.context`)."""
     if Role.CONTEXT.value not in shape:
         return []
     c = shape[Role.CONTEXT.value]

@@ -1,6 +1,6 @@
 """The advisor's compiles, in parallel as far as this machine allows, with progress and Ctrl-C.
 
-Each mesh's search (`spmd.plan.search.MeshSearch`) asks for one compile at a time; the searches
+Each mesh's search (`spmd.plan.advisor.search.MeshSearch`) asks for one compile at a time; the searches
 of different meshes run side by side in spawned worker processes (a forked child of a process
 with libtpu loaded aborts), which stay up for the whole advice so each pays jax's and torch's
 imports once. A candidate in the compile cache is read here, in the main process, and never
@@ -32,9 +32,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd.plan.advice import Outcome
-from spmd.plan.plan_cache import Settings, cached_outcome, compile_candidate
-from spmd.plan.search import MeshSearch
+from spmd.plan.advisor.advice import Outcome
+from spmd.plan.advisor.plan_cache import Settings, cached_outcome, compile_candidate
+from spmd.plan.advisor.search import MeshSearch
 
 __all__ = ["COMPILE_HOST_BYTES", "RESERVE_BYTES", "default_jobs", "run_searches"]
 

@@ -8,18 +8,18 @@ Candidates are (strategy, mesh) x remat policy x per-device batch:
   model's attention heads;
 - ``dp``: one ``data`` axis over every device;
 - ``cp``: ``fsdp`` x ``context`` for each ``--contexts`` size (context parallelism: the sequence
-  over ``context``, parameters over both; splash attention only, `spmd.plan.context`);
+  over ``context``, parameters over both; splash attention only, `spmd.plan.request.context`);
 - remat policies in order of recomputation, ``none``, ``dots``, ``full``, ``offload``
-  (`spmd.plan.remat`).
+  (`spmd.plan.request.remat`).
 
 Not every candidate is compiled. A mesh whose parameters and AdamW state alone exceed the budget
 is dropped unseen; on the others each policy's largest fitting batch is searched as MaxText's
-``estimator.py`` does, with our memory math (`spmd.plan.memory`) ruling out what cannot fit and
-choosing the first batch to compile (`spmd.plan.search`); a remat policy whose MFU ceiling
-(`spmd.plan.ceiling`) is below a plan already compiled that fits is not compiled. The searches of different meshes
+``estimator.py`` does, with our memory math (`spmd.plan.predict.memory`) ruling out what cannot fit and
+choosing the first batch to compile (`spmd.plan.advisor.search`); a remat policy whose MFU ceiling
+(`spmd.plan.predict.ceiling`) is below a plan already compiled that fits is not compiled. The searches of different meshes
 compile in parallel, in as many worker processes as this machine's cores and free memory allow
-(`spmd.plan.compile_pool`), with progress on stderr; Ctrl-C leaves a partial ranking. Compiles
-are cached on disk by everything that determines them (`spmd.plan.plan_cache`), so a second
+(`spmd.plan.advisor.compile_pool`), with progress on stderr; Ctrl-C leaves a partial ranking. Compiles
+are cached on disk by everything that determines them (`spmd.plan.advisor.plan_cache`), so a second
 ``--advise`` compiles nothing.
 """
 
@@ -36,24 +36,24 @@ import torch
 
 from mesh import Role
 from mesh.checks import is_int
-from spmd.plan.advice import Advice, Candidate, Outcome
-from spmd.plan.attention import Attention, splash_block
-from spmd.plan.ceiling import mfu_ceiling, runs_its_floor
-from spmd.plan.compile_pool import default_jobs, run_searches
-from spmd.plan.context import check_context, check_takes_positions
-from spmd.plan.dcn import DCN_PREFIX, split_dcn
+from spmd.plan.advisor.advice import Advice, Candidate, Outcome
+from spmd.plan.advisor.compile_pool import default_jobs, run_searches
+from spmd.plan.advisor.plan_cache import Settings, default_cache_dir, model_key
+from spmd.plan.advisor.search import Leader, MeshSearch
 from spmd.plan.errors import PlanError
-from spmd.plan.lowering import find_layer_stack
-from spmd.plan.memory import MemoryMath, model_shape, plan_memory
-from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES, build_mesh, tpu_devices
-from spmd.plan.models import build_meta_model, resolve_seq_len
-from spmd.plan.plan_cache import Settings, default_cache_dir, model_key
-from spmd.plan.remat import Remat
-from spmd.plan.report import GIB
-from spmd.plan.search import Leader, MeshSearch
-from spmd.plan.settings import PlanSettings
-from spmd.plan.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
-from spmd.plan.topology import TpuSlice
+from spmd.plan.lower.lowering import find_layer_stack
+from spmd.plan.predict.ceiling import mfu_ceiling, runs_its_floor
+from spmd.plan.predict.memory import MemoryMath, model_shape, plan_memory
+from spmd.plan.report.plan_report import GIB
+from spmd.plan.request.attention import Attention, splash_block
+from spmd.plan.request.context import check_context, check_takes_positions
+from spmd.plan.request.dcn import DCN_PREFIX, split_dcn
+from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES, build_mesh, tpu_devices
+from spmd.plan.request.models import build_meta_model, resolve_seq_len
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.settings import PlanSettings
+from spmd.plan.request.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
+from spmd.plan.request.topology import TpuSlice
 
 __all__ = ["Advice", "Candidate", "Outcome", "advise", "candidates_for", "default_cache_dir"]
 
@@ -73,7 +73,7 @@ def candidates_for(
     parameters sharded over ``fsdp`` only, the batch over both); ``contexts``: sizes of the
     ``context`` axis for ``cp``. Across slices, ``fsdp`` and ``2d`` are tried both ways MaxText
     runs them: data parallelism over DCN (a ``data`` axis over the slices) and FSDP over DCN
-    (``dcn_fsdp``: parameters sharded over every slice, `spmd.plan.dcn`)."""
+    (``dcn_fsdp``: parameters sharded over every slice, `spmd.plan.request.dcn`)."""
     per_slice = target.devices_per_slice
     across = {DCN_PREFIX + Role.FSDP.value: target.slices} if target.slices > 1 else None
     data = {Role.DATA.value: target.slices} if target.slices > 1 else {}
@@ -140,7 +140,7 @@ def _dropped_because(
 
 def _ceilings(shape: Any, settings: PlanSettings, remats: tuple[str, ...]) -> Callable[[str], float | None]:
     """``remat -> the highest MFU it or any policy after it can reach``: a search rules out a
-    policy with every one after it (`spmd.plan.search`), so it needs the highest ceiling among them,
+    policy with every one after it (`spmd.plan.advisor.search`), so it needs the highest ceiling among them,
     which `save_qkv_context` (tried before the two that keep no attention output, with more
     recomputation of its own below a sequence as long as the width) can make higher than its own."""
     chip = settings.target.chip.libtpu_name
@@ -338,9 +338,9 @@ def advise(
         tensors: ``tensor`` axis sizes for 2-D.
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
         contexts: ``context`` axis sizes for ``cp`` (``fsdp`` x ``context``).
-        remats: remat policies to try (`spmd.plan.remat`); default all, least recomputation first.
+        remats: remat policies to try (`spmd.plan.request.remat`); default all, least recomputation first.
         jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as
-            this machine's cores and free memory allow (`spmd.plan.compile_pool.default_jobs`); 1
+            this machine's cores and free memory allow (`spmd.plan.advisor.compile_pool.default_jobs`); 1
             compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).

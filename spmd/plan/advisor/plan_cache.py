@@ -17,11 +17,11 @@ from typing import Any
 
 from spmd._util.atomic_file import atomic_write
 from spmd._util.regular_file import read_regular_file
-from spmd.plan.advice import Candidate, Outcome
+from spmd.plan.advisor.advice import Candidate, Outcome
 from spmd.plan.errors import PlanError
-from spmd.plan.models import BUILTIN_CONFIGS
-from spmd.plan.report import GIB, PlanReport
-from spmd.plan.settings import PlanSettings
+from spmd.plan.report.plan_report import GIB, PlanReport
+from spmd.plan.request.models import BUILTIN_CONFIGS
+from spmd.plan.request.settings import PlanSettings
 
 __all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "default_cache_dir", "entry_path",
            "model_key", "run_candidate", "write_entry"]  # fmt: skip

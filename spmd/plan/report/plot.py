@@ -5,11 +5,13 @@ memory and estimated throughput, one horizontal bar per plan). Needs matplotlib 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spmd._util.atomic_file import atomic_write
-from spmd.plan.advice import Advice
-from spmd.plan.report import GIB, PlanReport
+from spmd.plan.report.plan_report import GIB, PlanReport
+
+if TYPE_CHECKING:  # the advisor renders its advice here; the report stage sits below it
+    from spmd.plan.advisor.advice import Advice
 
 __all__ = ["plot_advice", "plot_report"]
 

@@ -2,7 +2,7 @@
 compile a remat policy whose ceiling is below a plan it already compiled that fits (it cannot
 win).
 
-Why it is a ceiling (`spmd.plan._step_time`): the predicted step is at least the operations' own
+Why it is a ceiling (`spmd.plan.predict._step_time`): the predicted step is at least the operations' own
 time, each operation at least its matmul time, and a matmul at least its FLOPs over the peak
 times the calibrated efficiency (times a matrix-unit fill of at most 1). So
 
@@ -40,8 +40,8 @@ from __future__ import annotations
 from typing import Any
 
 from spmd.mfu.flops import forward_matmul_flops_per_token
-from spmd.plan._calibration import CALIBRATION, Calibration
-from spmd.plan.remat import Remat
+from spmd.plan.predict._calibration import CALIBRATION, Calibration
+from spmd.plan.request.remat import Remat
 
 __all__ = ["mfu_ceiling", "recompute_floor", "runs_its_floor"]
 

@@ -112,7 +112,7 @@ def route_attention(
     """Make ``env`` (a torchax ``Environment``) run ``scaled_dot_product_attention`` as splash
     attention under ``shard_map`` on ``jax_mesh``: batch over ``batch_axes``, heads over
     ``tensor`` when the mesh has it, and with a ``context_axis`` the sequence over it
-    (`spmd.plan.context.context_attention`). ``residual_name`` names the kernel's residuals (its
+    (`spmd.plan.request.context.context_attention`). ``residual_name`` names the kernel's residuals (its
     output and log-sum-exp) for a remat policy that keeps them. Returns the list each call appends
     its query shape to (a model that never calls it gets no kernel)."""
     calls: list[tuple[int, ...]] = []
@@ -156,7 +156,7 @@ def _splash_sdpa(
     import jax
     from jax.sharding import PartitionSpec as JaxSpec
 
-    from spmd.plan.context import context_attention, context_size
+    from spmd.plan.request.context import context_attention, context_size
 
     tensor = dict(zip(jax_mesh.axis_names, jax_mesh.devices.shape)).get(Role.TENSOR.value, 1)
     tensor_axis = Role.TENSOR.value if tensor > 1 else None

@@ -1,6 +1,6 @@
 """The pieces of the step-time model that read one operation (pure Python): a matmul dim's fill
 of the matrix unit, a splash attention kernel's matmuls, and which bytes of a fusion's operands
-and results touch HBM (`spmd.plan._step_time` walks the program with them)."""
+and results touch HBM (`spmd.plan.predict._step_time` walks the program with them)."""
 
 from __future__ import annotations
 
