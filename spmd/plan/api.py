@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -234,24 +234,15 @@ def _lower(
 
 def _memory(req: _Request, compiled: CompiledStep, predicted: int) -> MemoryReport:
     chip = req.target.chip
-    base = MemoryReport(
-        0, 0, 0, 0, 0, predicted, req.settings.budget, largest_allocations=compiled.largest,
+    verdict = dict(
+        hbm_bytes=req.settings.budget, predicted_argument_bytes=predicted, largest_allocations=compiled.largest,
         devices_per_chip=chip.devices_per_chip,
     )  # fmt: skip
     if not compiled.fits_compiler:  # libtpu 0.0.52 names the temporaries only: add the arguments
         used = compiled.oom_bytes + (predicted if compiled.oom_temporaries_only else 0)  # type: ignore[operator]
-        return replace(base, compiler_oom_bytes=used)
-    m = compiled.memory
-    return replace(
-        base,
-        argument_bytes=m["argument_size_in_bytes"],
-        output_bytes=m["output_size_in_bytes"],
-        alias_bytes=m["alias_size_in_bytes"],
-        temp_bytes=m["temp_size_in_bytes"],
-        generated_code_bytes=m["generated_code_size_in_bytes"],
-        host_temp_bytes=m.get("host_temp_size_in_bytes", 0),
-        compiler_accepted=req.settings.budget >= chip.device_hbm_bytes,  # libtpu compiled it for this device's HBM
-    )
+        return MemoryReport(used, compiler_oom_bytes=used, **verdict)  # type: ignore[arg-type]
+    accepted = req.settings.budget >= chip.device_hbm_bytes  # libtpu compiled it for this device's HBM
+    return MemoryReport.from_memory_analysis(compiled.memory, compiler_accepted=accepted, **verdict)  # type: ignore[return-value]
 
 
 def _report(

@@ -12,52 +12,65 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mesh import Role
-from spmd._util.memory import GIB, MIB
+from spmd._util.memory import GIB, MIB, Allocation, MemoryUsage
 from spmd.plan.errors import PlanError
 from spmd.plan.predict import estimate as _estimate_module
 from spmd.plan.predict.estimate import StepEstimate
 from spmd.plan.predict.published import published_for
 
 __all__ = [
-    "CollectiveSummary", "ContextReport", "MemoryReport", "PlanReport", "StepEstimate", "plan_table", "summarize",
+    "REPORT_FORMAT", "CollectiveSummary", "ContextReport", "MemoryReport", "PlanReport", "StepEstimate", "plan_table",
+    "summarize",
 ]  # fmt: skip
 
+# The JSON `PlanReport.to_dict` writes. 2: ``memory`` is a `MemoryUsage` (``peak_bytes``; its
+# ``output_bytes`` no longer counts aliased outputs). `PlanReport.from_dict` reads 1 and 2.
+REPORT_FORMAT = 2
 
-@dataclass(frozen=True)
-class MemoryReport:
-    """Per-device bytes from the compiled executable's ``memory_analysis()``.
 
-    ``total`` is arguments + outputs - aliased (donated state written in place) + temporaries:
-    what the device holds at the step's peak. ``predicted_argument_bytes`` is our sharding math's
-    sum of each argument's largest block, before the TPU's tiled layouts pad small dims.
+@dataclass(frozen=True, kw_only=True)
+class MemoryReport(MemoryUsage):
+    """A plan's per-device memory: the compiled step's `MemoryUsage` (the record the inspector
+    fills too, here from the executable's ``memory_analysis()``, `MemoryUsage.from_memory_analysis`)
+    judged against the device's memory budget.
+
+    ``peak_bytes`` (``total_bytes``) is arguments + outputs not aliased + temporaries: what the
+    device holds at the step's peak. ``predicted_argument_bytes`` is our sharding math's sum of
+    each argument's largest block, before the TPU's tiled layouts pad small dims.
     ``host_temp_bytes``: activations offloaded to the host's memory (``--remat offload``).
     ``largest_allocations``: the compiler's largest buffers.
 
     When the TPU compiler itself refuses the program for lack of HBM there is no memory
-    analysis: ``compiler_oom_bytes`` holds the usage its error reports (the other byte fields
-    are 0). ``compiler_accepted``: the compiler placed the step in the device's HBM, which is the
-    verdict when the budget is the device's own (the analysis's categories can add up to a little
-    more than the HBM it accepted).
+    analysis: ``compiler_oom_bytes`` (and ``peak_bytes``) hold the usage its error reports (the
+    other byte fields are 0). ``compiler_accepted``: the compiler placed the step in the device's
+    HBM, which is the verdict when the budget is the device's own (the analysis's categories can
+    add up to a little more than the HBM it accepted).
     """
 
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
-    generated_code_bytes: int
-    predicted_argument_bytes: int
     hbm_bytes: int
+    predicted_argument_bytes: int = 0
     compiler_oom_bytes: int | None = None
     largest_allocations: tuple[str, ...] = ()
     compiler_accepted: bool = False
-    host_temp_bytes: int = 0
     devices_per_chip: int = 1
 
     @property
     def total_bytes(self) -> int:
-        if self.compiler_oom_bytes is not None:
-            return self.compiler_oom_bytes
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+        """The step's peak (``peak_bytes``), the name the planner's report has always used."""
+        return self.peak_bytes
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryReport:
+        """The memory `PlanReport.to_dict` wrote, either format: before ``report_format`` 2 the
+        output size counted aliased outputs and there was no ``peak_bytes`` (derived keys ignored)."""
+        d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "peak_bytes" not in d:  # report_format 1: the compiler's output size, aliased outputs in it
+            d["output_bytes"] -= d["alias_bytes"]
+            oom = d.get("compiler_oom_bytes")
+            d["peak_bytes"] = oom if oom is not None else d["argument_bytes"] + d["output_bytes"] + d["temp_bytes"]
+        d["largest_allocations"] = tuple(d.get("largest_allocations", ()))
+        d["allocations"] = tuple(Allocation(**a) for a in d.get("allocations", ()))
+        return cls(**d)
 
     @property
     def fits(self) -> bool:
@@ -216,6 +229,7 @@ class PlanReport:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["report_format"] = REPORT_FORMAT
         out["memory"]["total_bytes"] = self.memory.total_bytes
         out["memory"]["margin_bytes"] = self.memory.margin_bytes
         out["fits"] = self.fits
@@ -239,9 +253,7 @@ class PlanReport:
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> PlanReport:
         d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        memory = {k: v for k, v in d["memory"].items() if k in MemoryReport.__dataclass_fields__}
-        memory["largest_allocations"] = tuple(memory.get("largest_allocations", ()))
-        d["memory"] = MemoryReport(**memory)
+        d["memory"] = MemoryReport.from_dict(d["memory"])
         d["collectives"] = tuple(CollectiveSummary(**c) for c in d["collectives"])
         estimate = dict(d["estimate"])
         for key in ("flops_by_loop", "flops_by_op"):  # JSON's lists, the dataclass's tuples
@@ -318,7 +330,7 @@ def _memory(r: PlanReport) -> list[str]:
     lines = [
         "per-device HBM (TPU compiler)      GiB",
         f"  arguments (params, AdamW, batch) {m.argument_bytes / GIB:9.3f}   (our sharding math: {m.predicted_argument_bytes / GIB:.3f})",
-        f"  outputs - aliased                {(m.output_bytes - m.alias_bytes) / GIB:9.3f}",
+        f"  outputs - aliased                {m.output_bytes / GIB:9.3f}",
         f"  temporaries                      {m.temp_bytes / GIB:9.3f}",
         f"  total                            {m.total_bytes / GIB:9.3f}   of {m.hbm_bytes / GIB:.2f}{per_chip}",
     ]

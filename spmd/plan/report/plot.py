@@ -38,7 +38,7 @@ def plot_report(report: PlanReport, path: str | Path) -> None:
     m = report.memory
     parts = [
         ("arguments", m.argument_bytes),
-        ("outputs - aliased", m.output_bytes - m.alias_bytes),
+        ("outputs - aliased", m.output_bytes),
         ("temporaries", m.temp_bytes),
     ]
     fig, ax = plt.subplots(figsize=(5, 4))

@@ -193,7 +193,10 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     fits = outcome(advice, "fsdp")
     used = _oom_used_bytes(OOM)
-    memory = MemoryReport(0, 0, 0, 0, 0, 1000, 16 * 2**30, used, _largest(OOM))
+    memory = MemoryReport(
+        used, compiler_oom_bytes=used, hbm_bytes=16 * 2**30, predicted_argument_bytes=1000,
+        largest_allocations=_largest(OOM),
+    )  # fmt: skip
     report = dataclasses.replace(fits, memory=memory)
     assert not report.fits and report.memory.margin_bytes == 16 * 2**30 - used
     assert report.memory.short_verdict() == "OOM (-29.97 GiB)"
