@@ -5,7 +5,7 @@ It reads as its steps, in order: check the request (`_request`); build the model
 (`spmd.plan.request.meshes`); the strategy's parameter specs, checked for even splits
 (`spmd.plan.request.specs`); lower the step (`spmd.plan.lower.lowering`); compile it (`spmd.plan.compile.step`);
 read its collectives (`spmd.plan.compile.program`), predict its time from the compiled program
-(`spmd.plan.predict._step_time`) with the roofline bound beside it (`spmd.plan.predict.estimate`) and report
+(`spmd.plan.predict.predict_step`) with the roofline bound beside it (`spmd.plan.predict.estimate`) and report
 (`spmd.plan.report.plan_report`).
 """
 
@@ -27,7 +27,7 @@ from spmd.plan.compile.program import splash_kernels, step_collectives
 from spmd.plan.compile.step import CompiledStep, compile_step
 from spmd.plan.errors import PlanError
 from spmd.plan.lower.lowering import LoweredStep, TrainStepConfig, lower_train_step
-from spmd.plan.predict._step_time import predict_step
+from spmd.plan.predict import predict_step
 from spmd.plan.predict.estimate import estimate_step
 from spmd.plan.predict.memory import model_shape
 from spmd.plan.report.plan_report import ContextReport, MemoryReport, PlanReport, summarize
