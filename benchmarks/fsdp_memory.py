@@ -22,7 +22,7 @@ Communication is set against ZeRO-3's minimum, 3 P (N - 1) / N bytes sent per de
 step (``sent/min``). Every collective of fsdp_xla's step is attributed to its unit and phase
 (`fsdp_xla.communication`; a table per phase and per unit, and each collective in the JSON).
 ``TPU sent/min`` is the same steady graphs compiled again by libtpu for a v5e slice of as many
-chips (`spmd.plan.recompile`; skip with ``--no-tpu``): XLA's CPU compiler reduces gradients with
+chips (`spmd.plan.compile.recompile`; skip with ``--no-tpu``): XLA's CPU compiler reduces gradients with
 an all-reduce and a slice where libtpu reduce-scatters (docs/fsdp.md). Matmuls are traced at
 'highest' precision so that compile keeps fp32 weights, as the minimum counts them.
 """
@@ -84,7 +84,7 @@ from fsdp_xla.communication import (  # noqa: E402
 from mesh import Mesh  # noqa: E402
 from spmd import P, mark_sharding  # noqa: E402
 from spmd.inspector import format_bytes  # noqa: E402
-from spmd.plan.recompile import RecompileError, tpu_step_collectives  # noqa: E402
+from spmd.plan.compile.recompile import RecompileError, tpu_step_collectives  # noqa: E402
 
 
 @dataclass

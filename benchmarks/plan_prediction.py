@@ -1,9 +1,9 @@
 """The planner's predicted step against published training runs (issue 29, docs/plan.md "Calibration").
 
-Plans every published run that has a recipe (`spmd.plan.published.PUBLISHED`) with the recipe's
+Plans every published run that has a recipe (`spmd.plan.predict.published.PUBLISHED`) with the recipe's
 shape, through the planner's API, on this machine (libtpu compiles for the run's slice), and
 prints a table: run, chips, published TFLOP/s per chip, predicted, error, and whether the run is
-one the step-time model was fitted on (`spmd.plan._calibration.CALIBRATION_RUNS`) or held out.
+one the step-time model was fitted on (`spmd.plan.predict._calibration.CALIBRATION_RUNS`) or held out.
 
 Each compile is cached in the planner's compile cache (``~/.cache/xla-spmd/plan``, or
 ``--cache``): the report as the advisor caches it, with the optimized HLO beside it
@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from spmd.files import atomic_write
-from spmd.plan._calibration import CALIBRATION, CALIBRATION_RUNS, CalibrationPoint, fit_efficiency
-from spmd.plan._step_time import predict_step
-from spmd.plan.advice import Candidate
+from spmd.plan.advisor.advice import Candidate
+from spmd.plan.advisor.plan_cache import Settings, cached_outcome, default_cache_dir, entry_path, model_key, write_entry
 from spmd.plan.api import plan_program
-from spmd.plan.plan_cache import Settings, cached_outcome, default_cache_dir, entry_path, model_key, write_entry
-from spmd.plan.published import PUBLISHED, Published, published_run, run_name
-from spmd.plan.report import GIB, PlanReport
-from spmd.plan.settings import PlanSettings
-from spmd.plan.topology import CHIP_SPECS
+from spmd.plan.predict._calibration import CALIBRATION, CALIBRATION_RUNS, CalibrationPoint, fit_efficiency
+from spmd.plan.predict._step_time import predict_step
+from spmd.plan.predict.published import PUBLISHED, Published, published_run, run_name
+from spmd.plan.report.plan_report import GIB, PlanReport
+from spmd.plan.request.settings import PlanSettings
+from spmd.plan.request.topology import CHIP_SPECS
 
 # Efficiencies each run's step is predicted at (the fit interpolates between them).
 GRID = tuple(round(0.50 + 0.02 * k, 2) for k in range(26))

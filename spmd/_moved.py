@@ -37,7 +37,26 @@ MOVED_MODULES: dict[str, tuple[str, str]] = {
     # The three compat modules are named for what they answer (torch_xla's names stay spmd.compat).
     "spmd.plan._compat": ("spmd.plan._jax_compat", "spmd.plan._jax_compat (private)"),
     "spmd.plan.report_text": ("spmd.plan.report", "spmd.plan.report"),
-    "spmd.plan.advice_text": ("spmd.plan.advice", "spmd.plan.advice"),
+    "spmd.plan.advice_text": ("spmd.plan.advisor.advice", "spmd.plan.advisor.advice"),
+    # The planner by stage (docs/architecture.md): request -> lower -> compile -> predict -> report
+    # -> advisor. spmd.plan.compile, .report and .advisor became their stage's package, with the
+    # same names; the other modules moved into their stage.
+    **{
+        f"spmd.plan.{leaf}": (f"spmd.plan.{stage}.{leaf}", f"spmd.plan.{stage}.{leaf}")
+        for stage, leaves in (
+            ("request", "attention context custom_remat dcn meshes models remat settings specs topology vocab_tiling"),
+            ("lower", "lowering residuals"),
+            ("compile", "program recompile"),
+            ("predict", "ceiling estimate memory published"),
+            ("report", "plot"),
+            ("advisor", "advice compile_pool plan_cache search"),
+        )
+        for leaf in leaves.split()
+    },
+    **{
+        f"spmd.plan.{leaf}": (f"spmd.plan.predict.{leaf}", f"spmd.plan.predict.{leaf} (private)")
+        for leaf in ("_calibration", "_op_costs", "_step_time")
+    },
     # The HLO text reader is the seam of the inspector, the planner and fsdp_xla: public on its own.
     "spmd.inspector.hlo_text": ("spmd.hlo", "spmd.hlo"),
     "spmd.inspector.hlo_shape": ("spmd.hlo", "spmd.hlo"),

@@ -23,7 +23,7 @@ import pytest
         "spmd.logical_axes",
         "spmd.plan",
         "spmd.plan.advisor",
-        "spmd.plan.recompile",
+        "spmd.plan.compile.recompile",
         # the public seams between packages (docs/architecture.md)
         "mesh.checks",
         "spmd.backend",

@@ -3,10 +3,10 @@ Python). The inspector's two captures fill the same record: torch_xla's from XLA
 assignment (arguments, outputs, temporaries), the dry run's from torch's memory tracker
 (parameters, gradients, optimizer state, activations... at the peak, and each one's maximum).
 
-The planner reads the TPU compiler's ``memory_analysis()`` into the same kinds of buffer
-(`spmd.plan.report.MemoryReport`, its own math in `spmd.plan.memory.MemoryMath`); it is to move
-onto `MemoryUsage` and these units (``generated_code_bytes`` and ``host_temp_bytes`` are its
-categories; its ``output_bytes`` counts aliased outputs too, which `MemoryUsage` keeps apart).
+The planner reads the TPU compiler's ``memory_analysis()`` into the same record
+(`MemoryUsage.from_memory_analysis`; its report, `spmd.plan.report.MemoryReport`, is a
+`MemoryUsage` judged against the device's memory budget). Its own math before compiling is a
+prediction, not a record of a compiled step (`spmd.plan.predict.memory.MemoryMath`).
 """
 
 from __future__ import annotations
@@ -103,6 +103,29 @@ class MemoryUsage:
     category_max: Mapping[str, int] = field(default_factory=dict)
     generated_code_bytes: int = 0
     host_temp_bytes: int = 0
+
+    @classmethod
+    def from_memory_analysis(cls, stats: Mapping[str, int], **more: object) -> MemoryUsage:
+        """From a compiled executable's ``memory_analysis()`` as a dict of its ``*_in_bytes``
+        fields (jax's ``CompiledMemoryStats``): the compiler counts aliased outputs in its output
+        size, which this record keeps apart, so the peak is arguments + outputs not aliased +
+        temporaries. ``more``: the fields a subclass adds.
+
+        Raises:
+            KeyError: ``stats`` lacks one of the argument, output, alias or temp sizes.
+        """
+        argument, alias = stats["argument_size_in_bytes"], stats["alias_size_in_bytes"]
+        output, temp = stats["output_size_in_bytes"] - alias, stats["temp_size_in_bytes"]
+        return cls(
+            argument + output + temp,
+            argument_bytes=argument,
+            output_bytes=output,
+            alias_bytes=alias,
+            temp_bytes=temp,
+            generated_code_bytes=stats.get("generated_code_size_in_bytes", 0),
+            host_temp_bytes=stats.get("host_temp_size_in_bytes", 0),
+            **more,  # type: ignore[arg-type]
+        )
 
     @classmethod
     def parse(cls, buffer_assignment_text: str) -> MemoryUsage:

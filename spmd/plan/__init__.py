@@ -7,7 +7,6 @@ Needs the ``plan`` extra (torchax, transformers) and a lane's jax and libtpu.
 
 from spmd.plan.advisor import Advice, advise
 from spmd.plan.api import STRATEGIES, auto_mesh_shape, plan
-from spmd.plan.attention import Attention
 from spmd.plan.errors import (
     CompilerVersionError,
     ModelSpecError,
@@ -16,10 +15,8 @@ from spmd.plan.errors import (
     TopologyError,
     TracingError,
 )
-from spmd.plan.models import BUILTIN_CONFIGS
-from spmd.plan.remat import Remat
 from spmd.plan.report import PlanReport
-from spmd.plan.topology import CHIP_SPECS, TpuSlice, parse_slice
+from spmd.plan.request import BUILTIN_CONFIGS, CHIP_SPECS, Attention, Remat, TpuSlice, parse_slice
 
 __all__ = [
     "Advice",

@@ -19,14 +19,14 @@ from mesh import Role
 from spmd._util.atomic_file import atomic_write
 from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
-from spmd.plan.custom_remat import CUSTOM_PREFIX, CustomRemat
-from spmd.plan.meshes import ADVISED_STRATEGIES, STRATEGIES
-from spmd.plan.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
-from spmd.plan.remat import Remat
-from spmd.plan.report import GIB
-from spmd.plan.settings import MOMENT_DTYPES
-from spmd.plan.topology import MAX_SLICES
-from spmd.plan.vocab_tiling import MAX_TILES
+from spmd.plan.report.plan_report import GIB
+from spmd.plan.request.custom_remat import CUSTOM_PREFIX, CustomRemat
+from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
+from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.settings import MOMENT_DTYPES
+from spmd.plan.request.topology import MAX_SLICES
+from spmd.plan.request.vocab_tiling import MAX_TILES
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -273,14 +273,14 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
     print(report.table())
     _write_json(args.json, report.to_dict())
     if args.plot:
-        from spmd.plan.plot import plot_report
+        from spmd.plan.report.plot import plot_report
 
         plot_report(report, args.plot)
     return 0 if report.fits else 1
 
 
 def _advise(args: argparse.Namespace, hbm: int | None) -> int:
-    from spmd.plan.advisor import advise, default_cache_dir
+    from spmd.plan.advisor.advisor import advise, default_cache_dir
 
     advice = advise(
         args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
@@ -307,7 +307,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         print(f"\n{args.fsdp_config} not written: {why}.")
     _write_json(args.json, advice.to_dict())
     if args.plot:
-        from spmd.plan.plot import plot_advice
+        from spmd.plan.report.plot import plot_advice
 
         plot_advice(advice, args.plot)
     if advice.interrupted:

@@ -94,7 +94,7 @@ __all__ = [
 PRIVATE_SYMBOLS: dict[str, PrivateSymbol] = {
     # the Mosaic IR version Pallas kernels are written in (`mosaic_ir_for_libtpu`)
     "tpu_custom_call": PrivateSymbol("jax._src.tpu_custom_call"),
-    # compiling HLO text for a TPU target (spmd.plan.recompile)
+    # compiling HLO text for a TPU target (spmd.plan.compile.recompile)
     "jax_compiler": PrivateSymbol("jax._src.compiler"),
     "xla_client": PrivateSymbol("jax._src.lib", "xla_client"),
 }

@@ -1,19 +1,19 @@
 """`plan`: compile one training step of a model for a TPU topology on this machine, and report.
 
 It reads as its steps, in order: check the request (`_request`); build the model on ``meta``
-(`spmd.plan.models`); get the topology's devices from libtpu and lay out the mesh
-(`spmd.plan.meshes`); the strategy's parameter specs, checked for even splits
-(`spmd.plan.specs`); lower the step (`spmd.plan.lowering`); compile it (`spmd.plan.compile`);
-read its collectives (`spmd.plan.program`), predict its time from the compiled program
-(`spmd.plan._step_time`) with the roofline bound beside it (`spmd.plan.estimate`) and report
-(`spmd.plan.report`).
+(`spmd.plan.request.models`); get the topology's devices from libtpu and lay out the mesh
+(`spmd.plan.request.meshes`); the strategy's parameter specs, checked for even splits
+(`spmd.plan.request.specs`); lower the step (`spmd.plan.lower.lowering`); compile it (`spmd.plan.compile.step`);
+read its collectives (`spmd.plan.compile.program`), predict its time from the compiled program
+(`spmd.plan.predict.predict_step`) with the roofline bound beside it (`spmd.plan.predict.estimate`) and report
+(`spmd.plan.report.plan_report`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +23,24 @@ import torch
 from mesh import Mesh, Role, roles
 from mesh.checks import is_int
 from spmd.plan._jax_compat import toolchain
-from spmd.plan._step_time import predict_step
-from spmd.plan.attention import Attention, splash_block
-from spmd.plan.compile import CompiledStep, compile_step
-from spmd.plan.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
-from spmd.plan.dcn import split_dcn
+from spmd.plan.compile.program import splash_kernels, step_collectives
+from spmd.plan.compile.step import CompiledStep, compile_step
 from spmd.plan.errors import PlanError
-from spmd.plan.estimate import estimate_step
-from spmd.plan.lowering import LoweredStep, TrainStepConfig, lower_train_step
-from spmd.plan.memory import model_shape
-from spmd.plan.meshes import STRATEGIES, auto_mesh_shape, batch_axes, build_mesh, check_mesh, tpu_devices
-from spmd.plan.models import DEFAULT_SEQ_LEN, build_meta_model, default_seq_len, resolve_seq_len
-from spmd.plan.program import splash_kernels, step_collectives
-from spmd.plan.remat import Remat
-from spmd.plan.report import ContextReport, MemoryReport, PlanReport, summarize
-from spmd.plan.settings import PlanSettings
-from spmd.plan.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
-from spmd.plan.topology import TpuSlice
-from spmd.plan.vocab_tiling import check_vocab_tiles
+from spmd.plan.lower.lowering import LoweredStep, TrainStepConfig, lower_train_step
+from spmd.plan.predict import predict_step
+from spmd.plan.predict.estimate import estimate_step
+from spmd.plan.predict.memory import model_shape
+from spmd.plan.report.plan_report import ContextReport, MemoryReport, PlanReport, summarize
+from spmd.plan.request.attention import Attention, splash_block
+from spmd.plan.request.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
+from spmd.plan.request.dcn import split_dcn
+from spmd.plan.request.meshes import STRATEGIES, auto_mesh_shape, batch_axes, build_mesh, check_mesh, tpu_devices
+from spmd.plan.request.models import DEFAULT_SEQ_LEN, build_meta_model, default_seq_len, resolve_seq_len
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.settings import PlanSettings
+from spmd.plan.request.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
+from spmd.plan.request.topology import TpuSlice
+from spmd.plan.request.vocab_tiling import check_vocab_tiles
 from spmd.sharding import PartitionSpec
 
 __all__ = [
@@ -141,27 +141,27 @@ def plan(
 
     Args:
         model: a built-in name (``llama3.1-70b``), a Hugging Face ``config.json``, a
-            ``module:function`` factory, or a module on ``meta`` (`spmd.plan.models`).
-        topology: a TPU slice: ``v5p-128``, ``tpu7x-128`` or a chip grid ``tpu7x:4x4x4`` (`spmd.plan.topology`).
+            ``module:function`` factory, or a module on ``meta`` (`spmd.plan.request.models`).
+        topology: a TPU slice: ``v5p-128``, ``tpu7x-128`` or a chip grid ``tpu7x:4x4x4`` (`spmd.plan.request.topology`).
         strategy: ``fsdp``, ``2d`` (fsdp x tensor), ``dp``, or ``cp`` (fsdp x context: the sequence split
-            over ``context``, `spmd.plan.context`; ``fsdp`` on a mesh with a context axis is the same plan).
+            over ``context``, `spmd.plan.request.context`; ``fsdp`` on a mesh with a context axis is the same plan).
         mesh: axis sizes over the devices, e.g. ``{"fsdp": 32, "tensor": 4}`` or ``{"fsdp": 64, "context": 8}``;
             default `auto_mesh_shape`. Across slices, ``dcn_<axis>`` entries say how many slices an
-            axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.dcn`).
+            axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.request.dcn`).
         global_batch: sequences per step; default one per batch shard.
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
             position table: 1024 for GPT-2).
         compute_dtype: ``bfloat16`` (fp32 master weights and AdamW state) or ``float32``.
         remat: what each block keeps for backward, by MaxText's names: ``none``, ``dots``
-            (``minimal``), ``save_dot_except_mlp``, ``save_qkv_proj``, ``full``, ``offload`` (`spmd.plan.remat`).
-        attention: ``dot`` or ``flash`` (splash attention, `spmd.plan.attention`).
+            (``minimal``), ``save_dot_except_mlp``, ``save_qkv_proj``, ``full``, ``offload`` (`spmd.plan.request.remat`).
+        attention: ``dot`` or ``flash`` (splash attention, `spmd.plan.request.attention`).
         slices: slices joined over DCN (a ``data`` axis spans them).
         tensor: the tensor axis size of the default 2-D mesh.
         param_spec: overrides the strategy's ``(name, shape) -> spec``.
         hbm_bytes: the per-device memory budget the verdict uses; default the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
-            vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.vocab_tiling`).
+            vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.request.vocab_tiling`).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
@@ -193,7 +193,7 @@ def plan_program(
 ) -> tuple[PlanReport, str]:  # fmt: skip
     """`plan_with`'s report and the optimized HLO it was read from (empty when the program does not
     fit): what a calibration keeps, to predict the step again with other constants
-    (`spmd.plan._step_time.predict_step`) without compiling again."""
+    (`spmd.plan.predict._step_time.predict_step`) without compiling again."""
     req = _request(settings, strategy, mesh, global_batch, remat, tensor)
     module, hf_config = build_meta_model(model)
     seq = resolve_seq_len(settings.seq_len, hf_config)
@@ -234,24 +234,15 @@ def _lower(
 
 def _memory(req: _Request, compiled: CompiledStep, predicted: int) -> MemoryReport:
     chip = req.target.chip
-    base = MemoryReport(
-        0, 0, 0, 0, 0, predicted, req.settings.budget, largest_allocations=compiled.largest,
+    verdict = dict(
+        hbm_bytes=req.settings.budget, predicted_argument_bytes=predicted, largest_allocations=compiled.largest,
         devices_per_chip=chip.devices_per_chip,
     )  # fmt: skip
     if not compiled.fits_compiler:  # libtpu 0.0.52 names the temporaries only: add the arguments
         used = compiled.oom_bytes + (predicted if compiled.oom_temporaries_only else 0)  # type: ignore[operator]
-        return replace(base, compiler_oom_bytes=used)
-    m = compiled.memory
-    return replace(
-        base,
-        argument_bytes=m["argument_size_in_bytes"],
-        output_bytes=m["output_size_in_bytes"],
-        alias_bytes=m["alias_size_in_bytes"],
-        temp_bytes=m["temp_size_in_bytes"],
-        generated_code_bytes=m["generated_code_size_in_bytes"],
-        host_temp_bytes=m.get("host_temp_size_in_bytes", 0),
-        compiler_accepted=req.settings.budget >= chip.device_hbm_bytes,  # libtpu compiled it for this device's HBM
-    )
+        return MemoryReport(used, compiler_oom_bytes=used, **verdict)  # type: ignore[arg-type]
+    accepted = req.settings.budget >= chip.device_hbm_bytes  # libtpu compiled it for this device's HBM
+    return MemoryReport.from_memory_analysis(compiled.memory, compiler_accepted=accepted, **verdict)  # type: ignore[return-value]
 
 
 def _report(

@@ -156,7 +156,7 @@ def test_libtpu_reduces_the_same_gradients_with_reduce_scatters(step_records):
     """XLA:CPU's all-reduce + slice is the CPU compiler's doing: libtpu, compiling the very graph
     for a v5e-8, reduce-scatters the weight gradients (docs/fsdp.md)."""
     pytest.importorskip("libtpu", reason="compiles for a TPU with libtpu")
-    from spmd.plan.recompile import tpu_step_collectives
+    from spmd.plan.compile.recompile import tpu_step_collectives
 
     records, model, graphs = step_records
     (graph,) = [g for g in graphs if g.name.startswith(BACKWARD_GRAPH_NAME)]

@@ -19,12 +19,12 @@ import numpy as np  # noqa: E402
 
 from mesh import Mesh  # noqa: E402
 from spmd.plan._jax_compat import compile_with_hlo  # noqa: E402
-from spmd.plan.attention import Attention  # noqa: E402
-from spmd.plan.lowering import TrainStepConfig, lower_train_step  # noqa: E402
-from spmd.plan.models import build_meta_model  # noqa: E402
-from spmd.plan.program import step_collectives  # noqa: E402
-from spmd.plan.remat import Remat  # noqa: E402
-from spmd.plan.specs import param_spec_for  # noqa: E402
+from spmd.plan.compile.program import step_collectives  # noqa: E402
+from spmd.plan.lower.lowering import TrainStepConfig, lower_train_step  # noqa: E402
+from spmd.plan.request.attention import Attention  # noqa: E402
+from spmd.plan.request.models import build_meta_model  # noqa: E402
+from spmd.plan.request.remat import Remat  # noqa: E402
+from spmd.plan.request.specs import param_spec_for  # noqa: E402
 
 
 def main(config: str, batch: int, seq: int) -> None:

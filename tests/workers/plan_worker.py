@@ -90,9 +90,9 @@ def _compiled(config: Path, remat: str, attention: str, moment_dtype: str = "flo
     import re
 
     from spmd.plan.api import _lower, _request
-    from spmd.plan.compile import compile_step
-    from spmd.plan.models import build_meta_model
-    from spmd.plan.settings import PlanSettings
+    from spmd.plan.compile.step import compile_step
+    from spmd.plan.request.models import build_meta_model
+    from spmd.plan.request.settings import PlanSettings
 
     settings = PlanSettings("tpu7x:2x2x1", 1, FIDELITY_SEQ, "bfloat16", attention, None, moment_dtype)
     req = _request(settings, "fsdp", None, 16, remat, 4)
@@ -108,10 +108,10 @@ def fidelity(out: Path, results: dict) -> None:
     """Flash attention holds no seq x seq buffer where dot attention does; what each remat policy
     saves (lowered only), beside our math's count of it; a bf16 first moment's arguments."""
     from spmd.plan.api import _lower, _request
-    from spmd.plan.memory import model_shape, saved_per_token
-    from spmd.plan.models import build_meta_model
-    from spmd.plan.remat import Remat
-    from spmd.plan.settings import PlanSettings
+    from spmd.plan.predict.memory import model_shape, saved_per_token
+    from spmd.plan.request.models import build_meta_model
+    from spmd.plan.request.remat import Remat
+    from spmd.plan.request.settings import PlanSettings
 
     config = out / "fidelity_llama.json"
     config.write_text(json.dumps(FIDELITY))
@@ -143,12 +143,12 @@ def context_parallel(out: Path, results: dict) -> None:
     plan, read from the cache the plan was written to (no second compile)."""
     import re
 
-    from spmd.plan.advice import Candidate
-    from spmd.plan.advisor import advise
+    from spmd.plan.advisor.advice import Candidate
+    from spmd.plan.advisor.advisor import advise
+    from spmd.plan.advisor.plan_cache import Settings, entry_path, model_key, write_entry
     from spmd.plan.api import plan_program
-    from spmd.plan.plan_cache import Settings, entry_path, model_key, write_entry
-    from spmd.plan.program import step_collectives
-    from spmd.plan.settings import PlanSettings
+    from spmd.plan.compile.program import step_collectives
+    from spmd.plan.request.settings import PlanSettings
 
     config = out / "fidelity_llama.json"
     settings = PlanSettings("tpu7x:2x2x1", 1, CONTEXT_SEQ, "bfloat16", "flash")
@@ -179,7 +179,7 @@ def context_parallel(out: Path, results: dict) -> None:
 
 def interrupted_advice(config: Path, out: Path, results: dict) -> None:
     """The advisor's CLI stopped by Ctrl-C after its first compile: its exit code and partial table."""
-    import spmd.plan.compile_pool as pool
+    import spmd.plan.advisor.compile_pool as pool
 
     compiled = []
     real = pool.compile_candidate
@@ -205,10 +205,10 @@ def every_plan(config: Path, out: Path, results: dict) -> None:
     """The advisor's search on one FSDP mesh (one compile at a time), and every plan it could have
     tried, each compiled: `EVERY_REMATS` x `EVERY_BATCHES`. One compile cache serves both, so a
     plan compiles once; the advice says which it compiled."""
-    from spmd.plan.advice import Candidate
-    from spmd.plan.advisor import advise
-    from spmd.plan.plan_cache import Settings, model_key, run_candidate
-    from spmd.plan.settings import PlanSettings
+    from spmd.plan.advisor.advice import Candidate
+    from spmd.plan.advisor.advisor import advise
+    from spmd.plan.advisor.plan_cache import Settings, model_key, run_candidate
+    from spmd.plan.request.settings import PlanSettings
 
     cache, quiet = out / "every_plan_cache", lambda line: None
     advice = advise(
@@ -238,8 +238,8 @@ def device_orders(results: dict) -> None:
     devices: the device ids in mesh order, the chip of each, and the order the report names. jax
     0.12 puts each tensor pair on one chip's two cores, 0.10.2 on two chips along x."""
     from spmd.plan._jax_compat import toolchain
-    from spmd.plan.meshes import build_mesh, tpu_devices
-    from spmd.plan.topology import parse_slice
+    from spmd.plan.request.meshes import build_mesh, tpu_devices
+    from spmd.plan.request.topology import parse_slice
 
     target = parse_slice("tpu7x:2x4x4")
     try:
@@ -277,7 +277,7 @@ def loop_collectives(results: dict) -> None:
     from jax.sharding import PartitionSpec as JP
 
     from spmd.plan._jax_compat import compile_with_hlo, topology_devices
-    from spmd.plan.program import step_collectives
+    from spmd.plan.compile.program import step_collectives
 
     mesh = JaxMesh(np.array(topology_devices("v5e:2x2", 1, "TPU v5e")).reshape(4), ("x",))
 

@@ -55,7 +55,7 @@ def test_the_compiled_step_gathers_keys_and_values_over_the_context_axis_at_thei
     the context axis each attention gathers K and V once in forward (K as its two rotated
     halves) and reduces their gradients once in backward, at the key/value heads' size. XLA's CPU
     compiler keeps a gradient reduction as an all-reduce (a TPU compile makes it a reduce-scatter,
-    `spmd.plan.recompile`)."""
+    `spmd.plan.compile.recompile`)."""
     import importlib.util
 
     from spmd.inspector import CollectiveKind, capture

@@ -23,9 +23,9 @@ LLAMA = {
 COMPILE = """
 import json, re, sys
 from spmd.plan.api import _lower, _request
-from spmd.plan.compile import compile_step
-from spmd.plan.models import build_meta_model
-from spmd.plan.settings import PlanSettings
+from spmd.plan.compile.step import compile_step
+from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.settings import PlanSettings
 
 settings = PlanSettings("v5e:2x2", 1, 512, "bfloat16", "dot")
 module, hf_config = build_meta_model(sys.argv[1])
@@ -78,10 +78,10 @@ def test_every_activation_axis_has_a_rule():
 def test_the_memory_math_counts_the_layer_input_split_over_tensor(tmp_path):
     """What the compile above keeps a token under `full` (the layer input, 128 of 256 wide in bf16),
     as our memory math counts it; `offload` moves the same bytes to the host."""
-    from spmd.plan.attention import Attention
-    from spmd.plan.memory import model_shape, saved_per_token
-    from spmd.plan.models import build_meta_model
-    from spmd.plan.remat import Remat
+    from spmd.plan.predict.memory import model_shape, saved_per_token
+    from spmd.plan.request.attention import Attention
+    from spmd.plan.request.models import build_meta_model
+    from spmd.plan.request.remat import Remat
 
     config = tmp_path / "llama.json"
     config.write_text(json.dumps(LLAMA))
@@ -96,10 +96,10 @@ def test_the_memory_math_counts_the_out_projection_split_over_tensor(tmp_path):
     """MaxText's 64B on v5p-128 (width 8192 over tensor=4) keeps its input, q, k, v and out
     projection stacks at 2048 wide a device (libtpu's largest buffers: 5 x bf16[64,12,2048,2048]):
     the out projection's output is split like the stream it is added to."""
-    from spmd.plan.attention import Attention
-    from spmd.plan.memory import model_shape, saved_per_token
-    from spmd.plan.models import build_meta_model
-    from spmd.plan.remat import Remat
+    from spmd.plan.predict.memory import model_shape, saved_per_token
+    from spmd.plan.request.attention import Attention
+    from spmd.plan.request.models import build_meta_model
+    from spmd.plan.request.remat import Remat
 
     module, hf_config = build_meta_model("maxtext-64b")
     shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))

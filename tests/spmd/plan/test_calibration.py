@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spmd.plan._calibration import CALIBRATION, CALIBRATION_RUNS, Calibration, CalibrationPoint, fit_efficiency
-from spmd.plan._step_time import predict_step
-from spmd.plan.models import BUILTIN_CONFIGS, build_meta_model
-from spmd.plan.published import PUBLISHED, published_run, run_name
-from spmd.plan.topology import CHIP_SPECS, parse_slice
+from spmd.plan.predict._calibration import CALIBRATION, CALIBRATION_RUNS, Calibration, CalibrationPoint, fit_efficiency
+from spmd.plan.predict._step_time import predict_step
+from spmd.plan.predict.published import PUBLISHED, published_run, run_name
+from spmd.plan.request.models import BUILTIN_CONFIGS, build_meta_model
+from spmd.plan.request.topology import CHIP_SPECS, parse_slice
 
 RECORD = Path(__file__).resolve().parents[2] / "data" / "plan_calibration.json"
 PEAK = {spec.name: spec.peak_flops for spec in CHIP_SPECS.values()}

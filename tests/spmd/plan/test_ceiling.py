@@ -1,16 +1,16 @@
-"""The MFU ceiling the advisor rules plans out with (`spmd.plan.ceiling`), against compiled plans;
+"""The MFU ceiling the advisor rules plans out with (`spmd.plan.predict.ceiling`), against compiled plans;
 and the advisor's search against every plan it could have tried, each compiled (plan_worker.py's
 ``every_plan``: a small Llama on v5e:2x2)."""
 
 import pytest
 
-from spmd.plan._calibration import CALIBRATION
-from spmd.plan.advisor import _ceilings
-from spmd.plan.ceiling import mfu_ceiling, recompute_floor
-from spmd.plan.memory import model_shape
-from spmd.plan.models import BUILTIN_CONFIGS, _hf_config, build_meta_model
-from spmd.plan.remat import Remat
-from spmd.plan.settings import PlanSettings
+from spmd.plan.advisor.advisor import _ceilings
+from spmd.plan.predict._calibration import CALIBRATION
+from spmd.plan.predict.ceiling import mfu_ceiling, recompute_floor
+from spmd.plan.predict.memory import model_shape
+from spmd.plan.request.models import BUILTIN_CONFIGS, _hf_config, build_meta_model
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.settings import PlanSettings
 from tests.spmd.plan import plan_results
 
 

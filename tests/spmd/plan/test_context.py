@@ -1,4 +1,4 @@
-"""Context parallelism in the planner (`spmd.plan.context`), with no TPU compile: the load-balanced
+"""Context parallelism in the planner (`spmd.plan.request.context`), with no TPU compile: the load-balanced
 order is MaxText's, the sharded attention equals unsharded causal attention (JAX on this session's
 virtual CPU devices, the splash kernel in Pallas' interpreter), the model FLOPs at 131,072 tokens
 are MaxText's count, and bad requests are refused before anything compiles. The compiled plans
@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from spmd.plan import PlanError, advise, plan
-from spmd.plan.advisor import candidates_for
-from spmd.plan.attention import Attention
-from spmd.plan.context import axes_spanned, check_context, load_balanced_order, to_contiguous
-from spmd.plan.estimate import model_flops
-from spmd.plan.memory import model_shape, plan_memory
-from spmd.plan.models import BUILTIN_CONFIGS, _hf_config
-from spmd.plan.published import published_run
-from spmd.plan.remat import Remat
-from spmd.plan.topology import parse_slice
+from spmd.plan.advisor.advisor import candidates_for
+from spmd.plan.predict.estimate import model_flops
+from spmd.plan.predict.memory import model_shape, plan_memory
+from spmd.plan.predict.published import published_run
+from spmd.plan.request.attention import Attention
+from spmd.plan.request.context import axes_spanned, check_context, load_balanced_order, to_contiguous
+from spmd.plan.request.models import BUILTIN_CONFIGS, _hf_config
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.topology import parse_slice
 
 
 def test_the_order_is_maxtexts_dual_chunk_swap():
@@ -55,7 +55,7 @@ def test_load_balanced_attention_over_context_shards_is_causal_attention():
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as JaxSpec
 
-    from spmd.plan.context import context_attention
+    from spmd.plan.request.context import context_attention
 
     batch, heads, kv_heads, seq, dim, context = 2, 2, 1, 512, 128, 2
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, context), ("fsdp", "context"))

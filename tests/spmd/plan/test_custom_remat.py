@@ -1,4 +1,4 @@
-"""``--remat custom:...`` (`spmd.plan.custom_remat`): MaxText's per-tensor choices. What the
+"""``--remat custom:...`` (`spmd.plan.request.custom_remat`): MaxText's per-tensor choices. What the
 block scan keeps, on the device and on the host, is JAX's own residual list of the lowered step
 (a process of its own: libtpu gives the devices), held to the choices and to our memory math."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.__main__ import parser
-from spmd.plan.custom_remat import CustomRemat
-from spmd.plan.remat import Remat, jax_policy, kernel_residual_name, recompute_factor
+from spmd.plan.request.custom_remat import CustomRemat
+from spmd.plan.request.remat import Remat, jax_policy, kernel_residual_name, recompute_factor
 from tests.torchrun import ROOT, child_env
 
 # q: 4 heads of 64 (256), k and v: 1 head (64), MLP 640, width 320: each projection its own width.
@@ -25,9 +25,9 @@ POLICY = "custom:decoder_layer_input=offload,query_proj=offload,key_proj=device,
 LOWER = """
 import json, sys
 from spmd.plan.api import _lower, _request
-from spmd.plan.memory import model_shape, saved_per_token
-from spmd.plan.models import build_meta_model
-from spmd.plan.settings import PlanSettings
+from spmd.plan.predict.memory import model_shape, saved_per_token
+from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.settings import PlanSettings
 
 settings = PlanSettings("v5e:2x2", 1, 256, "bfloat16", "dot")
 module, hf_config = build_meta_model(sys.argv[1])

@@ -1,4 +1,4 @@
-"""FSDP across slices (`spmd.plan.dcn`): ``dcn_fsdp=2,fsdp=4`` on 2 slices of v5e:2x2 shards the
+"""FSDP across slices (`spmd.plan.request.dcn`): ``dcn_fsdp=2,fsdp=4`` on 2 slices of v5e:2x2 shards the
 parameters over all 8 devices (MaxText's ``dcn_fsdp_parallelism``), where data parallelism over
 DCN (``data=2,fsdp=4``) shards them over each slice's 4; the fsdp axis runs over slice 0's
 devices, then slice 1's (jax's hybrid mesh). The compile runs in a process of its own; the
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from spmd.plan import PlanError
-from spmd.plan.dcn import split_dcn
+from spmd.plan.request.dcn import split_dcn
 from tests.torchrun import ROOT, child_env
 
 LLAMA = {
@@ -25,8 +25,8 @@ COMPILE = """
 import json, sys
 from spmd.plan import plan
 from spmd.plan.api import _request
-from spmd.plan.meshes import build_mesh, tpu_devices
-from spmd.plan.settings import PlanSettings
+from spmd.plan.request.meshes import build_mesh, tpu_devices
+from spmd.plan.request.settings import PlanSettings
 
 config = sys.argv[1]
 settings = PlanSettings("v5e:2x2", 2, 256)
@@ -102,8 +102,8 @@ def test_a_mesh_that_cannot_span_the_slices_is_refused(mesh, slices, says):
 
 
 def test_the_advisor_tries_fsdp_over_dcn_beside_data_parallelism_over_dcn():
-    from spmd.plan.advisor import candidates_for
-    from spmd.plan.topology import parse_slice
+    from spmd.plan.advisor.advisor import candidates_for
+    from spmd.plan.request.topology import parse_slice
 
     two = parse_slice("v6e-256", 2)
     meshes = candidates_for(two, ["fsdp", "2d"], [4], 64)
@@ -119,7 +119,7 @@ def test_the_advisor_tries_fsdp_over_dcn_beside_data_parallelism_over_dcn():
 def test_a_candidate_across_slices_counts_its_whole_axes_and_writes_a_hybrid_mesh():
     from types import SimpleNamespace
 
-    from spmd.plan.advice import Candidate, _mesh_lines
+    from spmd.plan.advisor.advice import Candidate, _mesh_lines
 
     c = Candidate("2d", (("dcn_fsdp", 2), ("fsdp", 64), ("tensor", 4)), 2, "dots")
     assert c.whole_mesh == {"fsdp": 128, "tensor": 4}

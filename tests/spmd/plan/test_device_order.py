@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from spmd.plan._jax_compat import _MockTpu, core_axis_first, device_order
-from spmd.plan.meshes import build_mesh
-from spmd.plan.topology import parse_slice
+from spmd.plan.request.meshes import build_mesh
+from spmd.plan.request.topology import parse_slice
 from tests.torchrun import child_env
 
 JAX = importlib.metadata.version("jax")

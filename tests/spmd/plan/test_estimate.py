@@ -2,9 +2,9 @@
 
 import pytest
 
-from spmd.plan.estimate import model_flops
-from spmd.plan.models import BUILTIN_CONFIGS, _hf_config
-from spmd.plan.remat import Remat, recompute_factor
+from spmd.plan.predict.estimate import model_flops
+from spmd.plan.request.models import BUILTIN_CONFIGS, _hf_config
+from spmd.plan.request.remat import Remat, recompute_factor
 
 
 def test_each_policy_recomputes_more_than_the_one_that_keeps_more():

@@ -3,7 +3,7 @@ Llama on 8 virtual devices: what the planner plans is what `fsdp_xla` runs.
 
 torch_xla's side is `fsdp_xla.FSDP` (a unit per decoder layer, optimization barriers) with torch's
 AdamW, read by `spmd.inspector.capture`; the planner's side is its own lowering
-(`spmd.plan.lowering`) and HLO reading (`spmd.plan.program`), in a child process on JAX's 8
+(`spmd.plan.lower.lowering`) and HLO reading (`spmd.plan.compile.program`), in a child process on JAX's 8
 virtual CPU devices, the compiler torch_xla uses here, so two programs are compared and not two
 compilers. Every gather and gradient reduction is the same on both (the root unit's weights,
 embeddings, final norm and head, are gathered once for the step on both); what differs, explained

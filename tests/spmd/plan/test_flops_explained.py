@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from spmd.plan._step_time import predict_step
-from spmd.plan.estimate import estimate_step
-from spmd.plan.remat import Remat
-from spmd.plan.report import CollectiveSummary, MemoryReport, PlanReport
-from spmd.plan.topology import parse_slice
+from spmd.plan.predict._step_time import predict_step
+from spmd.plan.predict.estimate import estimate_step
+from spmd.plan.report.plan_report import CollectiveSummary, MemoryReport, PlanReport
+from spmd.plan.request.remat import Remat
+from spmd.plan.request.topology import parse_slice
 from tests.spmd.plan.test_step_time import CAL, LOOP
 
 TARGET = parse_slice("tpu7x:2x2x1")  # 8 devices
@@ -23,7 +23,9 @@ def report(model_over_program: float) -> PlanReport:
     step = predict_step(LOOP, TARGET, CAL)
     n_params = round(step.hardware_flops * TARGET.devices * model_over_program / 6 / TOKENS)
     estimate = estimate_step(TARGET, None, n_params, TOKENS, SEQ, Remat.DOTS, [], step)
-    memory = MemoryReport(1, 0, 0, 1, 0, 1, 2**30, compiler_accepted=True)
+    memory = MemoryReport(
+        2, argument_bytes=1, temp_bytes=1, predicted_argument_bytes=1, hbm_bytes=2**30, compiler_accepted=True
+    )
     return PlanReport(
         "m", TARGET.name, TARGET.chip.name, TARGET.chips, TARGET.devices, 1, {"fsdp": 8}, "fsdp", 8, SEQ,
         "bfloat16", "dots", "dot", n_params, 0, memory, (CollectiveSummary("all-gather", 0, 0),), 0.0, 0.0,

@@ -9,8 +9,8 @@ import pytest
 
 from spmd.plan import PlanReport
 from spmd.plan._jax_compat import core_axis_first, device_order
-from spmd.plan.meshes import build_mesh
-from spmd.plan.topology import parse_slice
+from spmd.plan.request.meshes import build_mesh
+from spmd.plan.request.topology import parse_slice
 from tests.spmd.plan import plan_results
 from tests.spmd.plan.test_device_order import tpu7x_devices
 from tests.spmd.plan.test_plan import tiny_llama_params

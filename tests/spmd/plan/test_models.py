@@ -6,7 +6,7 @@ import json
 import pytest
 
 from spmd.plan.errors import ModelSpecError
-from spmd.plan.models import build_meta_model
+from spmd.plan.request.models import build_meta_model
 
 GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2, "vocab_size": 256, "n_positions": 64}
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,

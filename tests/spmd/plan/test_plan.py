@@ -14,11 +14,11 @@ from mesh import Mesh
 from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advise, plan
 from spmd.plan.__main__ import main as cli
 from spmd.plan.api import DEFAULT_SEQ_LEN, check_even_splits, default_seq_len, param_spec_for, uneven_splits
-from spmd.plan.compile import largest_buffers as _largest
-from spmd.plan.compile import oom_counts_temporaries_only
-from spmd.plan.compile import oom_used_bytes as _oom_used_bytes
-from spmd.plan.models import build_meta_model
-from spmd.plan.report import MemoryReport
+from spmd.plan.compile.step import largest_buffers as _largest
+from spmd.plan.compile.step import oom_counts_temporaries_only
+from spmd.plan.compile.step import oom_used_bytes as _oom_used_bytes
+from spmd.plan.report.plan_report import MemoryReport
+from spmd.plan.request.models import build_meta_model
 from tests.spmd.plan import plan_results
 
 CHIPS = 4
@@ -193,7 +193,10 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     fits = outcome(advice, "fsdp")
     used = _oom_used_bytes(OOM)
-    memory = MemoryReport(0, 0, 0, 0, 0, 1000, 16 * 2**30, used, _largest(OOM))
+    memory = MemoryReport(
+        used, compiler_oom_bytes=used, hbm_bytes=16 * 2**30, predicted_argument_bytes=1000,
+        largest_allocations=_largest(OOM),
+    )  # fmt: skip
     report = dataclasses.replace(fits, memory=memory)
     assert not report.fits and report.memory.margin_bytes == 16 * 2**30 - used
     assert report.memory.short_verdict() == "OOM (-29.97 GiB)"

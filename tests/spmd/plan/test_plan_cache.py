@@ -3,10 +3,10 @@
 import pytest
 
 import spmd.plan.api
-from spmd.plan.advice import Candidate
+from spmd.plan.advisor.advice import Candidate
+from spmd.plan.advisor.plan_cache import Settings, entry_path, model_key, run_candidate
 from spmd.plan.errors import PlanError
-from spmd.plan.plan_cache import Settings, entry_path, model_key, run_candidate
-from spmd.plan.settings import PlanSettings
+from spmd.plan.request.settings import PlanSettings
 
 CANDIDATE = Candidate("fsdp", (("fsdp", 4),), 1)
 

@@ -7,7 +7,7 @@ import pytest
 
 from mesh import Role
 from spmd.plan import PlanReport
-from spmd.plan.context import axes_spanned
+from spmd.plan.request.context import axes_spanned
 from tests.spmd.plan import plan_results
 
 LAYERS, KV_HEADS, HEAD_DIM, SEQ, CONTEXT = 3, 1, 128, 512, 4

@@ -1,7 +1,7 @@
 """Reading collectives from TPU HLO text (pure): all-reduces that implement gathers, and the
 multi-slice runtime's transfers between slices."""
 
-from spmd.plan.program import step_collectives
+from spmd.plan.compile.program import step_collectives
 
 # The shape of what libtpu emits on v5p for an FSDP gather (trimmed from a real compile): each
 # device writes its shard into zeros, and an all-reduce sums the shards into the full array.

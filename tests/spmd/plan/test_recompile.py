@@ -1,8 +1,8 @@
-"""spmd.plan.recompile without a compile: which dump it reads, and what it refuses."""
+"""spmd.plan.compile.recompile without a compile: which dump it reads, and what it refuses."""
 
 import pytest
 
-from spmd.plan.recompile import RecompileError, before_optimizations_path, tpu_step_collectives
+from spmd.plan.compile.recompile import RecompileError, before_optimizations_path, tpu_step_collectives
 
 
 def test_the_unoptimized_dump_beside_an_optimized_one(tmp_path):

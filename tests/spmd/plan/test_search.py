@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spmd.plan.compile_pool as pool
-from spmd.plan.advice import Candidate, Outcome
-from spmd.plan.compile_pool import COMPILE_HOST_BYTES, RESERVE_BYTES, default_jobs, run_searches
-from spmd.plan.memory import MemoryMath
-from spmd.plan.search import Leader, MeshSearch
+import spmd.plan.advisor.compile_pool as pool
+from spmd.plan.advisor.advice import Candidate, Outcome
+from spmd.plan.advisor.compile_pool import COMPILE_HOST_BYTES, RESERVE_BYTES, default_jobs, run_searches
+from spmd.plan.advisor.search import Leader, MeshSearch
+from spmd.plan.predict.memory import MemoryMath
 
 GIB = 2**30
 BUDGET = 96 * GIB
@@ -124,7 +124,7 @@ def test_ctrl_c_stops_the_searches_and_keeps_what_was_done(monkeypatch):
 
 
 # -- plans that cannot win ---------------------------------------------------------------
-# MFU ceilings by policy, non-increasing with recomputation as `spmd.plan.ceiling` gives them.
+# MFU ceilings by policy, non-increasing with recomputation as `spmd.plan.predict.ceiling` gives them.
 CEILING = {"none": 0.77, "dots": 0.77, "save_dot_except_mlp": 0.66, "save_qkv_proj": 0.66, "full": 0.63,
            "offload": 0.63}  # fmt: skip
 
@@ -141,7 +141,7 @@ def test_a_policy_whose_ceiling_is_below_a_fitting_plan_is_not_compiled():
     assert compiled == [("dots", 1), ("dots", 2)]
     (skipped,) = [o.skipped for o in search.outcomes if o.report is None]
     assert skipped == (
-        "not compiled: cannot win: its predicted MFU is at most 63.0 % (spmd.plan.ceiling), below the 70.0 % of "
+        "not compiled: cannot win: its predicted MFU is at most 63.0 % (spmd.plan.predict.ceiling), below the 70.0 % of "
         "fsdp fsdp=128 · batch 1 · remat dots"
     )
     assert search.left() == (0, 0) and leader.mfu == 0.70

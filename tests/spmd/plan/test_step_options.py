@@ -133,7 +133,7 @@ def test_a_bf16_first_moment_takes_2_bytes_a_parameter(fidelity):
 
 
 def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
-    """The prediction (the compiled program's model, `spmd.plan._step_time`) on the small Llama:
+    """The prediction (the compiled program's model, `spmd.plan.predict._step_time`) on the small Llama:
     no faster than the roofline with all communication hidden (model FLOPs at peak), no slower
     than 20 times the roofline with none hidden (tiny matmuls waste most of a 128 x 128 unit, and
     a ring step's latency outweighs 2-layer shards: slow, not unbounded); its MFU is the model's

@@ -6,10 +6,10 @@ HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
 import pytest
 
-from spmd.plan._op_costs import window_taps
-from spmd.plan._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.errors import PlanError
-from spmd.plan.topology import parse_slice
+from spmd.plan.predict._op_costs import window_taps
+from spmd.plan.predict._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
+from spmd.plan.request.topology import parse_slice
 
 TARGET = parse_slice("tpu7x:2x2x1")
 PEAK, HBM, ICI = 2307e12 / 2, 7380e9 / 2, 600e9 / 2

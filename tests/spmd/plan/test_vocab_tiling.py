@@ -1,4 +1,4 @@
-"""Vocabulary tiling (`spmd.plan.vocab_tiling`): with the loss in chunks, the compiled step holds
+"""Vocabulary tiling (`spmd.plan.request.vocab_tiling`): with the loss in chunks, the compiled step holds
 no ``[tokens, vocab]`` fp32 buffer; without, it does (so the check can fail). The compiles run
 in a process of their own (libtpu and torchax stay out of the test session); the errors need none."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spmd.plan import PlanError
-from spmd.plan.settings import PlanSettings
-from spmd.plan.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
+from spmd.plan.request.settings import PlanSettings
+from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
 from tests.torchrun import ROOT, child_env
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
@@ -26,9 +26,9 @@ BATCH, SEQ, DEVICES, TILES = 8, 512, 4, 4  # v5e:2x2, FSDP over 4: 2 sequences, 
 COMPILE = """
 import json, re, sys
 from spmd.plan.api import _lower, _request
-from spmd.plan.compile import compile_step
-from spmd.plan.models import build_meta_model
-from spmd.plan.settings import PlanSettings
+from spmd.plan.compile.step import compile_step
+from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.settings import PlanSettings
 
 config, tiles = sys.argv[1], int(sys.argv[2])
 settings = PlanSettings("v5e:2x2", 1, 512, "bfloat16", "flash", None, "float32", tiles)
@@ -104,7 +104,7 @@ def test_a_model_without_a_linear_head_is_refused():
 
 
 def test_a_tied_head_is_found_under_the_embedding_s_name():
-    from spmd.plan.models import build_meta_model
+    from spmd.plan.request.models import build_meta_model
 
     module, _ = build_meta_model("gpt2")
     head = output_head(module)
@@ -115,7 +115,7 @@ def test_a_recipe_s_vocab_tiles_reach_the_plan_the_benchmark_compiles():
     import dataclasses
     import importlib.util
 
-    from spmd.plan.published import published_run
+    from spmd.plan.predict.published import published_run
     from tests.torchrun import ROOT
 
     spec = importlib.util.spec_from_file_location("plan_prediction", ROOT / "benchmarks" / "plan_prediction.py")

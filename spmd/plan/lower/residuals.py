@@ -1,0 +1,89 @@
+"""What a repeated block keeps for backward, named and read back.
+
+`named_projections` names each projection's output of a block as MaxText names it (`spmd.plan.request.remat`),
+so that a remat policy can keep it by name; `saved_residuals` reads from the traced step what the
+block scan then keeps: JAX's own residuals, one `SavedActivation` per array, which the tests hold
+against each policy's MaxText names and against our memory math (`spmd.plan.predict.memory`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spmd.plan._jax_compat import scan_stacked_outputs
+from spmd.plan.request.remat import projection_name
+
+__all__ = ["SavedActivation", "named_projections", "saved_residuals"]
+
+
+@dataclass(frozen=True)
+class SavedActivation:
+    """One array a block keeps for backward: its global shape (one layer's), dtype, and whether
+    it is kept in host memory (``offload``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    on_host: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def saved_residuals(jaxpr: Any, layers: int) -> tuple[SavedActivation, ...]:
+    """What the forward scan over ``layers`` blocks stacks for backward, per layer, read from the
+    step's ``jaxpr``: the stacked outputs (``ys``) of every forward ``scan`` of that length (the
+    block returns no ``ys`` of its own, so every one is a residual of the remat policy)."""
+    found: list[SavedActivation] = []
+
+    def walk(j: Any) -> None:
+        for eqn in j.eqns:
+            if eqn.primitive.name == "scan" and eqn.params["length"] == layers and not eqn.params["reverse"]:
+                for var in scan_stacked_outputs(eqn):
+                    aval = var.aval
+                    host = "host" in str(getattr(aval, "memory_space", "")).lower()
+                    found.append(SavedActivation(tuple(aval.shape[1:]), str(aval.dtype), host))
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jaxpr)
+    return tuple(found)
+
+
+def _is_projection(module: torch.nn.Module) -> bool:
+    """A matmul with a weight: ``nn.Linear``, or the ``Conv1D`` GPT-2 uses for its projections."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+@contextlib.contextmanager
+def named_projections(block: torch.nn.Module, env: Any) -> Iterator[list[str]]:
+    """Inside, each projection of ``block`` names its output as MaxText does (`projection_name`),
+    so that a remat policy can keep it by name; yields the names given, in module order. The hooks
+    come off on exit: the model is left as it was."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    handles, names = [], []
+    for path, module in block.named_modules():
+        if not path or not _is_projection(module):
+            continue
+        name = projection_name(path)
+
+        def hook(_module: Any, _args: Any, out: Any, name: str = name) -> Any:
+            return env.j2t_iso(checkpoint_name(env.t2j_iso(out), name))
+
+        handles.append(module.register_forward_hook(hook))
+        names.append(name)
+    try:
+        yield names
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -1,0 +1,125 @@
+"""The step-time model's calibration: what it cannot derive from the program and the chip's
+figures, in one place (`spmd.plan.predict._step_time`; docs/plan.md, "Calibration")."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["CALIBRATION", "CALIBRATION_RUNS", "Calibration", "CalibrationPoint", "fit_efficiency"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the step-time model cannot derive from the program and the chip's figures.
+
+    Attributes:
+        matmul_efficiency: the share of the chip's peak a large matmul whose dims fill the matrix
+            unit reaches (smaller or ragged dims lose more, by the padding they need).
+        attention_efficiency: the same for a splash attention kernel's matmuls.
+        ring_step_seconds: the latency of one step of a ring collective (a hop and a sync).
+        host_bytes_per_second: device <-> host memory transfers, per chip (host offload).
+        chip_efficiency: ``(chip, efficiency)`` pairs (`ChipSpec.libtpu_name`: ``v5e``,
+            ``tpu7x``) for generations fitted on their own, matmuls and attention alike; the two
+            values above serve every other chip.
+    """
+
+    matmul_efficiency: float
+    attention_efficiency: float
+    ring_step_seconds: float
+    host_bytes_per_second: float
+    chip_efficiency: tuple[tuple[str, float], ...] = ()
+
+    def efficiencies(self, chip: str) -> tuple[float, float]:
+        """``(matmul, attention)`` efficiency on ``chip`` (a `ChipSpec.libtpu_name`)."""
+        own = dict(self.chip_efficiency).get(chip)
+        return (self.matmul_efficiency, self.attention_efficiency) if own is None else (own, own)
+
+
+# Fitted on the runs CALIBRATION_RUNS names and on nothing else (docs/plan.md, "Calibration";
+# benchmarks/plan_prediction.py plans each with its recipe's shape and records the step it predicts
+# at 26 efficiencies in tests/data/plan_calibration.json, from which test_calibration.py refits):
+# tpu-recipes' two Ironwood runs (Llama 3.1-70B on 64 chips, 1,207 TFLOP/s/chip; 405B on 256,
+# 1,261) and MaxText's v5e-256 runs of its 16B, 32B and 64B models (120, 132, 118). Each fit is the
+# value that makes the largest of its runs' errors smallest. One value for all five (0.852) leaves
+# +9.7 %, +12.1 %, -5.7 %, -12.0 %, -10.0 %: the two generations do not reach the same share of
+# their peak, so each has its own, matmuls and attention alike (their runs cannot tell the two
+# apart): TPU7x 0.760 (-0.7 %, +0.7 %), v5e 0.949 (+3.3 %, -3.4 %, -2.0 %). The joint fit, 0.852,
+# serves chips with no run of their own (v4, v5p, v6e). Refit (from TPU7x 0.763, joint 0.836)
+# after three fixes of the step-time model (a splash kernel's head-dim matmuls fill head_dim / MXU
+# of the unit; a layer written into or read from its scan stack through a relayout in place moves
+# the layer, not the stack; a long sequence's int16 mask table is not the kernel's q) and the 70B
+# run planned with its recipe's remat (save_qkv_context; it was `full`). Not fitted, set before
+# looking: ring_step_seconds, a 1 us ICI hop (0 moves the Ironwood predictions by +1.3 and +1.2
+# points, 10 us by -11 and -11); host_bytes_per_second, PCIe Gen5 x16's 64 GB/s per host shared by
+# its 4 chips (the runs' host transfers are hidden: a quarter of it changes neither Ironwood
+# prediction).
+CALIBRATION = Calibration(
+    matmul_efficiency=0.852,
+    attention_efficiency=0.852,
+    ring_step_seconds=1e-6,
+    host_bytes_per_second=16e9,
+    chip_efficiency=(("tpu7x", 0.760), ("v5e", 0.949)),
+)
+
+# The runs the efficiencies are fitted on (`spmd.plan.predict.published.run_name`); every other published
+# run with a recipe is held out: predicted, never fitted to (benchmarks/plan_prediction.py).
+# MaxText's v5p-128 runs are not among them: the planner's 2-D program is not MaxText's (its
+# residual stream is whole on each tensor shard), and even at an efficiency of 1 it predicts the
+# 64B run 18.5 % slow, so no efficiency can stand for it (docs/plan.md, "Calibration").
+CALIBRATION_RUNS: tuple[str, ...] = (
+    "llama3.1-70b@tpu7x-128",
+    "llama3.1-405b@tpu7x-512",
+    "maxtext-16b@v5e-256",
+    "maxtext-32b@v5e-256",
+    "maxtext-64b@v5e-256",
+)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One published run as the fit sees it: the step the model predicts for the run's compiled
+    program at each of a few matmul efficiencies (the same value for attention), and the figure
+    the run published. ``benchmarks/plan_prediction.py`` records these.
+
+    Attributes:
+        run: the run's name (`spmd.plan.predict.published.run_name`).
+        published_tflops: TFLOP/s per chip the run published (MaxText's FLOP count).
+        model_flops_per_chip: the model's FLOPs per step per chip (the same count).
+        efficiencies: increasing efficiencies the step was predicted at.
+        seconds: the predicted step at each.
+    """
+
+    run: str
+    published_tflops: float
+    model_flops_per_chip: float
+    efficiencies: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def predicted_tflops(self, efficiency: float) -> float:
+        """TFLOP/s per chip at ``efficiency``: the recorded steps interpolated linearly in
+        1 / efficiency (matmul time goes as 1 / efficiency; within a grid step the program's mix
+        of matmul- and memory-bound operations barely changes)."""
+        e = self.efficiencies
+        if not e[0] <= efficiency <= e[-1]:
+            raise ValueError(f"efficiency {efficiency} is outside the recorded {e[0]} .. {e[-1]}.")
+        i = min(max(bisect.bisect_left(e, efficiency), 1), len(e) - 1)
+        x0, x1, x = 1 / e[i - 1], 1 / e[i], 1 / efficiency
+        seconds = self.seconds[i - 1] + (self.seconds[i] - self.seconds[i - 1]) * (x - x0) / (x1 - x0)
+        return self.model_flops_per_chip / seconds / 1e12
+
+    def error(self, efficiency: float) -> float:
+        """(predicted - published) / published at ``efficiency``."""
+        return self.predicted_tflops(efficiency) / self.published_tflops - 1
+
+
+def fit_efficiency(points: Sequence[CalibrationPoint], resolution: float = 0.001) -> float:
+    """The efficiency, on a ``resolution`` grid, that makes the largest of the points' absolute
+    errors smallest (a minimax fit: no run is given up to fit the others better)."""
+    if not points:
+        raise ValueError("fit_efficiency needs at least one calibration point.")
+    lo = max(p.efficiencies[0] for p in points)
+    hi = min(p.efficiencies[-1] for p in points)
+    grid = [round(lo + k * resolution, 6) for k in range(int((hi - lo) / resolution + 1e-9) + 1)]
+    return min(grid, key=lambda e: (max(abs(p.error(e)) for p in points), e))

@@ -1,0 +1,153 @@
+"""The pieces of the step-time model that read one operation (pure Python): a matmul dim's fill
+of the matrix unit, a splash attention kernel's matmuls, and which bytes of a fusion's operands
+and results touch HBM (`spmd.plan.predict._step_time` walks the program with them)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from spmd.hlo import Instruction
+
+__all__ = [
+    "SLICING",
+    "dims",
+    "fill",
+    "in_place_update",
+    "source",
+    "splash_head_dim_matmuls",
+    "splash_matmuls",
+    "users_of",
+    "uses",
+    "window_taps",
+]
+
+SLICING = frozenset({"dynamic-slice", "slice", "gather"})
+
+
+def dims(text: str | None) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"\d+", text or ""))
+
+
+def fill(size: int, mxu: int) -> float:
+    """The share of the matrix unit a matmul dim of ``size`` keeps busy (padded to ``mxu``)."""
+    return size / (math.ceil(size / mxu) * mxu) if size > 0 else 1.0
+
+
+def _window_fields(window: str) -> dict[str, list[str]]:
+    """``size=16 stride=15 pad=15_15 lhs_dilate=16`` as ``{"size": ["16"], ...}``: each field's
+    value per spatial dim (HLO joins them with ``x``)."""
+    parts = (p.split("=", 1) for p in window.strip().strip("{}").split() if "=" in p)
+    return {key: value.split("x") for key, value in parts}
+
+
+def window_taps(window: str | None, lhs_lengths: tuple[int, ...], out_lengths: tuple[int, ...]) -> float:
+    """The window taps of a ``convolution`` that meet a real input element, averaged over its
+    output positions and multiplied over its spatial dims: what each output element's
+    multiply-adds are, per input feature.
+
+    The TPU compiler writes batched matmuls as convolutions whose window runs over the batch: a
+    window of 16 over an input of length 1 padded by 15 (one tap meets it), or over an input of
+    length 16 dilated by 16 (``lhs_dilate=16``: 15 holes between elements) with a stride of 15, so
+    that each output position again meets one element. Counting ``size`` taps made such a matmul
+    16 times its FLOPs. Padding and holes are counted out exactly, position by position; a
+    ``rhs_dilate`` spaces the taps.
+    """
+    import numpy as np
+
+    fields = _window_fields(window or "")
+    sizes = [int(v) for v in fields.get("size", [])]
+    if len(sizes) != len(lhs_lengths) or len(out_lengths) != len(sizes):
+        return float(math.prod(min(s, n) for s, n in zip(sizes, lhs_lengths, strict=False))) if sizes else 1.0
+
+    def each(key: str, default: int) -> list[int]:
+        values = fields.get(key)
+        return [int(v) for v in values] if values and len(values) == len(sizes) else [default] * len(sizes)
+
+    strides, lhs_dilate, rhs_dilate = each("stride", 1), each("lhs_dilate", 1), each("rhs_dilate", 1)
+    pads = fields.get("pad")
+    lows = [int(p.split("_")[0]) for p in pads] if pads and len(pads) == len(sizes) else [0] * len(sizes)
+    taps = 1.0
+    for size, stride, dl, dr, low, n, out in zip(
+        sizes, strides, lhs_dilate, rhs_dilate, lows, lhs_lengths, out_lengths, strict=True
+    ):
+        if out <= 0:
+            return 0.0
+        position = np.arange(out)[:, None] * stride + np.arange(size)[None, :] * dr - low  # in the dilated input
+        real = (position >= 0) & (position % dl == 0) & (position // dl < n)
+        taps *= float(real.sum()) / out
+    return taps
+
+
+def _passes_through(inst: Instruction | None) -> bool:
+    """A bitcast, or a nested fusion aliased to its one operand: the operand's bytes, in place."""
+    if inst is None or not inst.operands:
+        return False
+    aliased = (
+        inst.opcode == "fusion"
+        and len(inst.operands) == 1
+        and "output_to_operand_aliasing={{}: (0, {})}" in inst.attributes
+    )
+    return inst.opcode == "bitcast" or aliased
+
+
+def source(name: str, local: dict[str, Instruction]) -> str:
+    """What ``name`` is a pass-through view of (`_passes_through`), inside one fused computation."""
+    for _ in range(16):
+        inst = local.get(name)
+        if not _passes_through(inst):
+            break
+        name = inst.operands[0]  # type: ignore[union-attr]
+    return name
+
+
+def uses(name: str, users: dict[str, list[Instruction]]) -> list[Instruction]:
+    """The instructions that read ``name``, through pass-through views of it."""
+    found: list[Instruction] = []
+    for user in users.get(name, []):
+        found += uses(user.name, users) if _passes_through(user) else [user]
+    return found
+
+
+def in_place_update(out: Instruction, local: dict[str, Instruction]) -> tuple[str, Instruction | None] | None:
+    """``(the parameter updated, the update)`` when the fusion result ``out`` is a
+    ``dynamic-update-slice`` of a parameter (through pass-through views either side), else ``None``."""
+    for _ in range(16):
+        if not _passes_through(out):
+            break
+        out = local.get(out.operands[0], out)
+    if out.opcode != "dynamic-update-slice" or not out.operands:
+        return None
+    target = local.get(source(out.operands[0], local))
+    if target is None or target.opcode != "parameter":
+        return None
+    return target.name, local.get(out.operands[1]) if len(out.operands) > 1 else None
+
+
+def users_of(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
+    users: dict[str, list[Instruction]] = {}
+    for inst in instructions:
+        for operand in inst.operands:
+            users.setdefault(operand, []).append(inst)
+    return users
+
+
+def splash_matmuls(name: str) -> int:
+    """The matmuls of a splash attention kernel, by its name: forward 2 (q k^T, p v); the
+    backward's dq kernel 3 (q k^T again, dO v^T, dS k), its dkv kernel 4 (q k^T, dO v^T, p^T dO,
+    dS^T q), a fused backward (dkv computing dq too) 5; 0: not a splash kernel."""
+    if not name.startswith("splash"):
+        return 0
+    if "dkv" in name:
+        return 5 if "fused" in name else 4
+    if "dq" in name:
+        return 3
+    return 2 if "fwd" in name or "bwd" not in name else 0
+
+
+def splash_head_dim_matmuls(name: str) -> int:
+    """Of `splash_matmuls`, those contracting over the head dim: q k^T in every kernel, and dO v^T
+    in backward's (forward 1, dq 2, dkv 2, fused dkv 2); the rest contract over a block of queries
+    or keys (p v, dS k, p^T dO, dS^T q)."""
+    matmuls = splash_matmuls(name)
+    return 0 if not matmuls else 1 if matmuls == 2 else 2

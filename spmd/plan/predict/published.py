@@ -1,0 +1,205 @@
+"""Published training runs the planner's predictions go beside, and the shapes to plan them with.
+
+Each `Published` run is a figure a source measured (MFU against the chip's bf16 peak, and the
+TFLOP/s per chip it gives, both as MaxText counts FLOPs: causal attention halved) and, where its
+recipe is public, a `Recipe`: the plan that runs the same model shape on the same slice (batch,
+mesh, remat policy, attention). ``benchmarks/plan_prediction.py`` plans each recipe and compares
+the predicted TFLOP/s per chip with the published one; `spmd.plan.predict._calibration` names the runs
+the step-time model was fitted on (the others are held out).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mesh import Role
+from spmd.plan.request.meshes import batch_axes
+
+__all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
+
+
+FSDP, CONTEXT, TENSOR = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to plan a published run: ``spmd.plan.plan(model, topology, strategy=..., mesh=...,
+    global_batch=..., seq_len=..., remat=..., attention=..., moment_dtype=...)``.
+
+    Attributes:
+        topology: the slice (`spmd.plan.request.topology.parse_slice`).
+        strategy: ``fsdp``, ``2d`` or ``cp`` (fsdp x context: the sequence split over ``context``).
+        mesh: axis sizes, in order (``(("fsdp", 16), ("tensor", 4))``).
+        per_device_batch: MaxText's ``per_device_batch_size``: sequences per JAX device (a
+            TensorCore on TPU7x), a fraction where the sequence is split (``0.125``: 8 devices a
+            sequence over ``context``).
+        seq_len: tokens per sequence (``max_target_length``).
+        remat: the planner's remat policy nearest the recipe's: a preset (`spmd.plan.request.remat.Remat`) or
+            MaxText's per-tensor choices as ``custom:name=choice,...`` (`spmd.plan.request.custom_remat`).
+        attention: ``flash`` (MaxText's ``attention='flash'``, splash on TPU) or ``dot``.
+        moment_dtype: AdamW's first moment (MaxText's ``mu_dtype``).
+        vocab_tiles: the loss in this many chunks of tokens (MaxText's ``num_vocab_tiling``,
+            `spmd.plan.request.vocab_tiling`); 1: untiled.
+        planned_batch_per_shard: the batch per shard the planner plans instead of the recipe's,
+            when its lowering cannot hold the recipe's (``None``: the recipe's). TFLOP/s per chip
+            is what is compared, and at these batches it barely depends on the batch.
+    """
+
+    topology: str
+    strategy: str
+    mesh: tuple[tuple[str, int], ...]
+    per_device_batch: float
+    seq_len: int
+    remat: str
+    attention: str = "flash"
+    moment_dtype: str = "float32"
+    planned_batch_per_shard: int | None = None
+    vocab_tiles: int = 1
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step: MaxText's per-device batch times every device of the mesh."""
+        return round(self.per_device_batch * math.prod(s for _, s in self.mesh))
+
+    @property
+    def batch_per_shard(self) -> int:
+        """Sequences per batch shard (the mesh's axes but ``tensor``) the planner plans: the recipe's,
+        or ``planned_batch_per_shard``."""
+        if self.planned_batch_per_shard is not None:
+            return self.planned_batch_per_shard
+        shape = dict(self.mesh)
+        return self.global_batch // math.prod(shape[a] for a in batch_axes(shape))
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published run: model, TPU chips, MFU, how it ran, where it is published, the TFLOP/s
+    per chip the source gives (``None``: MFU only) and the recipe to plan it with (``None``: not public)."""
+
+    model: str
+    chip: str
+    chips: int
+    mfu: float
+    setup: str
+    source: str
+    tflops_per_chip: float | None = None
+    recipe: Recipe | None = None
+
+    def line(self) -> str:
+        return f"{self.source}: {self.model} on {self.chips} {self.chip} chips, {self.mfu:.1%} MFU ({self.setup})"
+
+
+_MAXTEXT_V5E = "maxtext MaxText/configs/v5e/README.md, 1x v5e-256"
+_MAXTEXT_V5P = "maxtext MaxText/configs/v5p/README.md, 1x v5p-128"
+# MaxText's configs/v5e/*.sh and configs/v5p/*.sh: global_parameter_scale models at 2048 tokens, flash
+# attention, pure FSDP on v5e (ici_fsdp_parallelism=-1), FSDP x tensor 4 on v5p; fp32 AdamW moments.
+_V5E = "MaxText, FSDP over 256 chips, per-device batch {} x 2048 tokens, remat full, flash attention"
+_V5P = "MaxText, FSDP 16 x tensor 4, per-device batch {} x 2048 tokens, remat minimal, flash attention"
+
+
+def _v5e(batch: int) -> Recipe:
+    return Recipe("v5e-256", FSDP, ((FSDP, 256),), batch, 2048, "full")
+
+
+def _v5p(batch: int, planned: int | None = None) -> Recipe:
+    # At MaxText's batch the planner's 32B step needed 148.8 GiB a device with the residual stream
+    # whole on each tensor shard; with MaxText's activation layout (the stream's width over
+    # `tensor`, spmd.logical_axes.RESIDUAL) 104.24 GiB, and 103.40 GiB with the loss in 4
+    # vocabulary tiles: still over the 88.5 GiB budget, where MaxText's runs in 95 GB (docs/plan.md,
+    # "Calibration"). Planned at half. The 64B at its own batch (12 a shard) fits.
+    return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots", planned_batch_per_shard=planned)
+
+
+PUBLISHED: tuple[Published, ...] = (
+    Published(
+        "llama3.1-70b", "TPU7x", 64, 0.523,
+        "MaxText, FSDP over 128 devices, per-device batch 2 x 8192 tokens, splash attention, remat saving the "
+        "layer input, context and q/k/v projections on device, bf16 first moment",
+        "tpu-recipes training/ironwood/llama3.1-70b/8k-bf16-tpu7x-4x4x4", 1207.0,
+        # remat_policy=custom keeping decoder_layer_input, context and query/key/value_proj on device:
+        # save_qkv_context (planned with `full` before that policy existed)
+        Recipe("tpu7x-128", FSDP, ((FSDP, 128),), 2, 8192, "save_qkv_context", moment_dtype="bfloat16"),
+    ),
+    Published(
+        "llama3.1-405b", "TPU7x", 256, 0.547,
+        "MaxText, pure FSDP over 512 devices, per-device batch 3 x 8192 tokens, splash attention, the layer "
+        "input and MLP output offloaded to host, k/v projections kept on device, bf16 first moment",
+        "tpu-recipes training/ironwood/llama3.1-405b/8k-bf16-tpu7x-4x8x8", 1261.0,
+        Recipe("tpu7x-512", FSDP, ((FSDP, 512),), 3, 8192, "offload", moment_dtype="bfloat16"),
+    ),
+    Published(
+        "llama3.1-70b", "TPU7x", 256, 0.389,
+        "MaxText, context parallelism 8 (all_gather, load-balanced) x FSDP 64 over 512 devices, per-device batch "
+        "0.125 x 131072 tokens (64 sequences), splash attention, remat keeping the layer input, context and q/k/v "
+        "projections on device, vocabulary tiled 4 ways, fp32 Adam moments; 34.02 s a step",
+        "tpu-recipes training/ironwood/llama3.1-70b/128k-bf16-tpu7x-4x8x8", 897.94,
+        # its remat_policy=custom keeps decoder_layer_input, context, query/key/value_proj (and the never
+        # read mlpwo) on device: save_qkv_context; opt_type=adam_pax with mu_dtype unset, so fp32 moments
+        Recipe("tpu7x-512", "cp", ((FSDP, 64), (CONTEXT, 8)), 0.125, 131072, "save_qkv_context"),
+    ),
+    Published("maxtext-16b", "TPU v5e", 256, 0.6110, _V5E.format(6), _MAXTEXT_V5E, 120.0, _v5e(6)),
+    Published("maxtext-32b", "TPU v5e", 256, 0.6686, _V5E.format(4), _MAXTEXT_V5E, 132.0, _v5e(4)),
+    Published("maxtext-64b", "TPU v5e", 256, 0.5990, _V5E.format(2), _MAXTEXT_V5E, 118.0, _v5e(2)),
+    Published(
+        "maxtext-128b", "TPU v5e", 256, 0.5606,
+        "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded (every "
+        "projection offloaded to host), fused q/k/v and MLP, flash attention", _MAXTEXT_V5E, 110.0,
+    ),
+    Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(7), _MAXTEXT_V5P, 328.0, _v5p(7, planned=14)),
+    Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),
+    Published(
+        "llama3.1-8b", "TPU v6e", 256, 0.455,
+        "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention, remat custom (the layer "
+        "input and q/k/v/out projections offloaded to host)",
+        "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
+        # at MaxText's 4 sequences a chip the planner's step needs 33.6 GiB (the budget is 29.8 GiB):
+        # its largest buffers are the fp32 logits, 7.83 GiB each at 2 sequences (16384 x 128256)
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, "offload", planned_batch_per_shard=2),
+    ),
+    Published(
+        "llama3.1-70b", "TPU v6e", 256, 0.503,
+        "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "
+        "input and q/k/v projections offloaded to host)",
+        "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
+        # planned at 2 a chip, as the 8B: at MaxText's 5 one fp32 logits buffer alone would be
+        # 5 x 8192 x 128256 x 4 bytes, 19.6 GiB of the 29.8 GiB budget
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, "offload", planned_batch_per_shard=2),
+    ),
+    Published(
+        "llama2-70b", "TPU v5p", 256, 0.654,
+        "MaxText on v5p-512, FSDP over 256 chips, per-device batch 4 x 4096 tokens, flash attention, remat "
+        "save_dot_except_mlpwi",
+        "maxtext docs/reference/models/tiering.md; MaxText/configs/v5p/llama2_70b.sh", None,
+        Recipe("v5p-512", FSDP, ((FSDP, 256),), 4, 4096, "save_dot_except_mlp"),
+    ),
+)  # fmt: skip
+
+
+def published_for(model: str, chip: str, chips: int, seq_len: int | None = None) -> Published | None:
+    """The published run of ``model`` on ``chips`` chips of ``chip`` (a `ChipSpec.name`), if any;
+    with ``seq_len``, one at that sequence length (or of no known recipe): Llama 3.1-70B on 256
+    Ironwood chips is published at 131,072 tokens, which says nothing of a plan at 8,192."""
+    return next(
+        (
+            p
+            for p in PUBLISHED
+            if (p.model, p.chip, p.chips) == (model, chip, chips)
+            and (seq_len is None or p.recipe is None or p.recipe.seq_len == seq_len)
+        ),
+        None,
+    )
+
+
+def published_run(name: str) -> Published:
+    """The published run called ``name`` (`run_name`: ``llama3.1-70b@tpu7x-128``)."""
+    found = next((p for p in PUBLISHED if p.recipe is not None and run_name(p) == name), None)
+    if found is None:
+        known = [run_name(p) for p in PUBLISHED if p.recipe is not None]
+        raise KeyError(f"No published run with a recipe is called {name!r}; known: {known}.")
+    return found
+
+
+def run_name(p: Published) -> str:
+    """``model@topology`` of a run with a recipe (``maxtext-32b@v5p-128``)."""
+    return f"{p.model}@{p.recipe.topology}" if p.recipe is not None else f"{p.model}@{p.chips}x{p.chip}"

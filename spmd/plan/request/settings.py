@@ -1,0 +1,93 @@
+"""`PlanSettings`: what one plan and every candidate of an advice share, checked once.
+
+`spmd.plan.plan` and `spmd.plan.advise` take the same step settings (the slice, the sequence,
+precision, attention, the memory budget); both build one `PlanSettings`, which checks itself in
+``__post_init__``, so a bad value is refused the same way, with the same message, before the model
+is built or anything compiles. It is a frozen, picklable value: the advisor hands it to its worker
+processes and the compile cache keys on it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from spmd.plan.errors import PlanError
+from spmd.plan.request.attention import Attention
+from spmd.plan.request.topology import TpuSlice, parse_slice
+from spmd.plan.request.vocab_tiling import check_vocab_tiles
+
+__all__ = ["COMPUTE_DTYPES", "MOMENT_DTYPES", "PlanSettings"]
+
+COMPUTE_DTYPES = ("bfloat16", "float32")
+MOMENT_DTYPES = ("float32", "bfloat16")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The step settings a plan and an advice share.
+
+    Attributes:
+        topology: a TPU slice name (`spmd.plan.request.topology.parse_slice`).
+        slices: slices joined over DCN.
+        seq_len: tokens per sequence; ``None``: the model's default (`spmd.plan.request.models.default_seq_len`).
+        compute_dtype: ``bfloat16`` (fp32 master weights, bf16 compute) or ``float32``.
+        attention: what ``scaled_dot_product_attention`` runs (`Attention`, or its name).
+        hbm_bytes: the per-device budget; ``None``: the device's HBM.
+        moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``,
+            which its Ironwood recipes set to bf16); the second moment stays fp32.
+        vocab_tiles: chunks of tokens the loss is computed in (MaxText's ``num_vocab_tiling``,
+            `spmd.plan.request.vocab_tiling`); 1: the model's own loss, over all the logits at once.
+    """
+
+    topology: str
+    slices: int = 1
+    seq_len: int | None = None
+    compute_dtype: str = "bfloat16"
+    attention: Attention | str = Attention.DOT
+    hbm_bytes: int | None = None
+    moment_dtype: str = "float32"
+    vocab_tiles: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention", Attention.parse(self.attention))
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise PlanError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r:.60}.")
+        if self.moment_dtype not in MOMENT_DTYPES:
+            raise PlanError(
+                f"moment_dtype must be one of {MOMENT_DTYPES} (AdamW's first moment), got {self.moment_dtype!r:.60}."
+            )
+        if self.hbm_bytes is not None and not _positive_int(self.hbm_bytes):
+            raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {self.hbm_bytes!r:.60}.")
+        if self.seq_len is not None and not _positive_int(self.seq_len):
+            raise PlanError(f"seq_len must be a positive int (tokens per sequence) or None, got {self.seq_len!r:.60}.")
+        check_vocab_tiles(self.vocab_tiles, self.seq_len)
+        self.target  # noqa: B018 - parses (and so checks) the topology and slices now, not at first use
+
+    @functools.cached_property
+    def target(self) -> TpuSlice:
+        """The slice (`TopologyError` for a bad name or slice count)."""
+        return parse_slice(self.topology, self.slices)
+
+    @property
+    def budget(self) -> int:
+        """The per-device memory budget in bytes."""
+        return self.target.chip.device_hbm_bytes if self.hbm_bytes is None else self.hbm_bytes
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes per parameter of AdamW's state: the fp32 second moment and the first moment."""
+        return 4 + (2 if self.moment_dtype == "bfloat16" else 4)
+
+    def cache_key(self) -> dict[str, Any]:
+        """What of these settings determines a compile (the compile cache's key)."""
+        return {
+            "topology": self.topology, "slices": self.slices, "seq_len": self.seq_len,
+            "compute_dtype": self.compute_dtype, "attention": self.attention.value,  # type: ignore[union-attr]
+            "moment_dtype": self.moment_dtype,
+        } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {})  # fmt: skip
