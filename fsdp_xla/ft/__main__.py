@@ -90,7 +90,11 @@ def _serve(args: argparse.Namespace) -> int:
     ) as lighthouse:
         print(f"lighthouse at {lighthouse.address} (min_replicas={args.min_replicas})", flush=True)
         if args.command == "lighthouse":
-            stop.wait()
+            # Polled, not one blocking wait: the lighthouse's native threads can take the signal,
+            # and then Python runs the handler only when the main thread wakes (one wait with no
+            # timeout left `lighthouse` running after SIGTERM, and the test that stops it hung).
+            while not stop.wait(0.5):
+                pass
             return 0
         groups = launch_groups(
             args.script,

@@ -163,10 +163,15 @@ def test_the_cli_serves_a_lighthouse_until_told_to_stop():
     env = child_env(xla=False)
     env["RUST_LOG"] = "warn"
     command = [sys.executable, "-m", "fsdp_xla.ft", "lighthouse", "--bind", "[::]:0"]
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+    p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
         line = p.stdout.readline()
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
+    finally:  # never leave it serving: a `with Popen` would wait for it forever
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
     assert line.startswith("lighthouse at http://") and "(min_replicas=1)" in line
 
 
