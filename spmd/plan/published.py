@@ -116,9 +116,10 @@ _V6E_70B_REMAT = "custom:decoder_layer_input=offload,query_proj=offload,key_proj
 _MINIMAL_OFFLOADED = (
     "custom:query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload,mlpwi_0=offload,mlpwi_1=offload"
 )
-# The v6e runs' loss: MaxText's recipes do not tile the vocabulary (their loss fuses into the head's
-# matmul); the planner's step, which holds the fp32 logits whole, tiles it so the recipe's batch
-# fits (one more pass of the head's matmul: docs/plan.md, "Calibration").
+# The v6e runs' loss: MaxText's recipes do not tile the vocabulary; the planner's untiled loss holds
+# several fp32 copies of the [tokens, vocab] logits (one is 5 x 8192 x 128256 x 4 bytes, 19.6 GiB,
+# at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
+# of the head's matmul (docs/plan.md, "Calibration").
 _V6E_VOCAB_TILES = 8
 
 
