@@ -67,7 +67,7 @@ CALIBRATION = Calibration(
 # run with a recipe is held out: predicted, never fitted to (benchmarks/plan_prediction.py).
 # MaxText's v5p-128 runs are not among them: the planner's 2-D program is not MaxText's (at the
 # 64B's own batch 1.64 s of its 8.25 s step is communication it does not overlap, where MaxText's
-# whole step is 7.25 s; the 32B does not fit), so no efficiency can stand for them (docs/plan.md,
+# whole step is 7.26 s; the 32B does not fit), so no efficiency can stand for them (docs/plan.md,
 # "Calibration").
 CALIBRATION_RUNS: tuple[str, ...] = (
     "llama3.1-70b@tpu7x-128",
