@@ -51,10 +51,21 @@ def _log(message: str) -> None:
 def _candidate(p: Published) -> tuple[Candidate, Settings]:
     r = p.recipe
     assert r is not None  # only runs with a recipe get here (`main`)
-    settings = PlanSettings(
-        r.topology, seq_len=r.seq_len, attention=r.attention, moment_dtype=r.moment_dtype, vocab_tiles=r.vocab_tiles
-    )
+    settings = _settings(p)
     return Candidate(r.strategy, r.mesh, r.batch_per_shard, r.remat), Settings(settings, None, model_key(p.model))
+
+
+def _settings(p: Published) -> PlanSettings:
+    r = p.recipe
+    assert r is not None  # only runs with a recipe get here (`main`)
+    return PlanSettings(
+        r.topology,
+        slices=r.slices,
+        seq_len=r.seq_len,
+        attention=r.attention,
+        moment_dtype=r.moment_dtype,
+        vocab_tiles=r.vocab_tiles,
+    )
 
 
 def compiled_run(p: Published, cache_dir: Path, compile_missing: bool) -> tuple[PlanReport, str] | None:
@@ -85,7 +96,7 @@ def compiled_run(p: Published, cache_dir: Path, compile_missing: bool) -> tuple[
 
 def calibration_point(p: Published, report: PlanReport, hlo: str) -> CalibrationPoint:
     """The run's predicted step at every `GRID` efficiency (matmuls and attention alike)."""
-    target = PlanSettings(p.recipe.topology).target  # type: ignore[union-attr]
+    target = _settings(p).target
     seconds = []
     for e in GRID:
         calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=())
@@ -107,7 +118,7 @@ def published_tflops(p: Published) -> float:
 
 def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
     """One table row: the shipped calibration's prediction, and what the program is."""
-    step = predict_step(hlo, PlanSettings(p.recipe.topology).target)  # type: ignore[union-attr]
+    step = predict_step(hlo, _settings(p).target)
     predicted = report.estimate.model_flops_per_step / report.chips / step.seconds / 1e12
     return {
         "run": point.run, "source": p.source, "chip": p.chip, "chips": p.chips, "model": p.model,
@@ -143,7 +154,7 @@ def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
 
 
 def _chip_of(run: str) -> str:
-    return PlanSettings(published_run(run).recipe.topology).target.chip.libtpu_name  # type: ignore[union-attr]
+    return _settings(published_run(run)).target.chip.libtpu_name
 
 
 def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:

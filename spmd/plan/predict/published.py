@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from mesh import Role
+from spmd.plan.request.dcn import DCN_PREFIX, whole_sizes
 from spmd.plan.request.meshes import batch_axes
 
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
@@ -41,9 +42,8 @@ class Recipe:
         moment_dtype: AdamW's first moment (MaxText's ``mu_dtype``).
         vocab_tiles: the loss in this many chunks of tokens (MaxText's ``num_vocab_tiling``,
             `spmd.plan.request.vocab_tiling`); 1: untiled.
-        planned_batch_per_shard: the batch per shard the planner plans instead of the recipe's,
-            when its lowering cannot hold the recipe's (``None``: the recipe's). TFLOP/s per chip
-            is what is compared, and at these batches it barely depends on the batch.
+        slices: slices joined over DCN (MaxText's ``num_slices``); the mesh names the axes that
+            span them as ``dcn_<axis>`` sizes (`spmd.plan.request.dcn`: ``(("dcn_fsdp", 2), ("fsdp", 256))``).
     """
 
     topology: str
@@ -54,21 +54,20 @@ class Recipe:
     remat: str
     attention: str = "flash"
     moment_dtype: str = "float32"
-    planned_batch_per_shard: int | None = None
     vocab_tiles: int = 1
+    slices: int = 1
 
     @property
     def global_batch(self) -> int:
-        """Sequences per step: MaxText's per-device batch times every device of the mesh."""
-        return round(self.per_device_batch * math.prod(s for _, s in self.mesh))
+        """Sequences per step: MaxText's per-device batch times every device of the mesh (every
+        slice's: a ``dcn_`` size multiplies its axis)."""
+        return round(self.per_device_batch * math.prod(whole_sizes(dict(self.mesh)).values()))
 
     @property
     def batch_per_shard(self) -> int:
-        """Sequences per batch shard (the mesh's axes but ``tensor``) the planner plans: the recipe's,
-        or ``planned_batch_per_shard``."""
-        if self.planned_batch_per_shard is not None:
-            return self.planned_batch_per_shard
-        shape = dict(self.mesh)
+        """Sequences per batch shard (the mesh's axes but ``tensor``): the recipe's global batch
+        over its batch shards."""
+        shape = whole_sizes(dict(self.mesh))
         return self.global_batch // math.prod(shape[a] for a in batch_axes(shape))
 
 
@@ -102,13 +101,26 @@ def _v5e(batch: int) -> Recipe:
     return Recipe("v5e-256", FSDP, ((FSDP, 256),), batch, 2048, "full")
 
 
-def _v5p(batch: int, planned: int | None = None) -> Recipe:
-    # At MaxText's batch the planner's 32B step needed 148.8 GiB a device with the residual stream
-    # whole on each tensor shard; with MaxText's activation layout (the stream's width over
-    # `tensor`, spmd.logical_axes.RESIDUAL) 104.24 GiB, and 103.40 GiB with the loss in 4
-    # vocabulary tiles: still over the 88.5 GiB budget, where MaxText's runs in 95 GB (docs/plan.md,
-    # "Calibration"). Planned at half. The 64B at its own batch (12 a shard) fits.
-    return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots", planned_batch_per_shard=planned)
+def _v5p(batch: int) -> Recipe:
+    return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots")
+
+
+# MaxText's remat_policy=custom of the tpu-recipes Trillium runs (`spmd.plan.request.custom_remat`): the layer
+# input and the named projections offloaded to host.
+_V6E_8B_REMAT = (
+    "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload"
+)
+_V6E_70B_REMAT = "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload"
+# MaxText's minimal_offloaded (JAX's offload_dot_with_no_batch_dims): every projection offloaded; the
+# MLP's output projection is never read by backward, so it is not named.
+_MINIMAL_OFFLOADED = (
+    "custom:query_proj=offload,key_proj=offload,value_proj=offload,out_proj=offload,mlpwi_0=offload,mlpwi_1=offload"
+)
+# The v6e runs' loss: MaxText's recipes do not tile the vocabulary; the planner's untiled loss holds
+# several fp32 copies of the [tokens, vocab] logits (one is 5 x 8192 x 128256 x 4 bytes, 19.6 GiB,
+# at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
+# of the head's matmul (docs/plan.md, "Calibration").
+_V6E_VOCAB_TILES = 8
 
 
 PUBLISHED: tuple[Published, ...] = (
@@ -145,26 +157,35 @@ PUBLISHED: tuple[Published, ...] = (
         "maxtext-128b", "TPU v5e", 256, 0.5606,
         "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded (every "
         "projection offloaded to host), fused q/k/v and MLP, flash attention", _MAXTEXT_V5E, 110.0,
+        # MaxText's configs/v5e/128b.sh; its fused q/k/v and MLP projections are the planner's separate
+        # ones, offloaded alike (the same bytes)
+        Recipe("v5e-256", "2d", ((FSDP, 16), (TENSOR, 16)), 1, 2048, _MINIMAL_OFFLOADED),
     ),
-    Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(7), _MAXTEXT_V5P, 328.0, _v5p(7, planned=14)),
+    Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(7), _MAXTEXT_V5P, 328.0, _v5p(7)),
     Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),
     Published(
         "llama3.1-8b", "TPU v6e", 256, 0.455,
         "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v/out projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
-        # at MaxText's 4 sequences a chip the planner's step needs 33.6 GiB (the budget is 29.8 GiB):
-        # its largest buffers are the fp32 logits, 7.83 GiB each at 2 sequences (16384 x 128256)
-        Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, "offload", planned_batch_per_shard=2),
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES),
     ),
     Published(
         "llama3.1-70b", "TPU v6e", 256, 0.503,
         "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
-        # planned at 2 a chip, as the 8B: at MaxText's 5 one fp32 logits buffer alone would be
-        # 5 x 8192 x 128256 x 4 bytes, 19.6 GiB of the 29.8 GiB budget
-        Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, "offload", planned_batch_per_shard=2),
+        Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES),
+    ),
+    Published(
+        "llama3.1-405b", "TPU v6e", 512, 0.428,
+        "MaxText on 2 x v6e-256, FSDP over 256 chips a slice and across the 2 slices (dcn_fsdp_parallelism 2), "
+        "per-device batch 1 x 8192 tokens, splash attention, remat custom (the layer input offloaded to host)",
+        "tpu-recipes training/trillium/Llama3.1-405B-MaxText (llama3_1_405b_8192_pure_fsdp_ici, 2 slices)", 392.454,
+        Recipe(
+            "v6e-256", FSDP, ((DCN_PREFIX + FSDP, 2), (FSDP, 256)), 1, 8192, "offload",
+            vocab_tiles=_V6E_VOCAB_TILES, slices=2,
+        ),
     ),
     Published(
         "llama2-70b", "TPU v5p", 256, 0.654,
@@ -201,5 +222,9 @@ def published_run(name: str) -> Published:
 
 
 def run_name(p: Published) -> str:
-    """``model@topology`` of a run with a recipe (``maxtext-32b@v5p-128``)."""
-    return f"{p.model}@{p.recipe.topology}" if p.recipe is not None else f"{p.model}@{p.chips}x{p.chip}"
+    """``model@topology`` of a run with a recipe (``maxtext-32b@v5p-128``; ``llama3.1-405b@2xv6e-256``
+    across slices)."""
+    if p.recipe is None:
+        return f"{p.model}@{p.chips}x{p.chip}"
+    slices = f"{p.recipe.slices}x" if p.recipe.slices > 1 else ""
+    return f"{p.model}@{slices}{p.recipe.topology}"

@@ -16,8 +16,8 @@ Chip figures (cloud.google.com/tpu/docs/<chip>, the project's anchors table), pe
 |---|---|---|---|---|---|---|---|---|
 | v4 | 275 | 32 GiB | 1200 | 128 | 1 | 268.6 | 3.125 | 1.1 PB/s all-reduce per 4096-chip pod |
 | v5e | 197 | 16 GiB | 819 | 128 | 1 | 200 | 3.125 | 51.2 TB/s per 256-chip pod (= 1600 Gbps ICI) |
-| v5p | 459 | 95 GB | 2765 | 128 | 1 | 600 | 6.25 | 1200 GB/s bidirectional ICI (4800 Gbps each way) |
-| v6e | 918 | 32 GB | 1638 | 256 | 1 | 400 | 12.5 | 102.4 TB/s per 256-chip pod (800 GB/s bidirectional) |
+| v5p | 459 | 96 GiB | 2765 | 128 | 1 | 600 | 6.25 | 1200 GB/s bidirectional ICI (4800 Gbps each way) |
+| v6e | 918 | 32 GiB | 1638 | 256 | 1 | 400 | 12.5 | 102.4 TB/s per 256-chip pod (800 GB/s bidirectional) |
 | tpu7x | 2307 | 192 GiB | 7380 | 256 | 2 | 600 | 12.5 | 1200 GB/s bidirectional ICI, as v5p |
 
 The MXU column is the side of the matrix unit's systolic array (128 x 128 through v5p, 256 x 256
@@ -26,7 +26,11 @@ from v6e on): a matmul dimension is padded to a multiple of it, which the step-t
 
 HBM is the compiler's verdict first: libtpu fails a compile that does not fit its device (v5e: "Used
 45.97G of 15.75G hbm", 16 GiB less 0.25 GiB it reserves), and the planner reports that as OOM;
-the table's figure is the budget a successful compile is compared against.
+the table's figure is the budget a successful compile is compared against. Cloud's "95 GB" (v5p)
+and "32 GB" (v6e) are binary: libtpu 0.0.52 gives a device 95.73 GiB on v5p, 31.24 GiB on v6e,
+15.75 GiB on v5e and 94.74 GiB on TPU7x ("exceeds available HBM (95.73G)"), so the table holds 96
+and 32 GiB (it held 95e9 and 32e9 bytes, 88.48 and 29.80 GiB: budgets 7.3 and 1.4 GiB below
+what the compiler places).
 
 Across slices (multi-slice, DCN) the estimate uses each chip's data center network bandwidth:
 Cloud's per-chip figures for v5p (50 Gbps), v6e and TPU7x (100 Gbps); v5e's 6.4 Tbps per
@@ -124,7 +128,7 @@ CHIP_SPECS: dict[str, ChipSpec] = {
         "TPU v5p",
         "v5p",
         CHIPS["v5p"].peak_flops,
-        95 * 10**9,
+        96 * GIB,
         4800e9 / 8,
         50e9 / 8,
         True,
@@ -135,7 +139,7 @@ CHIP_SPECS: dict[str, ChipSpec] = {
         "TPU v6e",
         "v6e",
         CHIPS["v6e"].peak_flops,
-        32 * 10**9,
+        32 * GIB,
         102.4e12 / 256,
         100e9 / 8,
         False,

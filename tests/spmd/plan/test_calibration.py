@@ -38,6 +38,7 @@ SOURCES = {
     ("llama3.1-70b", "TPU7x", 256): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
     ("llama3.1-8b", "TPU v6e", 256): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
     ("llama3.1-70b", "TPU v6e", 256): (462.3, 0.503),  # 462.297
+    ("llama3.1-405b", "TPU v6e", 512): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
 }
 
 
@@ -71,8 +72,7 @@ def test_maxtexts_scaled_models_have_its_dims_and_their_named_size(name):
 def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
     v5p = published_run("maxtext-32b@v5p-128").recipe
     assert v5p.global_batch == 7 * 64  # per_device_batch_size=7 on 64 chips, FSDP 16 x tensor 4
-    assert v5p.global_batch // 16 == 28  # 448 sequences over the 16 FSDP shards ...
-    assert v5p.batch_per_shard == 14  # ... planned at half (docs/plan.md: 103.4 GiB at 28 of 88.5)
+    assert v5p.batch_per_shard == 28  # 448 sequences over the 16 FSDP shards: planned at its own batch
     v5p_64b = published_run("maxtext-64b@v5p-128").recipe
     assert (v5p_64b.global_batch, v5p_64b.batch_per_shard) == (3 * 64, 12)  # its own batch: it fits
     ironwood = published_run("llama3.1-405b@tpu7x-512").recipe
@@ -81,13 +81,26 @@ def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
     # (the 8 devices of a context group share a sequence)
     long = published_run("llama3.1-70b@tpu7x-512").recipe
     assert (long.global_batch, long.batch_per_shard, long.seq_len) == (64, 1, 131072)
+    # v6e-256: the recipes' own 4 and 5 sequences a chip (they were planned at 2)
+    for name, batch in (("llama3.1-8b@v6e-256", 4), ("llama3.1-70b@v6e-256", 5)):
+        assert published_run(name).recipe.batch_per_shard == batch
+    # MaxText's 128B on v5e-256, FSDP 16 x tensor 16: 256 sequences over 16 batch shards
+    big = published_run("maxtext-128b@v5e-256").recipe
+    assert (big.global_batch, big.batch_per_shard) == (256, 16)
+
+
+def test_a_recipe_across_slices_counts_every_slices_devices():
+    # tpu-recipes' Llama 3.1-405B on 2 x v6e-256: ici_fsdp 256 x dcn_fsdp 2, one sequence a device
+    r = published_run("llama3.1-405b@2xv6e-256").recipe
+    assert (r.slices, r.global_batch, r.batch_per_shard) == (2, 512, 1)
+    assert dict(r.mesh) == {"dcn_fsdp": 2, "fsdp": 256}
 
 
 def test_every_calibration_run_is_a_published_run_with_a_recipe():
     for name in CALIBRATION_RUNS:
         assert run_name(published_run(name)) == name
     with pytest.raises(KeyError, match="known: "):
-        published_run("maxtext-128b@v5e-256")  # no recipe: its remat (every projection offloaded) is not lowered
+        published_run("maxtext-128b@v5p-128")  # no such run
 
 
 def _point(run, published, slope):
