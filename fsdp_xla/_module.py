@@ -180,38 +180,29 @@ def fully_shard(
             wrap different models.
     """
 
-    def checked() -> FSDPOptions:
-        _check_module(module)
-        options = FSDPOptions(
-            mesh=mesh,
-            fsdp_axis=fsdp_axis,
-            replicate_axis=replicate_axis,
-            auto_wrap_policy=auto_wrap_policy,
-            mixed_precision=mixed_precision,
-            reshard_after_forward=reshard_after_forward,
-            gradient_checkpointing=gradient_checkpointing,
-            optimization_barriers=optimization_barriers,
-            shard_output=shard_output,
-            param_spec_fn=param_spec_fn,
-            param_init_fn=param_init_fn,
-            init_seed=init_seed,
-            sync_after_backward=sync_after_backward,
-            shardable_layer_norm=shardable_layer_norm,
-        )
-        if options.auto_wrap_policy is not None:
-            options.auto_wrap_policy.check(module)
-        return options
-
+    arguments = dict(locals())  # the keyword arguments are exactly the fields of FSDPOptions
+    module = arguments.pop("module")
     first = next(iter(module.parameters()), None) if isinstance(module, torch.nn.Module) else None
     backend = backend_for(first)
     if backend.name == "dtensor":  # one process per device: a rank refusing alone must not leave the others waiting
         fields = {"module": type(module).__name__, "mesh": mesh_text(mesh)}
-        options = agree_on_arguments(backend, "FSDP arguments", fields, checked, _SAME_ARGUMENTS)
+        check = functools.partial(_checked_options, module, arguments)
+        options = agree_on_arguments(backend, "FSDP arguments", fields, check, _SAME_ARGUMENTS)
     else:  # GSPMD: one program over every device, nothing to meet
-        options = checked()
+        options = _checked_options(module, arguments)
     fsdp = fsdp_backend_for(backend)
     fsdp.check(module, options)  # everything refused before anything is sharded
     return _apply_or_roll_back(fsdp, module, options)
+
+
+def _checked_options(module: torch.nn.Module, arguments: dict[str, Any]) -> FSDPOptions:
+    """`fully_shard`'s keyword ``arguments`` checked as one `FSDPOptions`, with ``module`` and
+    the wrap policy checked against it."""
+    _check_module(module)
+    options = FSDPOptions(**arguments)
+    if options.auto_wrap_policy is not None:
+        options.auto_wrap_policy.check(module)
+    return options
 
 
 def _apply_or_roll_back(fsdp: Any, module: torch.nn.Module, options: FSDPOptions) -> torch.nn.Module:
