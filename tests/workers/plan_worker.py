@@ -11,7 +11,10 @@ libtpu 0.0.20) is recorded as the error the planner gives.
 import contextlib
 import io
 import json
+import resource
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from spmd.plan import plan
@@ -116,11 +119,11 @@ def fidelity(out: Path, results: dict) -> None:
     config = out / "fidelity_llama.json"
     config.write_text(json.dumps(FIDELITY))
     try:
-        _compiled(config, "full", "flash", "bfloat16")
+        flash_full = _compiled(config, "full", "flash", "bfloat16")
     except ShardingError as e:  # libtpu 0.0.20 (the torch_xla lane) knows no tpu7x
         results["fidelity"] = {"error": [type(e).__name__, str(e)]}
         return
-    found = {"flash_full": _compiled(config, "full", "flash", "bfloat16"), "dot_dots": _compiled(config, "dots", "dot")}
+    found = {"flash_full": flash_full, "dot_dots": _compiled(config, "dots", "dot")}
     module, hf_config = build_meta_model(str(config))
     shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
     saved, math = {}, {}
@@ -298,24 +301,47 @@ def loop_collectives(results: dict) -> None:
     ]  # fmt: skip
 
 
-def main(out: Path) -> None:
-    config = out / "tiny_llama.json"
-    config.write_text(json.dumps(TINY))
-    results: dict = {}
-    advisor(config, out, results)
+def _timed(results: dict, name: str, section: Callable[[], None]) -> None:
+    """Run one section, recording its wall and CPU seconds (this process's and its finished
+    children's, the advisor's compile processes) in results["seconds"] and the log: where the
+    suite's longest wait goes."""
+    t0, c0 = time.perf_counter(), _cpu()
+    section()
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    results.setdefault("seconds", {})[name] = {"wall": round(wall, 1), "cpu": round(cpu, 1)}
+    print(f"plan_worker: {name}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _two_slices(config: Path, results: dict) -> None:
     # Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
     # one-slice fsdp=4 plan, and a data axis across slices.
     two = plan(str(config), "v5e:2x2", slices=2, mesh={"data": 4, "fsdp": 2}, global_batch=32, seq_len=128)
     results["two_slices"] = two.to_dict()
-    policies_and_kernels(config, results)
-    ironwood(config, out, results)
-    device_orders(results)
-    errors(results)
-    loop_collectives(results)
-    fidelity(out, results)
-    context_parallel(out, results)
-    every_plan(config, out, results)
-    interrupted_advice(config, out, results)
+
+
+def main(out: Path) -> None:
+    config = out / "tiny_llama.json"
+    config.write_text(json.dumps(TINY))
+    results: dict = {}
+    for name, section in {
+        "advisor": lambda: advisor(config, out, results),
+        "two_slices": lambda: _two_slices(config, results),
+        "policies_and_kernels": lambda: policies_and_kernels(config, results),
+        "ironwood": lambda: ironwood(config, out, results),
+        "device_orders": lambda: device_orders(results),
+        "errors": lambda: errors(results),
+        "loop_collectives": lambda: loop_collectives(results),
+        "fidelity": lambda: fidelity(out, results),
+        "context_parallel": lambda: context_parallel(out, results),
+        "every_plan": lambda: every_plan(config, out, results),
+        "interrupted_advice": lambda: interrupted_advice(config, out, results),
+    }.items():
+        _timed(results, name, section)
     (out / "results.json").write_text(json.dumps(results))
 
 
