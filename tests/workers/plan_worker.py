@@ -1,16 +1,19 @@
 """Run by the planner tests in their own process: every TPU compile they need, once.
 
-    python tests/spmd/plan/plan_worker.py OUT_DIR
+    python tests/workers/plan_worker.py OUT_DIR [SECTION ...]
 
 A subprocess because the test session's XLA_FLAGS (8 virtual CPU devices, the inspector's HLO
 dumps) would apply to the TPU compiles too, and because libtpu and torchax stay out of the test
-session. Writes OUT_DIR/results.json. Runs on both lanes; what a lane cannot compile (tpu7x on
-libtpu 0.0.20) is recorded as the error the planner gives.
+session. Writes OUT_DIR/results.json, or results-SECTION.json (SECTION the first named) when
+sections are named: tests/spmd/plan/plan_results.py runs them in two processes. Runs on both
+lanes; what a lane cannot compile (tpu7x on libtpu 0.0.20) is recorded as the error the planner
+gives.
 """
 
 import contextlib
 import io
 import json
+import os
 import resource
 import sys
 import time
@@ -327,11 +330,10 @@ def _two_slices(config: Path, results: dict) -> None:
     results["two_slices"] = two.to_dict()
 
 
-def main(out: Path) -> None:
-    config = out / "tiny_llama.json"
-    config.write_text(json.dumps(TINY))
-    results: dict = {}
-    for name, section in {
+def sections(config: Path, out: Path, results: dict) -> dict[str, Callable[[], None]]:
+    """Every section by name, in the order one process runs them (``context_parallel`` reads the
+    config ``fidelity`` writes)."""
+    return {
         "advisor": lambda: advisor(config, out, results),
         "two_slices": lambda: _two_slices(config, results),
         "policies_and_kernels": lambda: policies_and_kernels(config, results),
@@ -343,10 +345,28 @@ def main(out: Path) -> None:
         "context_parallel": lambda: context_parallel(out, results),
         "every_plan": lambda: every_plan(config, out, results),
         "interrupted_advice": lambda: interrupted_advice(config, out, results),
-    }.items():
-        _timed(results, name, section)
-    (out / "results.json").write_text(json.dumps(results))
+    }
+
+
+def main(out: Path, names: list[str]) -> None:
+    """Run the sections ``names`` (all if none) and write their results to OUT/results.json, or
+    to OUT/results-NAME.json for the first one named, so processes sharing OUT write apart."""
+    config = out / "tiny_llama.json"
+    partial = out / f".tiny_llama.json.{os.getpid()}"  # processes sharing OUT replace it atomically
+    partial.write_text(json.dumps(TINY))
+    os.replace(partial, config)
+    results: dict = {}
+    every = sections(config, out, results)
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise SystemExit(f"plan_worker.py: no section {unknown}; the sections are {list(every)}")
+    for name, section in every.items():
+        if not names or name in names:
+            _timed(results, name, section)
+    done = out / (f"results-{names[0]}.json" if names else "results.json")
+    done.with_suffix(".partial").write_text(json.dumps(results))
+    os.replace(done.with_suffix(".partial"), done)
 
 
 if __name__ == "__main__":  # --jobs 2 spawns processes that import this module
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
