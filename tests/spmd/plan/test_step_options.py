@@ -11,7 +11,7 @@ from tests.spmd.plan import plan_results
 MIB = 2**20
 # plan_worker's step (POLICY_BATCH): 32 sequences of 512 tokens on 4 chips (8 each), 4 heads of 128, 2 layers.
 PER_CHIP = 8
-SCORES_PER_LAYER = PER_CHIP * 4 * 512 * 512 * 2  # one layer's bf16 scores per chip: 16 MiB
+SCORES_PER_LAYER = PER_CHIP * 4 * 512 * 512 * 2  # one layer's bf16 scores per chip: 8 MiB
 
 
 @pytest.fixture(scope="module")
