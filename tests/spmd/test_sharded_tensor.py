@@ -304,6 +304,8 @@ from spmd import P, mark_sharding
 
 dist.init_process_group("gloo")
 x = mark_sharding(torch.ones(4), Mesh(np.arange(2), (2,), ("x",)), P("x"))
-print(type(x).__name__ if type(x) is DTensor else type(x), x.placements, x.to_local().numel(), "->", x.full_tensor().sum().item())
+kind = type(x).__name__ if type(x) is DTensor else type(x)
+# one write of one line: the ranks share the pipe, and print's pieces interleaved ("DTensorDTensor ...")
+print(f"{kind} {x.placements} {x.to_local().numel()} -> {x.full_tensor().sum().item()}", flush=True)
 dist.destroy_process_group()
 """
