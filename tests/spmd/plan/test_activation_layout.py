@@ -3,15 +3,13 @@ logical-axis rules): the residual stream between blocks of a 2-D plan is split o
 The compile runs in a process of its own (libtpu and torchax stay out of the test session)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from mesh import Mesh
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.sharding._partition_spec import P
-from tests.torchrun import ROOT, child_env
+from tests.spmd.plan.child_compile import run_on_config
 
 # 3 layers (no other dim is 3) of width 256 (no other dim but the K/V heads' 2 x 128 is 256).
 LLAMA = {
@@ -39,14 +37,7 @@ print(json.dumps(sorted(set(re.findall(r"bf16\\[3,[\\d,]+\\]", hlo)))))
 def test_a_2d_plan_s_residual_stream_between_blocks_is_split_over_tensor(tmp_path):
     """Under remat `full` the block scan keeps each layer's input, stacked over the 3 layers: per
     device 4 sequences (8 over fsdp=2) x 512 tokens x the width over tensor=2, 128 of 256."""
-    config = tmp_path / "llama.json"
-    config.write_text(json.dumps(LLAMA))
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(config)], cwd=ROOT, env=child_env(xla=False),
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    stacked = json.loads(done.stdout.splitlines()[-1])
+    stacked = run_on_config(COMPILE, LLAMA, tmp_path, timeout=1200)
     assert "bf16[3,4,512,128]" in stacked, stacked
     assert "bf16[3,4,512,256]" not in stacked, stacked  # the whole width on each tensor shard: Megatron's layout
 

@@ -2,17 +2,13 @@
 block scan keeps, on the device and on the host, is JAX's own residual list of the lowered step
 (a process of its own: libtpu gives the devices), held to the choices and to our memory math."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.__main__ import parser
 from spmd.plan.request.custom_remat import CustomRemat
 from spmd.plan.request.remat import Remat, jax_policy, kernel_residual_name, recompute_factor
-from tests.torchrun import ROOT, child_env
+from tests.spmd.plan.child_compile import run_on_config
 
 # q: 4 heads of 64 (256), k and v: 1 head (64), MLP 640, width 320: each projection its own width.
 LLAMA = {
@@ -41,14 +37,7 @@ print(json.dumps({"saved": saved, "math": list(saved_per_token(shape, req.remat,
 
 
 def test_each_tensor_is_kept_where_its_choice_says(tmp_path):
-    config = tmp_path / "llama.json"
-    config.write_text(json.dumps(LLAMA))
-    done = subprocess.run(
-        [sys.executable, "-c", LOWER, str(config), POLICY], cwd=ROOT, env=child_env(xla=False),
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    out = run_on_config(LOWER, LLAMA, tmp_path, POLICY, timeout=900)
     # global shapes of one layer, batch 8 x 256 tokens: the input (320) and q (320 = 5 x 64) on the
     # host, k and v (64 each) on the device, the out projection computed again
     device = sorted(tuple(s) for s, _, host in out["saved"] if not host)

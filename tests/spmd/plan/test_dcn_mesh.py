@@ -4,15 +4,11 @@ DCN (``data=2,fsdp=4``) shards them over each slice's 4; the fsdp axis runs over
 devices, then slice 1's (jax's hybrid mesh). The compile runs in a process of its own; the
 mesh's arithmetic and errors need none."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.request.dcn import split_dcn
-from tests.torchrun import ROOT, child_env
+from tests.spmd.plan.child_compile import run_on_config
 
 LLAMA = {
     "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 2,
@@ -50,14 +46,7 @@ def n_params() -> int:
 
 
 def test_fsdp_across_slices_shards_the_parameters_over_every_device(tmp_path):
-    config = tmp_path / "llama.json"
-    config.write_text(json.dumps(LLAMA))
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(config)], cwd=ROOT, env=child_env(xla=False),
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    out = run_on_config(COMPILE, LLAMA, tmp_path, timeout=1800)
     assert out["slices"] == [0, 0, 0, 0, 1, 1, 1, 1]
     across, data = out["dcn_fsdp"], out["dcn_data"]
     assert (across["mesh"], across["dcn"]) == ({"fsdp": 8}, {"fsdp": 2})

@@ -2,10 +2,7 @@
 no ``[tokens, vocab]`` fp32 buffer; without, it does (so the check can fail). The compiles run
 in a process of their own (libtpu and torchax stay out of the test session); the errors need none."""
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +10,7 @@ import torch
 from spmd.plan import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
-from tests.torchrun import ROOT, child_env
+from tests.spmd.plan.child_compile import run_on_config
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
 LLAMA = {
@@ -41,14 +38,10 @@ print(json.dumps(sorted(set(re.findall(r"f32\\[[\\d,]+\\]", hlo)))))
 
 def f32_vocab_buffers(tiles: int, tmp_path) -> list[tuple[int, ...]]:
     """Every fp32 shape with a vocabulary dim in the optimized HLO of the step with ``tiles`` chunks."""
-    config = tmp_path / "llama.json"
-    config.write_text(json.dumps(LLAMA))
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(config), str(tiles)], cwd=ROOT, env=child_env(xla=False),
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    shapes = [tuple(int(d) for d in s[4:-1].split(",")) for s in json.loads(done.stdout.splitlines()[-1])]
+    shapes = [
+        tuple(int(d) for d in s[4:-1].split(","))
+        for s in run_on_config(COMPILE, LLAMA, tmp_path, str(tiles), timeout=1200)
+    ]
     return [s for s in shapes if LLAMA["vocab_size"] in s]
 
 
