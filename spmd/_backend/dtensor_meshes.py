@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import time
 import weakref
 from typing import Any
 
@@ -93,6 +94,10 @@ def _align_timeouts(built: Any) -> None:
             torch_compat.set_group_timeout(group, world)
 
 
+# How long the exit hook leaves the GIL to gloo's workers: 0.1 s was enough in every measured exit,
+# with the two cores busy; a process pays it once, at exit.
+_WORKER_DRAIN_SECONDS = 0.1
+
 # The meshes holding a DeviceMesh in their memo, for the exit hook below; weak, so it keeps none.
 _holders: weakref.WeakSet = weakref.WeakSet()
 
@@ -104,15 +109,23 @@ def _release_at_exit(mesh: Any) -> None:
 
 
 def _release_device_meshes() -> None:
-    """Drop the DeviceMeshes our meshes hold, while the interpreter is still whole.
+    """Let gloo's workers finish with their last collectives, then drop the DeviceMeshes our
+    meshes hold, while the interpreter is still whole.
 
-    A DeviceMesh keeps its process groups alive, and so their gloo worker threads, even after
-    ``dist.destroy_process_group()``. Kept into interpreter finalization, a worker that frees the
-    tensors of its last collective needs the GIL, and taking it while Python finalizes ends
-    the thread inside a noexcept frame: "terminate called without an active exception", SIGABRT
-    (torch 2.15, 2 of 3 exits measured; pytorch/pytorch#190489). Released here, at exit, a
-    destroyed group is freed now: its destructor joins the workers without holding the GIL.
+    A gloo worker that drops a finished collective decrements the Python objects of its tensors,
+    which needs the GIL (torch 2.15). A script that ends right after a collective, or holds the
+    GIL from there to its end, leaves a worker waiting for the GIL when Python finalizes, and a
+    thread that takes the GIL then ends inside a noexcept frame: "terminate called without an
+    active exception", SIGABRT (6 of 10 exits of a 10-line gloo script; the abort's stack is
+    ``AsyncWork::~AsyncWork`` -> ``decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``).
+    Sleeping here gives the waiting workers the GIL: 0 of 32 exits aborted, 16 of them with
+    three other busy processes on the two cores.
+
+    A DeviceMesh also keeps its process groups alive, and so their workers, even after
+    ``dist.destroy_process_group()`` (pytorch/pytorch#190489); released here, a destroyed group
+    is freed now, and its destructor joins the workers.
     """
+    time.sleep(_WORKER_DRAIN_SECONDS)
     for mesh in list(_holders):
         for key in [k for k in mesh.memo if k[0] == "device_mesh"]:
             del mesh.memo[key]

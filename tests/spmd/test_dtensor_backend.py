@@ -151,7 +151,7 @@ def test_replace_takes_a_bool_on_the_dtensor_backend_too():
         use_backend(None)
 
 
-EXIT_SCRIPT = """
+EXIT_AFTER_DESTROY = """
 import numpy as np, torch, torch.distributed as dist
 from mesh import Mesh
 from spmd import P, mark_sharding
@@ -161,15 +161,34 @@ x = mark_sharding(torch.ones(8), Mesh(np.arange(dist.get_world_size()), (dist.ge
 assert x.full_tensor().sum().item() == 8
 dist.destroy_process_group()
 """
+# Ends right after a collective, holding the GIL (a long switch interval stands for a script busy
+# in Python to its end), with no destroy_process_group: the worker that drops the collective
+# needs the GIL, and gets it only from the exit hook.
+EXIT_AFTER_COLLECTIVE = """
+import sys
+import numpy as np, torch, torch.distributed as dist
+import spmd
+from mesh import Mesh
+
+dist.init_process_group("gloo")
+n = dist.get_world_size()
+device_mesh = spmd.device_mesh(Mesh(np.arange(n).reshape(2, n // 2), (2, n // 2), ("a", "b")))
+total = torch.ones(8)
+sys.setswitchinterval(60)
+dist.all_reduce(total, group=device_mesh.get_group("a"))
+"""
 
 
 @pytest.mark.smoke
-def test_processes_exit_cleanly_after_destroy_process_group(tmp_path):
-    """The DeviceMesh a mesh caches once kept the destroyed group's gloo workers alive into
-    interpreter finalization, where torch 2.15 aborted most exits ("terminate called without an
-    active exception"); 3 launches of 4 processes each must all exit 0."""
+@pytest.mark.parametrize("script_text", [EXIT_AFTER_DESTROY, EXIT_AFTER_COLLECTIVE], ids=["destroyed", "last-collective"])
+def test_processes_exit_cleanly(tmp_path, script_text):
+    """torch 2.15 aborted exits ("terminate called without an active exception") two ways: the
+    DeviceMesh a mesh caches kept a destroyed group's gloo workers alive into interpreter
+    finalization, and a worker dropping the script's last collective waited for the GIL until
+    finalization (without the exit hook, 2 of 4 launches of the second script aborted). 3
+    launches of 4 processes each must all exit 0."""
     script = tmp_path / "exit.py"
-    script.write_text(EXIT_SCRIPT)
+    script.write_text(script_text)
     for _ in range(3):
         run = torchrun(script, 4, timeout=120)
         # What the aborting rank said comes before torchrun's long report: keep it in the message.
