@@ -180,7 +180,9 @@ dist.all_reduce(total, group=device_mesh.get_group("a"))
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("script_text", [EXIT_AFTER_DESTROY, EXIT_AFTER_COLLECTIVE], ids=["destroyed", "last-collective"])
+@pytest.mark.parametrize(
+    "script_text", [EXIT_AFTER_DESTROY, EXIT_AFTER_COLLECTIVE], ids=["destroyed", "last-collective"]
+)
 def test_processes_exit_cleanly(tmp_path, script_text):
     """torch 2.15 aborted exits ("terminate called without an active exception") two ways: the
     DeviceMesh a mesh caches kept a destroyed group's gloo workers alive into interpreter
