@@ -8,7 +8,8 @@ rank cannot see it; running more ranks and comparing what each issued can.
   follows), each collective it issues: the kind, the group's ranks, the dtype and the script's
   line.
 - `first_mismatch` compares the logs of the ranks run: for each group two of them share, both
-  must issue the same kinds, in the same order, on the same dtypes, as many times. Point-to-point
+  must issue the same kinds, in the same order, on the same dtypes, as many times. A group is
+  its process group, not its ranks: the world and a 1-D mesh's group are two communicators. Point-to-point
   ``send``/``recv`` pair different calls by design and are left out.
 - `comparison_ranks` picks the ranks a one-rank dry run also runs to compare with: for each group
   the rank issued collectives on, its last other member (``--ranks all`` compares every rank).
@@ -27,7 +28,7 @@ from spmd._util.torch_compat import TorchDispatchMode
 from spmd.inspector._dtensor.collectives import _first_dtype, collective_call, is_collective
 from spmd.inspector._dtensor.placeholders import user_line
 
-__all__ = ["CollectiveLog", "Issued", "comparison_ranks", "first_mismatch"]
+__all__ = ["CollectiveLog", "Issued", "comparison_ranks", "first_mismatch", "twin_ranks"]
 
 _POINT_TO_POINT = ("send", "recv")
 
@@ -41,12 +42,27 @@ class Issued:
         ranks: its group's global ranks.
         dtype: its input's dtype ('' for a barrier).
         line: the script's line it was issued under (``train.py:42``), or ''.
+        group: its process group's name ('' if unknown). Two groups over the same ranks (the
+            world and a 1-D mesh's group) are two communicators: their collectives never meet.
     """
 
     op: str
     ranks: tuple[int, ...]
     dtype: str
     line: str
+    group: str = ""
+
+    @property
+    def key(self) -> tuple[str, tuple[int, ...]]:
+        """What identifies its group: the name, then the ranks."""
+        return (self.group, self.ranks)
+
+    def on(self, twins: bool) -> str:
+        """Its group in words: by its ranks, and by its name too when ``twins`` (another group
+        of the logs has the same ranks)."""
+        if twins and self.group:
+            return f"process group {self.group} (ranks {rank_ranges(self.ranks)})"
+        return f"the group of ranks {rank_ranges(self.ranks)}"
 
     def describe(self) -> str:
         where = f" at {self.line}" if self.line else ""
@@ -54,11 +70,12 @@ class Issued:
         return f"{self.op}{dtype}{where}"
 
 
-def _barrier_ranks(args: tuple) -> tuple[int, ...]:
+def _barrier_group(args: tuple) -> tuple[tuple[int, ...], str]:
+    """A barrier's group: its ranks and its name."""
     import torch.distributed as dist
 
-    group = next(a for a in args if isinstance(a, torch.ScriptObject))
-    return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(group)))
+    group = dist.ProcessGroup.unbox(next(a for a in args if isinstance(a, torch.ScriptObject)))
+    return tuple(dist.get_process_group_ranks(group)), str(group.group_name)
 
 
 class CollectiveLog(TorchDispatchMode):
@@ -72,31 +89,40 @@ class CollectiveLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
         if func.namespace == "c10d" and func._schema.name.split("::")[-1] == "barrier":
-            self.issued.append(Issued("barrier", self._group(_barrier_ranks(args)), "", user_line()))
+            ranks, group = _barrier_group(args)
+            self.issued.append(Issued("barrier", self._group(ranks), "", user_line(), group))
         elif is_collective(func):
             call = collective_call(func, args, kwargs or {}, result, position=0, phase="", module="")
             if call.op not in _POINT_TO_POINT:  # a scatter's or broadcast's other ranks give no input: their output's
                 dtype = call.dtype or _first_dtype(list(args))
-                self.issued.append(Issued(call.op, self._group(call.ranks), dtype, user_line()))
+                self.issued.append(Issued(call.op, self._group(call.ranks), dtype, user_line(), call.group))
         return result
 
     def _group(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
         return self._groups.setdefault(ranks, ranks)
 
 
-def _on_group(issued: Sequence[Issued], group: tuple[int, ...]) -> list[Issued]:
-    return [i for i in issued if i.ranks == group]
+def twin_ranks(logs: dict[int, Sequence[Issued]]) -> set[tuple[int, ...]]:
+    """The rank sets over which the logs hold more than one process group."""
+    names: dict[tuple[int, ...], set[str]] = {}
+    for issued in logs.values():
+        for i in issued:
+            names.setdefault(i.ranks, set()).add(i.group)
+    return {ranks for ranks, n in names.items() if len(n) > 1}
 
 
-def _mismatch_on(group: tuple[int, ...], ranks: tuple[int, int], logs: tuple[list[Issued], list[Issued]]) -> str:
-    """How the two ranks' collectives on ``group`` first differ ('' if they do not): a
-    collective one issues and the other does not, or a different one at the same place."""
+def _on_group(issued: Sequence[Issued], key: tuple[str, tuple[int, ...]]) -> list[Issued]:
+    return [i for i in issued if i.key == key]
+
+
+def _mismatch_on(on: str, ranks: tuple[int, int], logs: tuple[list[Issued], list[Issued]]) -> str:
+    """How the two ranks' collectives on the group ``on`` (in words) first differ ('' if they do
+    not): a collective one issues and the other does not, or a different one at the same place."""
     (r, s), (mine, theirs) = ranks, logs
     matcher = SequenceMatcher(None, [(i.op, i.dtype) for i in mine], [(i.op, i.dtype) for i in theirs], autojunk=False)
     for tag, i, _, j, _ in matcher.get_opcodes():
         if tag == "equal":
             continue
-        on = f"the group of ranks {rank_ranges(group)}"
         if tag == "delete":
             return f"rank {r} issues {mine[i].describe()} on {on} (its collective #{i} there), which rank {s} does not issue"
         if tag == "insert":
@@ -110,11 +136,13 @@ def first_mismatch(logs: dict[int, Sequence[Issued]]) -> str:
     message naming the ranks, the collective, the script's line and the fix; '' if none.
     ``logs``: each rank's collectives, in issue order."""
     ranks = sorted(logs)
+    twins = twin_ranks(logs)
     for i, r in enumerate(ranks):
         for s in ranks[i + 1 :]:
-            shared = dict.fromkeys(c.ranks for c in [*logs[r], *logs[s]] if r in c.ranks and s in c.ranks)
-            for group in shared:
-                found = _mismatch_on(group, (r, s), (_on_group(logs[r], group), _on_group(logs[s], group)))
+            shared = {c.key: c for c in [*logs[r], *logs[s]] if r in c.ranks and s in c.ranks}
+            for key, example in shared.items():
+                on = example.on(example.ranks in twins)
+                found = _mismatch_on(on, (r, s), (_on_group(logs[r], key), _on_group(logs[s], key)))
                 if found:
                     return (
                         f"the ranks would not meet in the same collectives: {found}. A real run blocks in a "

@@ -67,6 +67,9 @@ class CollectiveCall:
         dtype: the input's dtype (``float32``).
         phase: ``forward``, ``backward``, ``optimizer`` or ``other``.
         module: the innermost module running when it was issued ('' outside any).
+        group: its process group's name (torch numbers groups in the order a job makes them, the
+            same on every rank): two groups over the same ranks are two communicators, and a
+            collective on one never meets one on the other.
     """
 
     position: int
@@ -78,6 +81,7 @@ class CollectiveCall:
     dtype: str
     phase: str
     module: str
+    group: str = ""
 
     @property
     def bytes_sent(self) -> int:
@@ -132,19 +136,16 @@ def _first_dtype(value: Any) -> str:
     return ""
 
 
-def _group_ranks(named: dict[str, Any]) -> tuple[int, ...]:
-    """Global ranks of the op's group (a ``ProcessGroup`` script object or a group name)."""
+def _process_group(named: dict[str, Any]) -> Any:
+    """The op's ``ProcessGroup`` (from its script object or its group name)."""
     import torch.distributed as dist
 
     from spmd._util.torch_compat import resolve_process_group as _resolve_process_group
 
     if "process_group" in named:
         group = named["process_group"]
-        if isinstance(group, torch.ScriptObject):
-            group = dist.ProcessGroup.unbox(group)
-    else:
-        group = _resolve_process_group(named["group_name"])
-    return tuple(dist.get_process_group_ranks(group))
+        return dist.ProcessGroup.unbox(group) if isinstance(group, torch.ScriptObject) else group
+    return _resolve_process_group(named["group_name"])
 
 
 def collective_call(func: Any, args: tuple, kwargs: dict, result: Any, *, position: int, phase: str, module: str):
@@ -157,14 +158,18 @@ def collective_call(func: Any, args: tuple, kwargs: dict, result: Any, *, positi
     outputs = next((named[k] for k in _OUTPUTS + _IN_PLACE if k in named), None)
     if outputs is None:  # functional ops return their output
         outputs = result
+    import torch.distributed as dist
+
+    group = _process_group(named)
     return CollectiveCall(
         position=position,
         op=_KINDS[name],
         torch_op=f"{func.namespace}.{name}",
-        ranks=_group_ranks(named),
+        ranks=tuple(dist.get_process_group_ranks(group)),
         bytes_in=_nbytes(inputs),
         bytes_out=_nbytes(outputs),
         dtype=_first_dtype(inputs),
         phase=phase,
         module=module,
+        group=str(group.group_name),
     )

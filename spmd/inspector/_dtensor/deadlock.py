@@ -27,8 +27,7 @@ from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from spmd._util.ranks import rank_ranges
-from spmd.inspector._dtensor.agreement import Issued
+from spmd.inspector._dtensor.agreement import Issued, twin_ranks
 
 __all__ = ["Deadlock", "Waiting", "coverage", "find_deadlock", "order_deadlock", "stuck_at"]
 
@@ -50,22 +49,23 @@ class _Replay:
 
 
 def _number(logs: Mapping[int, Sequence[Issued]]) -> tuple[dict[int, list[_Meeting]], list[tuple[int, ...]]]:
-    """Each rank's collectives as meetings, and the groups by number. Groups are numbered by
-    their ranks' tuple object first: hashing a 256-rank tuple at every collective would cost
-    more than the replay (a log holds the same few tuples: `CollectiveLog` interns them)."""
-    numbers: dict[tuple[int, ...], int] = {}
-    by_object: dict[int, int] = {}
+    """Each rank's collectives as meetings, and the groups' ranks by number. A group is its
+    process group (name and ranks): two groups over the same ranks never meet. Groups are looked
+    up by their ranks' tuple object first: hashing a 256-rank tuple at every collective would
+    cost more than the replay (a log holds the same few tuples: `CollectiveLog` interns them)."""
+    numbers: dict[tuple[str, tuple[int, ...]], int] = {}
+    by_object: dict[tuple[int, str], int] = {}
     meetings: dict[int, list[_Meeting]] = {}
     for rank, issued in logs.items():
         seen: dict[int, int] = defaultdict(int)
         mine = meetings[rank] = []
         for i in issued:
-            group = by_object.get(id(i.ranks))
+            group = by_object.get((id(i.ranks), i.group))
             if group is None:
-                group = by_object[id(i.ranks)] = numbers.setdefault(i.ranks, len(numbers))
+                group = by_object[(id(i.ranks), i.group)] = numbers.setdefault(i.key, len(numbers))
             mine.append((group, seen[group]))
             seen[group] += 1
-    return meetings, list(numbers)
+    return meetings, [ranks for _, ranks in numbers]
 
 
 def _replay(logs: Mapping[int, Sequence[Issued]]) -> _Replay:
@@ -108,17 +108,18 @@ class Waiting:
         collective: the collective it is blocked in.
         index: its index among the collectives the rank issued on that group.
         waits_for: the first member of the group run that has not reached it.
+        twins: another group of the job has the same ranks (so the message names the group).
     """
 
     rank: int
     collective: Issued
     index: int
     waits_for: int
+    twins: bool = False
 
     def describe(self) -> str:
-        on = rank_ranges(self.collective.ranks)
         return (
-            f"rank {self.rank} waits in {self.collective.describe()} on the group of ranks {on} "
+            f"rank {self.rank} waits in {self.collective.describe()} on {self.collective.on(self.twins)} "
             f"(its collective #{self.index} there) for rank {self.waits_for}"
         )
 
@@ -155,12 +156,14 @@ def find_deadlock(logs: Mapping[int, Sequence[Issued]]) -> Deadlock | None:
     stuck, meetings = replay.stuck, replay.meetings
     if not stuck:
         return None
+    twins = twin_ranks(logs)
 
     def waiting(rank: int) -> Waiting:
         group, index = meeting = meetings[rank][stuck[rank]]
         there = {r for r in stuck if meetings[r][stuck[r]] == meeting}
         first = next(m for m in replay.groups[group] if m in logs and m not in there)
-        return Waiting(rank, logs[rank][stuck[rank]], index, first)
+        collective = logs[rank][stuck[rank]]
+        return Waiting(rank, collective, index, first, collective.ranks in twins)
 
     chain = [waiting(min(stuck))]
     seen = {chain[0].rank}
@@ -203,7 +206,7 @@ def coverage(logs: Mapping[int, Sequence[Issued]], world: int) -> str:
     """What the replay of ``logs`` (no deadlock found) rules out, for the report's last line ('' when
     the ranks run issued collectives on one group: no order across groups to check). A cycle of
     waits through a rank not run cannot be seen."""
-    groups = {i.ranks for issued in logs.values() for i in issued}
+    groups = {i.key for issued in logs.values() for i in issued}
     if len(groups) < 2:
         return ""
     if len(logs) == world:

@@ -34,6 +34,19 @@ def test_different_collectives_at_the_same_place_are_named():
     assert "collective #0 is all-gather of float32 at t.py:5 on rank 0 but reduce-scatter" in found
 
 
+def test_the_same_collective_on_two_groups_over_the_same_ranks_is_named():
+    """Rank 0 all-reduces on the world (process group 0), rank 1 on a group made over the same
+    ranks (process group 2): different communicators, so they never meet."""
+    world, twin = (
+        Issued("all-reduce", WORLD, "float32", "t.py:5", "0"),
+        Issued("all-reduce", WORLD, "float32", "t.py:7", "2"),
+    )
+    found = first_mismatch({0: [world], 1: [twin]})
+    assert "rank 0 issues all-reduce of float32 at t.py:5 on process group 0 (ranks 0..3)" in found
+    assert "which rank 1 does not issue" in found
+    assert first_mismatch({0: [world, twin], 1: [world, twin]}) == ""
+
+
 def test_groups_a_rank_is_not_in_are_not_its_to_meet():
     """Tensor parallel groups (0, 1) and (2, 3): rank 0 and rank 2 share no group."""
     assert first_mismatch({0: [Issued("all-reduce", (0, 1), "float32", "")], 2: []}) == ""

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor 
 WORLD, ROW0, ROW1, COL0, COL1 = (0, 1, 2, 3), (0, 1), (2, 3), (0, 2), (1, 3)
 
 
-def on(group, line=""):
-    return Issued("all-reduce", group, "float32", line)
+def on(group, line="", name=""):
+    return Issued("all-reduce", group, "float32", line, name)
 
 
 def test_two_ranks_ordering_two_shared_groups_differently_deadlock():
@@ -38,6 +38,19 @@ def test_two_ranks_ordering_two_shared_groups_differently_deadlock():
         in found
     )
     assert "Issue collectives on different groups in the same order on every rank" in found
+
+
+def test_two_groups_over_the_same_ranks_are_two_communicators():
+    """The world (process group 0) and a group made over the same ranks (3) never meet: ranks
+    that order them differently deadlock, and the message names which group is which."""
+    logs = {r: [on(WORLD, "t.py:5", "0"), on(WORLD, "t.py:6", "3")] for r in WORLD}
+    logs[1] = logs[1][::-1]
+    assert stuck_at(logs) == {0: 0, 1: 0, 2: 0, 3: 0}
+    found = order_deadlock(logs)
+    assert "rank 0 waits in all-reduce of float32 at t.py:5 on process group 0 (ranks 0..3)" in found
+    assert "rank 1 waits in all-reduce of float32 at t.py:6 on process group 3 (ranks 0..3)" in found
+    same = {r: [on(WORLD, "t.py:5", "0"), on(WORLD, "t.py:6", "3")] for r in WORLD}
+    assert order_deadlock(same) == "" and "across 2 groups" in coverage(same, 4)
 
 
 def test_the_same_order_on_every_rank_finishes():
@@ -182,6 +195,21 @@ def test_two_ranks_ordering_the_world_and_their_row_differently_fail_the_dry_run
     world_line = f"{world_line[0]}:{int(world_line[1]) + 1}"
     assert f"rank 0 waits in all-reduce of float32 at {world_line} on the group of ranks 0..3" in err
     assert f"rank 1 waits in all-reduce of float32 at {row_line} on the group of ranks 0..1" in err
+    assert "warning collective-order-deadlock:" in out
+
+
+def test_a_new_group_over_the_world_s_ranks_is_not_the_world(tmp_path, capsys):
+    """``dist.new_group`` over every rank makes a second communicator: rank 1 all-reducing on it
+    first while the others start with the world's deadlocks a real run; the dry run says so."""
+    again = "again = dist.new_group(list(range(dist.get_world_size())))"
+    world_first = "dist.all_reduce(loss.detach())\ndist.all_reduce(loss.detach(), group=again)"
+    again_first = "dist.all_reduce(loss.detach(), group=again)\ndist.all_reduce(loss.detach())"
+    script = write_script(
+        tmp_path, "twins.py", before=again, inside=_branch("dist.get_rank() == 1", again_first, world_first)
+    )
+    assert main(["--world", "4", str(script)]) == 1
+    out, err = capsys.readouterr()
+    assert "the ranks would deadlock" in err and "(ranks 0..3)" in err, err
     assert "warning collective-order-deadlock:" in out
 
 
