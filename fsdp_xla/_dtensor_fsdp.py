@@ -51,7 +51,7 @@ from fsdp_xla.deferred import check_materializable, materialize_unit, needs_mate
 from fsdp_xla.errors import FSDPError
 from fsdp_xla.policies import MixedPrecision
 from mesh import Mesh, Role
-from spmd.backend import DTensorBackend, agree, device_type_of, mesh_text
+from spmd.backend import DTensorBackend, device_type_of, mesh_text
 from spmd.backend import dtensor_device_mesh as device_mesh
 from spmd.sharding import PartitionSpec, resolve_spec
 
@@ -247,24 +247,13 @@ def fully_shard_on_dtensor(
     return module
 
 
-SAME_MODEL = (
-    "Every rank wraps the same model (parameter names, shapes and dtypes) over the same mesh and FSDP axes: one "
-    "rank builds it from another config, or loads other weights into it first?"
-)
-
-
-def agree_on_wrap(module: torch.nn.Module, options: FSDPOptions) -> None:
-    """One small collective: every rank's model has the same parameters and buffers (names,
-    shapes, dtypes) and the same mesh, axes and sharding options. A model that differs on one
-    rank made each rank shard its own shapes, and the first all-gather aborted the process (gloo)
-    or mixed other tensors' bytes.
-
-    Raises:
-        RankDisagreementError: on every rank alike, naming what differs and the ranks.
-    """
-    backend = DTensorBackend()
+def wrap_fields(module: torch.nn.Module, options: FSDPOptions) -> dict[str, str]:
+    """What every rank must wrap alike, for `FSDP`'s one exchange of its arguments: the model's
+    parameters and buffers (names, shapes, dtypes), the mesh, the axes and the sharding options.
+    A model that differed on one rank made each rank shard its own shapes, and the first
+    all-gather aborted the process (gloo) or mixed other tensors' bytes."""
     tensors = [*module.named_parameters(), *module.named_buffers()]
-    fields = {
+    return {
         "parameters": ", ".join(f"{n} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for n, t in tensors),
         "mesh": mesh_text(options.mesh),
         "fsdp axes": repr((options.fsdp_axis, options.replicate_axis)),
@@ -272,17 +261,16 @@ def agree_on_wrap(module: torch.nn.Module, options: FSDPOptions) -> None:
             (options.reshard_after_forward, options.gradient_checkpointing, options.mixed_precision, options.init_seed)
         ),
     }
-    agree(backend, "FSDP", fields, SAME_MODEL)
 
 
 class DTensorFSDP:
     """`fsdp_xla._backends.FSDPBackend` on DTensor: torch's ``fully_shard`` per unit."""
 
     def check(self, module: torch.nn.Module, options: FSDPOptions) -> None:
-        """The ranks' agreement on what they wrap, what FSDP2 cannot express
-        (`check_output_sharding`, `fsdp_shard_dims`), deferred init's hooks, and the world the
-        mesh needs; all before anything is sharded."""
-        agree_on_wrap(module, options)  # first: every rank then refuses alike
+        """What FSDP2 cannot express (`check_output_sharding`, `fsdp_shard_dims`), deferred
+        init's hooks, and the world the mesh needs; all before anything is sharded, after the
+        ranks agreed on what they wrap (`wrap_fields`, in `FSDP`'s one exchange), so every rank
+        refuses alike."""
         check_output_sharding(options.shard_output, options)
         check_fsdp_mesh(options)
         check_tensor_parallel(module, options)

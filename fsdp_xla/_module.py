@@ -17,6 +17,7 @@ import torch
 
 from fsdp_xla._axes import AxisNames
 from fsdp_xla._backends import fsdp_backend_for
+from fsdp_xla._dtensor_fsdp import wrap_fields
 from fsdp_xla._gspmd_unit import GspmdUnit
 from fsdp_xla._options import FSDPOptions
 from fsdp_xla._replicas import ReplicaSync
@@ -187,7 +188,8 @@ def fully_shard(
     if backend.name == "dtensor":  # one process per device: a rank refusing alone must not leave the others waiting
         fields = {"module": type(module).__name__, "mesh": mesh_text(mesh)}
         check = functools.partial(_checked_options, module, arguments)
-        options = agree_on_arguments(backend, "FSDP arguments", fields, check, _SAME_ARGUMENTS)
+        described = functools.partial(wrap_fields, module)
+        options = agree_on_arguments(backend, "FSDP arguments", fields, check, _SAME_ARGUMENTS, described)
     else:  # GSPMD: one program over every device, nothing to meet
         options = _checked_options(module, arguments)
     fsdp = fsdp_backend_for(backend)
@@ -218,7 +220,10 @@ def _apply_or_roll_back(fsdp: Any, module: torch.nn.Module, options: FSDPOptions
     return wrapped
 
 
-_SAME_ARGUMENTS = "Wrap the same model with the same FSDP arguments on every rank (one rank runs a stale config?)."
+_SAME_ARGUMENTS = (
+    "Wrap the same model (parameter names, shapes and dtypes) with the same FSDP arguments over the same mesh on "
+    "every rank: one rank runs a stale config, builds the model from another one, or loads other weights first?"
+)
 
 
 def _check_module(module: object) -> None:

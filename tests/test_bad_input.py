@@ -258,3 +258,8 @@ def test_fsdp_of_a_model_that_differs_on_one_rank_is_refused_on_every_rank(lone_
     (kind0, said0, _), (kind1, said1, _) = (r["fsdp_of_another_model_on_one_rank"] for r in lone_refusals)
     assert kind0 == kind1 == "RankDisagreementError" and said0 == said1
     assert "parameters: rank 0 0.weight (4, 4)" in said0 and "rank 1 0.weight (6, 4)" in said0
+
+
+def test_fsdp_agrees_on_its_arguments_and_the_model_in_one_exchange(lone_refusals):
+    """The arguments and the model were agreed in two exchanges (two collectives per wrap)."""
+    assert [r["exchanges_to_wrap"][0] for r in lone_refusals] == [1, 1]

@@ -154,9 +154,18 @@ def agree(
     raise error
 
 
-def agree_on_arguments(backend: Any, call: str, fields: Mapping[str, object], check: Callable[[], T], fix: str) -> T:
+def agree_on_arguments(
+    backend: Any,
+    call: str,
+    fields: Mapping[str, object],
+    check: Callable[[], T],
+    fix: str,
+    described: Callable[[T], Mapping[str, object]] | None = None,
+) -> T:
     """``check()`` (the call's own checks of its arguments, before its first collective), then
     `agree` on ``fields`` and on whether ``check`` passed; returns what ``check`` returned.
+    ``described(result)``: more fields, read from what ``check`` returned (the checked options,
+    the model they apply to), agreed in the same exchange when every rank's check passed.
 
     A rank whose check refused still takes part in the exchange: alone, it would raise at once
     while the others went on to their next collective and failed there only after the process
@@ -165,7 +174,8 @@ def agree_on_arguments(backend: Any, call: str, fields: Mapping[str, object], ch
     the check's own error.
 
     Raises:
-        RankDisagreementError: the ranks differ in ``fields`` or in whether ``check`` passed.
+        RankDisagreementError: the ranks differ in ``fields``, in what ``described`` gives, or in
+            whether ``check`` passed.
         Exception: what ``check`` raised, when every rank refused alike.
     """
     try:
@@ -173,7 +183,8 @@ def agree_on_arguments(backend: Any, call: str, fields: Mapping[str, object], ch
     except Exception as refused:
         agree(backend, call, {"arguments": f"refused ({type(refused).__name__}: {refused})", **fields}, fix)
         raise
-    agree(backend, call, {"arguments": "accepted", **fields}, fix)
+    more = described(result) if described is not None else {}
+    agree(backend, call, {"arguments": "accepted", **fields, **more}, fix)
     return result
 
 

@@ -74,6 +74,27 @@ case(
         torch.nn.Linear(4, 4), mesh=Mesh(np.arange(world), (world,), ("fsdp",)), fsdp_axis="nope" if rank else None
     ),
 )
+
+
+def exchanges_to_wrap():
+    """How many exchanges between the ranks FSDP makes to wrap a model every rank agrees on."""
+    from spmd.backend import DTensorBackend
+
+    made, real = [], DTensorBackend.all_process_values
+
+    def counted(self, values, **kwargs):
+        made.append(len(values))
+        return real(self, values, **kwargs)
+
+    DTensorBackend.all_process_values = counted
+    try:
+        fsdp_xla.fully_shard(torch.nn.Linear(4, 4), mesh=Mesh(np.arange(world), (world,), ("fsdp",)))
+    finally:
+        DTensorBackend.all_process_values = real
+    results["exchanges_to_wrap"] = [len(made), "", 0.0]
+
+
+exchanges_to_wrap()
 case("plain_model_saved_by_every_rank", lambda: ck.save_sharded(out / "plain", torch.nn.Linear(2, 2)))
 (out / f"rank{rank}.json").write_text(json.dumps(results))
 dist.destroy_process_group()
