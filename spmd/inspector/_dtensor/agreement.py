@@ -9,8 +9,9 @@ rank cannot see it; running more ranks and comparing what each issued can.
   line.
 - `first_mismatch` compares the logs of the ranks run: for each group two of them share, both
   must issue the same kinds, in the same order, on the same dtypes, as many times. A group is
-  its process group, not its ranks: the world and a 1-D mesh's group are two communicators. Point-to-point
-  ``send``/``recv`` pair different calls by design and are left out.
+  its process group, not its ranks: the world and a ``new_group`` of every rank are two
+  communicators. Point-to-point ``send``/``recv`` pair different calls by design and are left
+  out.
 - `comparison_ranks` picks the ranks a one-rank dry run also runs to compare with: for each group
   the rank issued collectives on, its last other member (``--ranks all`` compares every rank).
 """
@@ -43,7 +44,8 @@ class Issued:
         dtype: its input's dtype ('' for a barrier).
         line: the script's line it was issued under (``train.py:42``), or ''.
         group: its process group's name ('' if unknown). Two groups over the same ranks (the
-            world and a 1-D mesh's group) are two communicators: their collectives never meet.
+            world and a ``new_group`` of every rank) are two communicators: their collectives
+            never meet.
     """
 
     op: str
