@@ -38,8 +38,7 @@ from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.errors import TracingError
-from spmd.plan.lower import residuals
-from spmd.plan.lower.residuals import SavedActivation, named_projections, saved_residuals
+from spmd.plan.lower.residuals import SavedActivation, named_projections, row_major_names, saved_residuals
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
 from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
@@ -243,14 +242,14 @@ class _StepBuilder:
     def block(self) -> Callable[..., Any]:
         """One repeated block as a checkpointed JAX function of (hidden, layer params, args, kwargs)."""
         import jax
+        from jax.ad_checkpoint import checkpoint_name
 
         name, layers = self.stack  # type: ignore[misc]
         template, env = layers[0], self.env
-        row_major = residuals.host_stream_names(self.config.remat)
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
             hidden = self.residual(hidden)
-            hidden = residuals.name_residual(hidden, BLOCK_INPUT, row_major)  # what `offload` moves to the host
+            hidden = checkpoint_name(hidden, BLOCK_INPUT)  # what `offload` moves to the host
             th, tp, targs, tkwargs = env.j2t_iso((hidden, layer_params, args, kwargs))
             with env:
                 full = {n: self.gathered(p, self.specs[f"{name}.0.{n}"]) for n, p in tp.items()}
@@ -383,7 +382,7 @@ class _StepBuilder:
         import jax
 
         state, tokens = self.abstract_state()
-        row_major = residuals.host_stream_names(self.config.remat)
+        row_major = row_major_names(self.config.remat)  # out_proj and mlpwo offloaded: see `residuals`
         named = named_projections(self.stack[1][0], self.env, row_major) if self.stack else contextlib.nullcontext()
         with causal_without_mask(self.model), mosaic_ir_for_libtpu(), named:
             traced = jax.jit(self.step, donate_argnums=(0,)).trace(state, tokens)

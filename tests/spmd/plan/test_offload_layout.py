@@ -1,8 +1,8 @@
 """Host-offloaded residuals (`spmd.plan.lower.residuals`): the forward layer scan writes each host
 stack in the layout the backward scan reads, so no whole stack crosses between host and device
-between the scans. libtpu wrote the layer input and the out projection sequence minor-most and read
-them row-major: each stack went to the device, was copied and went back (the v6e 8B's 2.15 s a
-step, docs/plan.md). The compile runs in a process of its own (libtpu and torchax stay out of the
+between the scans. With the out projection offloaded, libtpu wrote it and the layer input sequence
+minor-most and read them row-major: each stack went to the device, was copied and went back (the
+v6e 8B's 2.15 s a step, docs/plan.md). The compile runs in a process of its own (libtpu and torchax stay out of the
 test session)."""
 
 import re
@@ -62,11 +62,15 @@ print(json.dumps(counts))
 """
 
 
-def test_only_plans_that_offload_the_residual_stream_pin_a_layout(tmp_path):
-    """Plans keeping nothing of the stream on the host lower as before (no layout constraint), so
-    their programs and calibrated predictions stay as they were."""
-    policies = ("dots", "full", "custom:query_proj=offload,key_proj=offload", "offload", RECIPE)
+def test_only_plans_that_offload_what_a_block_adds_to_the_stream_pin_a_layout(tmp_path):
+    """Plans that keep no out projection (or MLP output) on the host lower as before (no layout
+    constraint), so their programs and calibrated predictions stay as they were: ``offload`` (the
+    Ironwood 405B's calibration run) and the v6e 70B's recipe among them."""
+    policies = (
+        "dots", "full", "offload",
+        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
+        RECIPE, "custom:out_proj=device,mlpwo=offload",
+    )  # fmt: skip
     counts = run_on_config(LOWER, LLAMA, tmp_path, *policies, timeout=1200)
-    assert [counts[p] for p in policies[:3]] == [0, 0, 0], counts
-    # the block input, pinned on both sides of its name; with the recipe the out projection too
-    assert 0 < counts["offload"] < counts[RECIPE], counts
+    assert [counts[p] for p in policies[:4]] == [0, 0, 0, 0], counts
+    assert counts[RECIPE] > 0 and counts[policies[5]] > 0, counts  # out_proj, mlpwo: pinned on both sides
