@@ -38,7 +38,7 @@ from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.errors import TracingError
-from spmd.plan.lower.residuals import SavedActivation, named_projections, saved_residuals
+from spmd.plan.lower.residuals import SavedActivation, named_projections, row_major_names, saved_residuals
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
 from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
@@ -382,7 +382,8 @@ class _StepBuilder:
         import jax
 
         state, tokens = self.abstract_state()
-        named = named_projections(self.stack[1][0], self.env) if self.stack else contextlib.nullcontext()
+        row_major = row_major_names(self.config.remat)  # out_proj and mlpwo offloaded: see `residuals`
+        named = named_projections(self.stack[1][0], self.env, row_major) if self.stack else contextlib.nullcontext()
         with causal_without_mask(self.model), mosaic_ir_for_libtpu(), named:
             traced = jax.jit(self.step, donate_argnums=(0,)).trace(state, tokens)
             lowered = traced.lower()

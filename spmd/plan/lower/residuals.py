@@ -16,9 +16,20 @@ from typing import Any
 import torch
 
 from spmd.plan._jax_compat import scan_stacked_outputs
-from spmd.plan.request.remat import projection_name
+from spmd.plan.request.custom_remat import CustomRemat
+from spmd.plan.request.remat import Remat, host_names, projection_name
 
-__all__ = ["SavedActivation", "named_projections", "saved_residuals"]
+__all__ = ["SavedActivation", "named_projections", "row_major_names", "saved_residuals"]
+
+# What a block adds to the residual stream. Offloaded, libtpu lays such a projection's output out
+# sequence minor-most ({1,2,0} of [batch, seq, width]), and the forward scan's carry, the sum,
+# with it; the forward then writes it and the layer input to the host so, while the backward scan
+# reads both with the stream's gradient, row-major ({2,1,0}). A stack in host memory cannot be
+# relaid in place: between the scans each crossed PCIe to the device and back (the v6e 8B's 4 x 8
+# GiB, 2.15 s a step). Pinned row-major on both sides of its name, the output keeps the carry
+# row-major too, and the forward writes what the backward reads. q, k and v are left to libtpu:
+# both scans take them sequence minor-most (pinned, they were relaid instead).
+_ADDED_TO_STREAM = ("out_proj", "mlpwo")
 
 
 @dataclass(frozen=True)
@@ -59,18 +70,41 @@ def saved_residuals(jaxpr: Any, layers: int) -> tuple[SavedActivation, ...]:
     return tuple(found)
 
 
+def row_major_names(remat: Remat | CustomRemat) -> frozenset[str]:
+    """The projections `named_projections` lays out row-major under ``remat``: those added to the
+    residual stream that ``remat`` moves to the host (`_ADDED_TO_STREAM`). Other plans lower as
+    they did."""
+    return frozenset(n for n in host_names(remat) if n in _ADDED_TO_STREAM)
+
+
+def _row_major(value: Any) -> Any:
+    from jax.experimental.layout import Layout, with_layout_constraint
+
+    return with_layout_constraint(value, Layout(tuple(range(value.ndim))))
+
+
+def _named(value: Any, name: str, row_major: frozenset[str]) -> Any:
+    """``value`` named ``name`` for the remat policy; when ``name`` is in ``row_major``, laid out
+    row-major on both sides of the name: the value the forward writes to the host, and the value the
+    backward reads back (`_ADDED_TO_STREAM` on why)."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    if name not in row_major:
+        return checkpoint_name(value, name)
+    return _row_major(checkpoint_name(_row_major(value), name))
+
+
 def _is_projection(module: torch.nn.Module) -> bool:
     """A matmul with a weight: ``nn.Linear``, or the ``Conv1D`` GPT-2 uses for its projections."""
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 @contextlib.contextmanager
-def named_projections(block: torch.nn.Module, env: Any) -> Iterator[list[str]]:
+def named_projections(block: torch.nn.Module, env: Any, row_major: frozenset[str] = frozenset()) -> Iterator[list[str]]:
     """Inside, each projection of ``block`` names its output as MaxText does (`projection_name`),
-    so that a remat policy can keep it by name; yields the names given, in module order. The hooks
-    come off on exit: the model is left as it was."""
-    from jax.ad_checkpoint import checkpoint_name
-
+    so that a remat policy can keep it by name (those in ``row_major`` laid out row-major,
+    `row_major_names`); yields the names given, in module order. The hooks come off on exit: the
+    model is left as it was."""
     handles, names = [], []
     for path, module in block.named_modules():
         if not path or not _is_projection(module):
@@ -78,7 +112,7 @@ def named_projections(block: torch.nn.Module, env: Any) -> Iterator[list[str]]:
         name = projection_name(path)
 
         def hook(_module: Any, _args: Any, out: Any, name: str = name) -> Any:
-            return env.j2t_iso(checkpoint_name(env.t2j_iso(out), name))
+            return env.j2t_iso(_named(env.t2j_iso(out), name, row_major))
 
         handles.append(module.register_forward_hook(hook))
         names.append(name)

@@ -42,8 +42,8 @@ from spmd.plan.errors import PlanError
 from spmd.plan.request.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
 
 __all__ = [
-    "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "jax_policy", "kernel_residual_name", "projection_name",
-    "recompute_factor",
+    "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "host_names", "jax_policy", "kernel_residual_name",
+    "projection_name", "recompute_factor",
 ]  # fmt: skip
 
 # CONTEXT: the splash kernel's residuals (its attention output and log-sum-exp), MaxText's
@@ -150,6 +150,14 @@ def projection_name(path: str) -> str:
     if leaf == "c_proj":
         return "out_proj" if "attn" in parent else "mlpwo"
     return _BY_MODULE.get(leaf, OTHER_DOT)
+
+
+def host_names(remat: Remat | CustomRemat) -> tuple[str, ...]:
+    """What ``remat`` moves to the host, as the program names it: ``offload``'s block input, or a
+    custom policy's ``offload`` choices."""
+    if isinstance(remat, CustomRemat):
+        return remat.offloaded_names
+    return (BLOCK_INPUT,) if remat is Remat.OFFLOAD else ()
 
 
 def kernel_residual_name(remat: Remat | CustomRemat) -> str | None:
