@@ -26,7 +26,7 @@ import torch
 
 from spmd._util.ranks import rank_ranges
 from spmd._util.torch_compat import TorchDispatchMode
-from spmd.inspector._dtensor.collectives import _first_dtype, collective_call, is_collective
+from spmd.inspector._dtensor.collectives import _first_dtype, collective_call, group_of, is_collective
 from spmd.inspector._dtensor.placeholders import user_line
 
 __all__ = ["CollectiveLog", "Issued", "comparison_ranks", "first_mismatch", "twin_ranks"]
@@ -72,14 +72,6 @@ class Issued:
         return f"{self.op}{dtype}{where}"
 
 
-def _barrier_group(args: tuple) -> tuple[tuple[int, ...], str]:
-    """A barrier's group: its ranks and its name."""
-    import torch.distributed as dist
-
-    group = dist.ProcessGroup.unbox(next(a for a in args if isinstance(a, torch.ScriptObject)))
-    return tuple(dist.get_process_group_ranks(group)), str(group.group_name)
-
-
 class CollectiveLog(TorchDispatchMode):
     """Records every collective the rank issues inside it (``issued``, in order)."""
 
@@ -91,7 +83,7 @@ class CollectiveLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
         if func.namespace == "c10d" and func._schema.name.split("::")[-1] == "barrier":
-            ranks, group = _barrier_group(args)
+            ranks, group = group_of({"process_group": next(a for a in args if isinstance(a, torch.ScriptObject))})
             self.issued.append(Issued("barrier", self._group(ranks), "", user_line(), group))
         elif is_collective(func):
             call = collective_call(func, args, kwargs or {}, result, position=0, phase="", module="")

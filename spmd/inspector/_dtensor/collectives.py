@@ -16,7 +16,7 @@ import torch
 
 from spmd.inspector.collectives import CollectiveKind, ring_bytes_sent
 
-__all__ = ["CollectiveCall", "collective_call", "is_collective"]
+__all__ = ["CollectiveCall", "collective_call", "group_of", "is_collective"]
 
 # c10d op name -> the kind the torch_xla backend's report uses (CollectiveKind values), so both
 # backends' JSON name a collective alike; the ones GSPMD never emits keep a name of their own.
@@ -136,16 +136,20 @@ def _first_dtype(value: Any) -> str:
     return ""
 
 
-def _process_group(named: dict[str, Any]) -> Any:
-    """The op's ``ProcessGroup`` (from its script object or its group name)."""
+def group_of(named: dict[str, Any]) -> tuple[tuple[int, ...], str]:
+    """The global ranks and the name of an op's process group, from its ``process_group``
+    argument (a ``ProcessGroup`` or its script object) or its ``group_name``."""
     import torch.distributed as dist
 
     from spmd._util.torch_compat import resolve_process_group as _resolve_process_group
 
     if "process_group" in named:
         group = named["process_group"]
-        return dist.ProcessGroup.unbox(group) if isinstance(group, torch.ScriptObject) else group
-    return _resolve_process_group(named["group_name"])
+        if isinstance(group, torch.ScriptObject):
+            group = dist.ProcessGroup.unbox(group)
+    else:
+        group = _resolve_process_group(named["group_name"])
+    return tuple(dist.get_process_group_ranks(group)), str(group.group_name)
 
 
 def collective_call(func: Any, args: tuple, kwargs: dict, result: Any, *, position: int, phase: str, module: str):
@@ -158,18 +162,16 @@ def collective_call(func: Any, args: tuple, kwargs: dict, result: Any, *, positi
     outputs = next((named[k] for k in _OUTPUTS + _IN_PLACE if k in named), None)
     if outputs is None:  # functional ops return their output
         outputs = result
-    import torch.distributed as dist
-
-    group = _process_group(named)
+    ranks, group = group_of(named)
     return CollectiveCall(
         position=position,
         op=_KINDS[name],
         torch_op=f"{func.namespace}.{name}",
-        ranks=tuple(dist.get_process_group_ranks(group)),
+        ranks=ranks,
         bytes_in=_nbytes(inputs),
         bytes_out=_nbytes(outputs),
         dtype=_first_dtype(inputs),
         phase=phase,
         module=module,
-        group=str(group.group_name),
+        group=group,
     )

@@ -164,8 +164,7 @@ def kernel_residual_name(remat: Remat | CustomRemat) -> str | None:
     """The name the splash kernel gives its residuals under ``remat``: `CONTEXT` when the policy
     keeps them (on the device, or the host), else none (an unnamed residual is recomputed, and the
     other policies' programs stay as they were)."""
-    host = remat.offloaded_names if isinstance(remat, CustomRemat) else ()
-    return CONTEXT if CONTEXT in (*(remat.saved_names or ()), *host) else None
+    return CONTEXT if CONTEXT in (*(remat.saved_names or ()), *host_names(remat)) else None
 
 
 def _keep_activations(prim: Any, *_: Any, **__: Any) -> bool:
