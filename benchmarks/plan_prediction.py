@@ -10,7 +10,8 @@ Each compile is cached in the planner's compile cache (``~/.cache/xla-spmd/plan`
 (``<entry>.hlo.gz``), so a rerun compiles nothing and can predict again with other constants.
 For every run the step is predicted at a grid of matmul efficiencies; the script refits the
 efficiency on the calibration runs (minimax, `fit_efficiency`) and reports it beside the shipped
-constant. ``--record`` writes those per-run grids (tests/data/plan_calibration.json), from which
+constant. ``--record`` writes those per-run grids (tests/data/plan_calibration.json; a run not planned this
+time keeps its recorded grid), from which
 ``tests/spmd/plan/test_calibration.py`` refits and checks the constant.
 
     python benchmarks/plan_prediction.py                          # every run; compiles what is not cached
@@ -192,7 +193,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=default_cache_dir(), help="the planner's compile cache")
     parser.add_argument("--cached-only", action="store_true", help="compile nothing; skip runs not cached")
     parser.add_argument("--json", type=Path, default=Path("runs") / "plan_prediction.json")
-    parser.add_argument("--record", type=Path, help="write the calibration points (per-run grids) here")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="write the calibration points (per-run grids) here, keeping the runs not planned now",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     rows, points, missing, refused = [], [], [], {}
@@ -221,9 +226,23 @@ def main() -> None:
     }  # fmt: skip
     _write(args.json, out)
     if args.record:
-        _write(
-            args.record, {"calibration_runs": list(CALIBRATION_RUNS), "points": [dataclasses.asdict(p) for p in points]}
-        )
+        _write(args.record, _recorded(args.record, points))
+
+
+def _recorded(path: Path, points: list[CalibrationPoint]) -> dict[str, Any]:
+    """The record with ``points``: each run planned now replaces its recorded grid; a run not
+    planned now (not cached, or left out by ``--runs``) keeps the one recorded before, in order."""
+    kept: list[dict[str, Any]] = []
+    if path.exists():
+        try:
+            kept = list(json.loads(path.read_text())["points"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(
+                f"--record {path}: not a calibration record ({type(e).__name__}: {e}); move it aside"
+            ) from None
+    fresh = {p.run: dataclasses.asdict(p) for p in points}
+    merged = [fresh.pop(k["run"], k) for k in kept if isinstance(k, dict) and "run" in k]
+    return {"calibration_runs": list(CALIBRATION_RUNS), "points": merged + list(fresh.values())}
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

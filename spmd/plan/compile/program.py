@@ -20,7 +20,15 @@ from dataclasses import dataclass, replace
 from spmd.hlo import DTYPE_BYTES, HloModuleText, Instruction, parse_shape
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
 
-__all__ = ["StepCollective", "hbm_bytes", "shape_leaves", "splash_kernels", "step_collectives", "trip_count"]
+__all__ = [
+    "StepCollective",
+    "hbm_bytes",
+    "leaf_layouts",
+    "shape_leaves",
+    "splash_kernels",
+    "step_collectives",
+    "trip_count",
+]
 
 _KINDS = {k.value: k for k in CollectiveKind}
 _KINDS.update({f"{k.value}-start": k for k in CollectiveKind})
@@ -288,6 +296,12 @@ def shape_leaves(shape_text: str, every_space: bool = False) -> list[tuple[tuple
         on_hbm = every_space or elsewhere is None or elsewhere.group(1) == "0"
         out.append((dims, math.prod(dims) * DTYPE_BYTES[m.group("dtype")] if on_hbm else 0))
     return out
+
+
+def leaf_layouts(shape_text: str) -> list[str]:
+    """The layout of each array of an HLO shape in order, tuples flattened (``((a, b), c)``: a's,
+    b's, c's), every dtype; ``""`` for an array written without one."""
+    return [m.group("layout") or "" for m in _LEAF.finditer(re.sub(r"/\*.*?\*/", "", shape_text))]
 
 
 def hbm_bytes(shape_text: str) -> int:

@@ -19,7 +19,6 @@ class Calibration:
             unit reaches (smaller or ragged dims lose more, by the padding they need).
         attention_efficiency: the same for a splash attention kernel's matmuls.
         ring_step_seconds: the latency of one step of a ring collective (a hop and a sync).
-        host_bytes_per_second: device <-> host memory transfers, per chip (host offload).
         chip_efficiency: ``(chip, efficiency)`` pairs (`ChipSpec.libtpu_name`: ``v5e``,
             ``tpu7x``) for generations fitted on their own, matmuls and attention alike; the two
             values above serve every other chip.
@@ -28,7 +27,6 @@ class Calibration:
     matmul_efficiency: float
     attention_efficiency: float
     ring_step_seconds: float
-    host_bytes_per_second: float
     chip_efficiency: tuple[tuple[str, float], ...] = ()
 
     def efficiencies(self, chip: str) -> tuple[float, float]:
@@ -42,25 +40,25 @@ class Calibration:
 # at 26 efficiencies in tests/data/plan_calibration.json, from which test_calibration.py refits):
 # tpu-recipes' two Ironwood runs (Llama 3.1-70B on 64 chips, 1,207 TFLOP/s/chip; 405B on 256,
 # 1,261) and MaxText's v5e-256 runs of its 16B, 32B and 64B models (120, 132, 118). Each fit is the
-# value that makes the largest of its runs' errors smallest. One value for all five (0.852) leaves
-# +9.7 %, +12.1 %, -5.7 %, -12.0 %, -10.0 %: the two generations do not reach the same share of
+# value that makes the largest of its runs' errors smallest. One value for all five (0.863) leaves
+# +11.0 %, +5.6 %, -4.7 %, -11.0 %, -9.1 %: the two generations do not reach the same share of
 # their peak, so each has its own, matmuls and attention alike (their runs cannot tell the two
-# apart): TPU7x 0.760 (-0.7 %, +0.7 %), v5e 0.949 (+3.3 %, -3.4 %, -2.0 %). The joint fit, 0.852,
-# serves chips with no run of their own (v4, v5p, v6e). Refit (from TPU7x 0.763, joint 0.836)
-# after three fixes of the step-time model (a splash kernel's head-dim matmuls fill head_dim / MXU
-# of the unit; a layer written into or read from its scan stack through a relayout in place moves
-# the layer, not the stack; a long sequence's int16 mask table is not the kernel's q) and the 70B
-# run planned with its recipe's remat (save_qkv_context; it was `full`). Not fitted, set before
-# looking: ring_step_seconds, a 1 us ICI hop (0 moves the Ironwood predictions by +1.3 and +1.2
-# points, 10 us by -11 and -11); host_bytes_per_second, PCIe Gen5 x16's 64 GB/s per host shared by
-# its 4 chips (the runs' host transfers are hidden: a quarter of it changes neither Ironwood
-# prediction).
+# apart): TPU7x 0.785 (+2.2 %, -2.3 %), v5e 0.949 (+3.3 %, -3.4 %, -2.0 %). The joint fit, 0.863,
+# serves chips with no run of their own (v4, v5p, v6e). Refit (from TPU7x 0.760, joint 0.852)
+# when host transfers were costed on the chip's PCIe link (the 405B offloads each layer's input:
+# 12.7 s a step each way at TPU7x's 16 GB/s, of which the schedule leaves part exposed), and
+# before that (from TPU7x 0.763, joint 0.836) after three fixes of the step-time model (a splash
+# kernel's head-dim matmuls fill head_dim / MXU of the unit; a layer written into or read from its
+# scan stack through a relayout in place moves the layer, not the stack; a long sequence's int16
+# mask table is not the kernel's q) and the 70B run planned with its recipe's remat
+# (save_qkv_context; it was `full`). Not fitted, set before looking: ring_step_seconds, a 1 us ICI
+# hop (0 moves the Ironwood predictions by +1.3 and +1.2 points, 10 us by -11 and -11). The host
+# link's bandwidth is the chip's (`ChipSpec.host_bytes_per_second`, the JAX scaling book's figures).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.852,
-    attention_efficiency=0.852,
+    matmul_efficiency=0.863,
+    attention_efficiency=0.863,
     ring_step_seconds=1e-6,
-    host_bytes_per_second=16e9,
-    chip_efficiency=(("tpu7x", 0.760), ("v5e", 0.949)),
+    chip_efficiency=(("tpu7x", 0.785), ("v5e", 0.949)),
 )
 
 # The runs the efficiencies are fitted on (`spmd.plan.predict.published.run_name`); every other published

@@ -17,11 +17,13 @@ The schedule decides what overlaps. Each computation is walked in its scheduled 
 collective (``all-gather-start`` ... ``all-gather-done``, an ``async-start`` of one) runs on its
 link while the operations scheduled between its start and its done run; a synchronous one stalls
 the device until it ends; collectives on one link run one after another; host transfers
-(``copy-start`` to host memory) run on their own link. A ``while`` loop (the scanned layers) costs
+(a ``copy-start``, or an ``async-start`` of a slice, to or from host memory) run on the chip's
+PCIe link, one link each way. A ``while`` loop (the scanned layers) costs
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
-The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency,
-host bandwidth) are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan.
+The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency)
+are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan; the chip's own (peak, HBM,
+ICI, DCN and PCIe bandwidths) are its `spmd.plan.request.topology.ChipSpec`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 from spmd.hlo import HloModuleText, Instruction
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
-from spmd.plan.compile.program import hbm_bytes, shape_leaves, trip_count
+from spmd.plan.compile.program import hbm_bytes, leaf_layouts, shape_leaves, trip_count
 from spmd.plan.errors import PlanError
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.predict._op_costs import SLICING as _SLICING
@@ -132,6 +134,7 @@ _FREE = frozenset(
 _COLLECTIVES = {k.value: k for k in CollectiveKind}
 _STARTS = {f"{k.value}-start": k for k in CollectiveKind}
 _DONES = frozenset({f"{k.value}-done" for k in CollectiveKind} | {"async-done", "copy-done", "recv-done", "send-done"})
+_HOST_MEMORY = "S(5)"  # memory space 5 in a layout: the host's pinned memory
 _FLOAT_ARRAY = re.compile(r"\b(?:bf16|f16|f32|f8e\w*)\[([\d,]*)\]")
 
 
@@ -332,14 +335,29 @@ class _Program:
         bandwidth = chip.device_allreduce_bytes_per_second * share
         return steps * self.cal.ring_step_seconds + sent / bandwidth
 
+    def _host_transfer(self, nbytes: float, to_host: bool) -> tuple[str, float]:
+        """(link, seconds) of a DMA between HBM and host memory: each direction of the chip's
+        PCIe link is its own (full duplex), shared by the chip's devices."""
+        return ("to-host" if to_host else "from-host"), nbytes / self.target.chip.device_host_bytes_per_second
+
     def collective(self, inst: Instruction) -> tuple[str, float] | None:
         """(link, seconds) of a collective (sync, a ``*-start`` or an ``async-start`` of one) or a
-        host transfer (``copy-start`` to or from host memory); ``None`` for anything else."""
+        host transfer (a ``copy-start``, or an ``async-start`` of a slice, to or from host memory:
+        libtpu writes offloaded residuals into host-memory stacks that way); ``None`` for anything
+        else."""
         if inst.opcode == "copy-start":
-            host = "S(5)" in inst.shape_text  # memory space 5: the host's pinned memory
             nbytes = inst.arrays[0].nbytes if inst.arrays else 0
-            per_device = self.cal.host_bytes_per_second / self.target.chip.devices_per_chip
-            return ("host", nbytes / per_device) if host else ("copy", nbytes / self.hbm)
+            if _HOST_MEMORY not in inst.shape_text:
+                return "copy", nbytes / self.hbm
+            to_host = _HOST_MEMORY in leaf_layouts(inst.shape_text)[0]  # (destination, source, context)
+            return self._host_transfer(nbytes, to_host)
+        if inst.opcode == "async-start" and _HOST_MEMORY in inst.shape_text:
+            # a slice of a host-memory stack read onto the device (dynamic-slice), or a device
+            # array written into one (dynamic-update-slice): ((operands), result, context). The
+            # DMA moves the device-side array, the slice; the device does not run it.
+            layouts = leaf_layouts(inst.shape_text)
+            to_host = len(layouts) > 1 and _HOST_MEMORY in layouts[-2]
+            return self._host_transfer(hbm_bytes(inst.shape_text), to_host)
         if inst.opcode == "send" and "_xla_megascale_transfer_type" in inst.attributes:
             arrays = inst.arrays
             sent = 2 * arrays[0].nbytes if arrays else 0  # a ring over slices sends about twice the data

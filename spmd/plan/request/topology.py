@@ -60,11 +60,17 @@ __all__ = [
 ]
 
 
+# The host link (PCIe) of a chip, each way: "typically around 1.6e10 bytes / second per TPU
+# (3.2e10 for TPU v6e)", the JAX scaling book's TPU chapter (jax-ml/scaling-book tpus.md).
+_PCIE = 16e9
+
+
 @dataclass(frozen=True)
 class ChipSpec:
     """One TPU generation, per chip: libtpu's name, peak bf16 FLOP/s, HBM bytes, all-reduce and
     DCN bytes/s; JAX devices per chip; whether slice names count cores (two per chip) and whether
-    the torus is 3-D. The ``device_`` properties divide by the devices a chip has."""
+    the torus is 3-D; HBM bytes/s, the matrix unit's side, and the host link's bytes/s each way
+    (PCIe: host offload's transfers). The ``device_`` properties divide by the devices a chip has."""
 
     name: str
     libtpu_name: str
@@ -77,6 +83,7 @@ class ChipSpec:
     devices_per_chip: int = 1
     hbm_bytes_per_second: float = 0.0
     mxu: int = 128
+    host_bytes_per_second: float = _PCIE
 
     @property
     def device_peak_flops(self) -> float:
@@ -97,6 +104,10 @@ class ChipSpec:
     @property
     def device_hbm_bytes_per_second(self) -> float:
         return self.hbm_bytes_per_second / self.devices_per_chip
+
+    @property
+    def device_host_bytes_per_second(self) -> float:
+        return self.host_bytes_per_second / self.devices_per_chip
 
 
 _POD_DCN = 6.4e12 / 8 / 256  # v5e: 6.4 Tbps per 256-chip pod, per chip
@@ -146,6 +157,7 @@ CHIP_SPECS: dict[str, ChipSpec] = {
         False,
         hbm_bytes_per_second=1638e9,
         mxu=256,
+        host_bytes_per_second=2 * _PCIE,
     ),
     "tpu7x": ChipSpec(
         "TPU7x",

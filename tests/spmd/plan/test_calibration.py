@@ -165,11 +165,35 @@ ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
 
 
 def test_a_generation_fitted_on_its_own_gets_its_efficiency_and_the_others_the_default():
-    cal = Calibration(0.8, 0.7, 1e-6, 16e9, chip_efficiency=(("v5e", 0.9),))
+    cal = Calibration(0.8, 0.7, 1e-6, chip_efficiency=(("v5e", 0.9),))
     assert cal.efficiencies("v5e") == (0.9, 0.9)
     assert cal.efficiencies("tpu7x") == (0.8, 0.7)
-    default = Calibration(0.8, 0.7, 1e-6, 16e9)
+    default = Calibration(0.8, 0.7, 1e-6)
     # a 4096^3 dot is matmul-bound on both chips (0.70 ms of FLOPs on v5e, 0.12 ms of HBM)
     v5e, tpu7x = parse_slice("v5e:2x2"), parse_slice("tpu7x:2x2x1")
     assert predict_step(DOT, v5e, cal).seconds == pytest.approx(predict_step(DOT, v5e, default).seconds * 0.8 / 0.9)
     assert predict_step(DOT, tpu7x, cal).seconds == predict_step(DOT, tpu7x, default).seconds
+
+
+def _benchmark():
+    import importlib.util
+
+    from tests.torchrun import ROOT
+
+    spec = importlib.util.spec_from_file_location("plan_prediction", ROOT / "benchmarks" / "plan_prediction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_recording_some_runs_replaces_their_grids_and_keeps_the_others(tmp_path):
+    # a rerun of a few runs (the rest not in the compile cache) must not drop the others' grids
+    bench, record = _benchmark(), tmp_path / "record.json"
+    bench._write(record, bench._recorded(record, [_point("a", 1.0, 0.6), _point("b", 1.0, 0.7)]))
+    bench._write(record, bench._recorded(record, [_point("b", 2.0, 0.8), _point("c", 1.0, 0.9)]))
+    data = json.loads(record.read_text())
+    assert [(p["run"], p["published_tflops"]) for p in data["points"]] == [("a", 1.0), ("b", 2.0), ("c", 1.0)]
+    assert tuple(data["calibration_runs"]) == CALIBRATION_RUNS
+    record.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a calibration record"):
+        bench._recorded(record, [])

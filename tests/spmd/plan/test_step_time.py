@@ -13,7 +13,7 @@ from spmd.plan.request.topology import parse_slice
 
 TARGET = parse_slice("tpu7x:2x2x1")
 PEAK, HBM, ICI = 2307e12 / 2, 7380e9 / 2, 600e9 / 2
-CAL = Calibration(matmul_efficiency=0.5, attention_efficiency=0.25, ring_step_seconds=1e-6, host_bytes_per_second=16e9)
+CAL = Calibration(matmul_efficiency=0.5, attention_efficiency=0.25, ring_step_seconds=1e-6)
 
 HEADER = "HloModule jit_step, is_scheduled=true, num_partitions=8\n\n"
 
@@ -164,6 +164,94 @@ def test_an_async_collective_hides_behind_the_work_scheduled_inside_it():
     assert hidden.exposed_seconds == pytest.approx(0.0)
     exposed = predict_step(async_gather_around(dot_first=True), TARGET, CAL)  # nothing between start and done
     assert exposed.seconds == pytest.approx(DOT_SECONDS + gather_seconds)
+
+
+def host_transfers(*moves: str, rows: int = 2048) -> str:
+    """A dot with host transfers started before it and done after it: ``"out"`` writes a device
+    array of ``rows`` x 1024 bf16 into a host-memory stack (an async dynamic-update-slice), ``"in"``
+    reads one such slice from it (an async dynamic-slice), as libtpu writes offloaded residuals;
+    ``"copy-out"`` copies the device array to host memory whole (a ``copy-start``)."""
+    slab, stack = f"bf16[1,{rows},1024]{{2,1,0}}", f"bf16[8,{rows},1024]{{2,1,0:S(5)}}"
+    computations, starts, dones, results = "", "", "", []
+    for k, move in enumerate(moves):
+        if move == "out":
+            computations += (
+                f"%put.{k} (h: bf16[8,{rows},1024], x: bf16[1,{rows},1024], i: s32[]) -> bf16[8,{rows},1024] {{\n"
+                f"  %h = {stack} parameter(0)\n  %x = {slab} parameter(1)\n  %i = s32[] parameter(2)\n"
+                f"  %z = s32[] constant(0)\n"
+                f"  ROOT %u = {stack} dynamic-update-slice(%h, %x, %i, %z, %z)\n}}\n\n"
+            )
+            starts += (
+                f"  %start.{k} = (({stack}, {slab}, s32[]), {stack}, u32[]{{:S(2)}}) "
+                f"async-start(%stack, %slab, %i), calls=%put.{k}\n"
+            )
+            dones += f"  %done.{k} = {stack} async-done(%start.{k})\n"
+        elif move == "copy-out":  # a whole array copied to host memory
+            host_slab = slab.replace("}", ":S(5)}")
+            starts += f"  %start.{k} = ({host_slab}, {slab}, u32[]{{:S(2)}}) copy-start(%slab)\n"
+            dones += f"  %done.{k} = {host_slab} copy-done(%start.{k})\n"
+        else:
+            computations += (
+                f"%get.{k} (h: bf16[8,{rows},1024], i: s32[]) -> bf16[1,{rows},1024] {{\n"
+                f"  %h = {stack} parameter(0)\n  %i = s32[] parameter(1)\n  %z = s32[] constant(0)\n"
+                f"  ROOT %s = {slab} dynamic-slice(%h, %i, %z, %z), dynamic_slice_sizes={{1,{rows},1024}}\n}}\n\n"
+            )
+            starts += (
+                f"  %start.{k} = (({stack}, s32[]), {slab}, u32[]{{:S(2)}}) async-start(%stack, %i), calls=%get.{k}\n"
+            )
+            dones += f"  %done.{k} = {slab} async-done(%start.{k})\n"
+        results.append(f"%done.{k}")
+    return (
+        HEADER
+        + computations
+        + f"ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096], stack: bf16[8,{rows},1024], slab: bf16[1,{rows},1024], i: s32[]) -> bf16[4096,4096] {{\n"
+        + "  %a = bf16[4096,4096]{1,0} parameter(0)\n  %b = bf16[4096,4096]{1,0} parameter(1)\n"
+        + f"  %stack = {stack} parameter(2)\n  %slab = {slab} parameter(3)\n  %i = s32[] parameter(4)\n"
+        + starts
+        + "  %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        + dones
+        + "  ROOT %r = bf16[4096,4096]{1,0} copy(%d)\n}\n"
+    )
+
+
+# A slice of 2048 x 1024 bf16 (4 MiB) over a device's half of the chip's 16 GB/s: 524 us, longer
+# than the dot's 238 us; the copy at the end reads and writes 32 MiB in HBM.
+SLICE_SECONDS = 4 * 2**20 / (16e9 / 2)
+COPY_SECONDS = 2 * 32 * 2**20 / HBM
+
+
+def test_a_host_transfer_hides_behind_the_work_scheduled_inside_it():
+    quarter = predict_step(host_transfers("out", rows=512), TARGET, CAL)  # 131 us, inside the dot
+    assert quarter.seconds == pytest.approx(DOT_SECONDS + COPY_SECONDS)
+
+
+@pytest.mark.parametrize(
+    ("moves", "transfers"),
+    [
+        (("out",), 1),
+        (("in",), 1),
+        (("out", "in"), 1),
+        (("out", "out"), 2),
+        (("in", "in"), 2),
+        (("copy-out", "out"), 2),
+        (("copy-out", "in"), 1),
+    ],
+    ids=[
+        "write",
+        "read",
+        "write-and-read-at-once",
+        "two-writes-in-turn",
+        "two-reads-in-turn",
+        "a-copy-and-a-write-in-turn",
+        "a-copy-and-a-read-at-once",
+    ],
+)
+def test_host_transfers_take_the_chip_s_pcie_link_one_link_each_way(moves, transfers):
+    # the device waits at the done for the link: a write and a read share no link (PCIe is full
+    # duplex); two writes, or two reads, go one after the other
+    t = predict_step(host_transfers(*moves), TARGET, CAL)
+    assert t.seconds == pytest.approx(transfers * SLICE_SECONDS + COPY_SECONDS)
+    assert t.op_seconds == pytest.approx(DOT_SECONDS + COPY_SECONDS)  # the DMA is not the device's work
 
 
 LOOP = (
