@@ -156,7 +156,7 @@ def _one_plan_flags(p: argparse.ArgumentParser) -> None:
 # The advisor's flags: None when not given, so that a plan without --advise can refuse them.
 _ADVISE_DEFAULTS = {
     "strategies": ",".join(ADVISED_STRATEGIES), "per_device_batches": [1, 2, 4], "tensors": [2, 4, 8], "datas": [1],
-    "contexts": [2, 4, 8], "remats": list(REMATS),
+    "contexts": [2, 4, 8], "remats": list(REMATS), "refine": 4,
 }  # fmt: skip
 
 
@@ -182,6 +182,13 @@ def _advise_flags(p: argparse.ArgumentParser) -> None:
         "--remats", type=_remats, default=None, help="remat policies to try (default: all, least recomputation first)"
     )
     a.add_argument(
+        "--refine",
+        type=int_in(0, 64),
+        default=None,
+        help="then search up to N per-tensor remat variants of the winner's policy, MaxText's custom choices one "
+        "tensor away (default: 4; 0: presets only)",
+    )
+    a.add_argument(
         "--jobs",
         type=int_in(1, 64),
         default=None,
@@ -203,6 +210,7 @@ _ADVISE_ONLY = (
     "datas",
     "contexts",
     "remats",
+    "refine",
     "jobs",
     "cache",
     "no_cache",
@@ -285,7 +293,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
     advice = advise(
         args.model, args.topology, slices=args.slices, strategies=[s.strip() for s in args.strategies.split(",")],
         per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, contexts=args.contexts,
-        remats=args.remats,
+        remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip

@@ -69,7 +69,7 @@ def advisor(config: Path, out: Path, results: dict) -> None:
         str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "dp,fsdp,2d", "--tensors", "2",
         "--per-device-batches", "8", "--remats", "dots", "--seq", "128", "--hbm-gib", str(74 / 1024),
         "--cache", str(out / "cache"), "--json", str(out / name), "--fsdp-config", str(out / "fsdp_config.json"),
-        "--plot", str(out / "advice.png"),
+        "--plot", str(out / "advice.png"), "--refine", "0",  # presets only: refined_advice tries the rest
     ]  # fmt: skip
     results["advise_exit"], results["advise_stdout"], results["advise_stderr"] = run_cli(args("advice.json"))
     results["advise_again_exit"], _, results["advise_again_stderr"] = run_cli(
@@ -172,7 +172,7 @@ def context_parallel(out: Path, results: dict) -> None:
     advice = advise(
         str(config), "tpu7x:2x2x1", strategies=["cp"], contexts=[4], per_device_batches=[2],
         remats=["save_qkv_context"], seq_len=CONTEXT_SEQ, attention="flash", jobs=1, cache_dir=cache,
-        log=lambda line: None,
+        log=lambda line: None, refine=0,
     )  # fmt: skip
     square = sorted({s for s in re.findall(r"\w+\[[\d,]+\]", hlo) if s.count(str(CONTEXT_SEQ)) >= 2})
     collectives = [
@@ -222,7 +222,7 @@ def every_plan(config: Path, out: Path, results: dict) -> None:
     cache, quiet = out / "every_plan_cache", lambda line: None
     advice = advise(
         str(config), "v5e:2x2", strategies=["fsdp"], remats=EVERY_REMATS, per_device_batches=EVERY_BATCHES,
-        seq_len=EVERY_SEQ, jobs=1, cache_dir=cache, log=quiet,
+        seq_len=EVERY_SEQ, jobs=1, cache_dir=cache, log=quiet, refine=0,
     )  # fmt: skip
     shared = Settings(PlanSettings("v5e:2x2", 1, EVERY_SEQ), cache, model_key(str(config)))
     every = []
@@ -231,6 +231,24 @@ def every_plan(config: Path, out: Path, results: dict) -> None:
             o = run_candidate(str(config), Candidate("fsdp", (("fsdp", 4),), batch, remat), shared, quiet)
             every.append({"remat": remat, "batch": batch, "report": o.report.to_dict()})
     results["every_plan"] = {"advice": advice.to_dict(), "every": every}
+
+
+def refined_advice(config: Path, out: Path, results: dict) -> None:
+    """The advisor's second pass through the CLI: `full` on one FSDP mesh, then the per-tensor
+    variant of it with the highest ceiling, at the winner's batch and the next one up; then
+    again, every compile from the cache."""
+    args = lambda name: [  # noqa: E731
+        str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "fsdp", "--per-device-batches", "2,4",
+        "--remats", "full", "--seq", "128", "--refine", "1", "--jobs", "1", "--cache", str(out / "refine_cache"),
+        "--json", str(out / name),
+    ]  # fmt: skip
+    code, stdout, stderr = run_cli(args("refined.json"))
+    again, _, again_stderr = run_cli(args("refined_again.json"))
+    results["refined"] = {
+        "exit": code, "stdout": stdout, "stderr": stderr, "again_exit": again, "again_stderr": again_stderr,
+        "advice": json.loads((out / "refined.json").read_text()),
+        "again": json.loads((out / "refined_again.json").read_text()),
+    }  # fmt: skip
 
 
 def ironwood(config: Path, out: Path, results: dict) -> None:
@@ -345,6 +363,7 @@ def sections(config: Path, out: Path, results: dict) -> dict[str, Callable[[], N
         "context_parallel": lambda: context_parallel(out, results),
         "every_plan": lambda: every_plan(config, out, results),
         "interrupted_advice": lambda: interrupted_advice(config, out, results),
+        "refined_advice": lambda: refined_advice(config, out, results),
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from mesh import Role
 from spmd.plan.predict.published import published_for
 from spmd.plan.report.plan_report import GIB, PlanReport
+from spmd.plan.request.custom_remat import CustomRemat
 from spmd.plan.request.dcn import split_dcn, whole_sizes
 from spmd.plan.request.meshes import batch_axes
 from spmd.plan.request.remat import Remat
@@ -118,7 +119,7 @@ class Advice:
         config: dict[str, Any] = {"xla": True, "xla_fsdp_v2": True}
         if self.block_class:
             config["transformer_layer_cls_to_wrap"] = [self.block_class.rpartition(".")[2]]
-        config["xla_fsdp_grad_ckpt"] = Remat(w.candidate.remat).checkpoints_block
+        config["xla_fsdp_grad_ckpt"] = _checkpoints_layers(Remat.parse(w.candidate.remat))
         if self.compute_dtype == "bfloat16":
             config["xla_fsdp_settings"] = {"compute_dtype": "bfloat16"}
         return config
@@ -235,6 +236,13 @@ def _mesh_lines(advice: Advice, mesh: dict[str, int]) -> tuple[str, str]:
     return "from mesh import Mesh", f"mesh = Mesh(np.arange({math.prod(sizes)}), {sizes}, {names})"
 
 
+def _checkpoints_layers(remat: Remat | CustomRemat) -> bool:
+    """Whether the winner's code checkpoints each layer (fsdp_xla's ``gradient_checkpointing``):
+    for ``full`` and ``offload``, and for a per-tensor policy, which fsdp_xla cannot run as it
+    is and runs within the memory it planned only by keeping less."""
+    return isinstance(remat, CustomRemat) or remat.checkpoints_block
+
+
 def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[str]) -> list[str]:
     c = o.candidate
     ours.append("from fsdp_xla import FSDP, MixedPrecision, transformer_auto_wrap_policy")
@@ -247,12 +255,17 @@ def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[s
     args = ["    mesh=mesh,", f"    auto_wrap_policy={policy},"]
     if advice.compute_dtype == "bfloat16":
         args.append("    mixed_precision=MixedPrecision(torch.bfloat16),")
-    remat = Remat(c.remat)
-    if remat.checkpoints_block:
+    remat = Remat.parse(c.remat)
+    if _checkpoints_layers(remat):
         args.append("    gradient_checkpointing=True,")
     body = []
     if remat is Remat.OFFLOAD:
         body.append("# the plan offloads each layer's input to host memory; fsdp_xla checkpoints layers on device")
+    elif isinstance(remat, CustomRemat):
+        body.append(
+            f"# the plan keeps tensors one by one ({remat.value}); fsdp_xla has no per-tensor policy and "
+            "checkpoints whole layers: their inputs only, on device"
+        )
     if c.strategy == "2d":
         plan_fn = "gpt2_plan" if advice.model_type == "gpt2" else "llama_plan"
         ours.append(f"from fsdp_xla.hf import {plan_fn}")

@@ -39,6 +39,7 @@ from mesh.checks import is_int
 from spmd.plan.advisor.advice import Advice, Candidate, Outcome
 from spmd.plan.advisor.compile_pool import default_jobs, run_searches
 from spmd.plan.advisor.plan_cache import Settings, default_cache_dir, model_key
+from spmd.plan.advisor.refine import Refinement, block_names, refinement
 from spmd.plan.advisor.search import Leader, MeshSearch
 from spmd.plan.errors import PlanError
 from spmd.plan.lower.lowering import find_layer_stack
@@ -112,7 +113,7 @@ def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], argumen
         if shape is None:
             return None
         return plan_memory(
-            shape, Remat(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
+            shape, Remat.parse(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
             arguments + tokens * batch, params, context, settings.vocab_tiles,
         )  # fmt: skip
 
@@ -187,7 +188,8 @@ def _searches(
 
 @dataclass(frozen=True)
 class _Choices:
-    """What the advisor tries, checked: strategies, batches, remat policies, tensor, data and context sizes."""
+    """What the advisor tries, checked: strategies, batches, remat policies, tensor, data and context
+    sizes, and how many per-tensor variants of the winner's policy (``refine``)."""
 
     strategies: tuple[str, ...]
     batches: tuple[int, ...]
@@ -195,6 +197,7 @@ class _Choices:
     tensors: tuple[int, ...]
     datas: tuple[int, ...]
     contexts: tuple[int, ...] = ()
+    refine: int = 0
 
 
 def _names(values: Iterable[Any] | str) -> list[Any]:
@@ -217,10 +220,16 @@ def _check_choices(
     datas: Iterable[int],
     jobs: int | None,
     contexts: Iterable[int] = (2, 4, 8),
+    refine: int = 0,
 ) -> _Choices:
     """The choices to try, checked before any compile (the shared settings check themselves)."""
     if jobs is not None and (not is_int(jobs) or not 1 <= jobs <= 64):
         raise PlanError(f"jobs must be a whole number from 1 to 64 (compiles at once) or None, got {jobs!r:.60}.")
+    if not is_int(refine) or not 0 <= refine <= 64:
+        raise PlanError(
+            f"refine must be a whole number from 0 to 64 (per-tensor remat variants of the winner to search; "
+            f"0: presets only), got {refine!r:.60}."
+        )
     policies = sorted({Remat.parse(r) for r in _names(remats)}, key=list(Remat).index)
     if not policies:
         raise PlanError(f"remats must name at least one policy of {[r.value for r in Remat]}.")
@@ -231,6 +240,7 @@ def _check_choices(
         _sizes("tensors", tensors),
         _sizes("datas", datas),
         _sizes("contexts", contexts),
+        refine,
     )
 
 
@@ -275,6 +285,28 @@ def _model(
     if kernel is Attention.FLASH:
         splash_block(seq)
     return module, hf_config, seq
+
+
+def _second_pass(
+    outcomes: list[Outcome], searches: list[MeshSearch], module: torch.nn.Module, hf_config: Any,
+    settings: PlanSettings, batches: tuple[int, ...], limit: int,
+) -> Refinement:  # fmt: skip
+    """The per-tensor variants of the first pass's winner to search (`spmd.plan.advisor.refine`);
+    none when nothing fits."""
+    fits = [o for o in outcomes if o.fits]
+    if not fits or limit <= 0:
+        return Refinement((), ())
+    winner = max(fits, key=lambda o: o.report.mfu)  # type: ignore[union-attr]
+    c = winner.candidate
+    search = next(s for s in searches if (s.strategy, s.mesh) == (c.strategy, c.mesh))
+    shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
+    chip = settings.target.chip.libtpu_name
+
+    def ceiling(remat: str) -> float | None:
+        return mfu_ceiling(shape, Remat.parse(remat), settings.seq_len, chip)  # type: ignore[arg-type]
+
+    names = block_names(module, settings.attention is Attention.FLASH)
+    return refinement(winner, search, names, batches, ceiling, limit, runs_its_floor(winner.report, shape))
 
 
 def _block_class(module: torch.nn.Module) -> str | None:
@@ -328,6 +360,7 @@ def advise(
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
+    refine: int = 4,
 ) -> Advice:
     """Search the candidate plans (module docstring) and rank them. ``model`` to ``vocab_tiles``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
@@ -344,11 +377,14 @@ def advise(
             compiles here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).
+        refine: after the presets, how many per-tensor variants of the winner's policy to search
+            at most (`spmd.plan.advisor.refine`: MaxText's ``custom`` choices one tensor away,
+            those with the highest MFU ceilings first); 0 searches presets only.
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts)
+    choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
     settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
@@ -361,6 +397,17 @@ def advise(
     source = module if isinstance(model, torch.nn.Module) else model
     interrupted = run_searches(source, searches, run, workers, log)
     outcomes = dropped + [o for s in searches for o in s.outcomes]
+    second = Refinement((), ()) if interrupted else _second_pass(
+        outcomes, searches, module, hf_config, settings, choose.batches, choose.refine
+    )  # fmt: skip
+    if second.searches or second.skipped:
+        winner = _rank(outcomes)[0].candidate
+        log(
+            f"advisor: per-tensor remat near the winner ({winner.label()}): {len(second.searches)} to search, "
+            f"{len(second.skipped)} not compiled"
+        )
+        interrupted = run_searches(source, list(second.searches), run, workers, log)
+        outcomes += list(second.skipped) + [o for s in second.searches for o in s.outcomes]
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
     notes = _notes(outcomes, choose.policies, choose.strategies, interrupted)
     return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...

@@ -63,6 +63,13 @@ class Leader:
         """A plan already compiled beats every plan of this ceiling (``None``: no ceiling known)."""
         return ceiling is not None and ceiling < self.mfu
 
+    def why_not(self, ceiling: float) -> str:
+        """Why a policy of ``ceiling``, which `beats` says cannot win, is not compiled."""
+        return (
+            f"not compiled: cannot win: its predicted MFU is at most {100 * ceiling:.1f} % (spmd.plan.predict.ceiling), "
+            f"below the {100 * self.mfu:.1f} % of {self.label}"
+        )
+
 
 @dataclass
 class _Policy:
@@ -196,11 +203,7 @@ class MeshSearch:
             return False
         start = self.remats.index(remat)
         for r in self.remats[start:]:
-            ceiling = self.ceiling(r)
-            why = (
-                f"not compiled: cannot win: its predicted MFU is at most {100 * ceiling:.1f} % (spmd.plan.predict.ceiling), "  # type: ignore[operator]
-                f"below the {100 * self.leader.mfu:.1f} % of {self.leader.label}"
-            )
+            why = self.leader.why_not(self.ceiling(r))  # type: ignore[arg-type]
             self.outcomes.append(Outcome(self.candidate(r, self.batches[0]), skipped=why))
         self._index, self._policy = len(self.remats), None
         return True

@@ -21,7 +21,10 @@ the whole square) plus the forward of what the policy cannot keep and backward r
 - ``save_qkv_context`` keeps attention's output but not the output projection's, which the MLP's
   input needs: the output projection and the MLP's input projections again;
 - ``none`` and ``dots`` keep every projection: nothing certain (attention's recomputation under
-  them depends on the kernel's residuals, so it is left out: the ceiling stays a ceiling).
+  them depends on the kernel's residuals, so it is left out: the ceiling stays a ceiling);
+- a per-tensor policy (``custom:``) by the same rules, from what it keeps on the device or the
+  host: q, k and v again (and attention) unless all three are kept, the MLP's input projections
+  unless both are, the output projection when attention's output is kept and it is not.
 
 This is a floor under the recomputation, lower than the roofline's (`recompute_factor`, which
 counts the whole forward for ``full``): measured on Llama 3.1-70B with ``full``, the program runs
@@ -41,28 +44,41 @@ from typing import Any
 
 from spmd.mfu.flops import forward_matmul_flops_per_token
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
-from spmd.plan.request.remat import Remat
+from spmd.plan.request.custom_remat import CONTEXT_NAME, MLP_INPUTS, QKV, CustomRemat
+from spmd.plan.request.remat import CONTEXT, Remat
 
 __all__ = ["mfu_ceiling", "recompute_floor", "runs_its_floor"]
 
+_OUT_PROJ = "out_proj"  # MaxText's name of the attention output projection's output
 
-def recompute_floor(shape: Any, remat: Remat, seq_len: int) -> float:
-    """The least ``program matmul FLOPs / model FLOPs`` a plan with ``remat`` runs (module docstring)."""
+
+def recompute_floor(shape: Any, remat: Remat | CustomRemat, seq_len: int) -> float:
+    """The least ``program matmul FLOPs / model FLOPs`` a plan with ``remat`` runs (module
+    docstring), a preset or a per-tensor policy alike: what it keeps (on the device or the host)
+    decides what backward computes again."""
+    kept = _kept(remat)
+    if kept is None:
+        return 1.0  # `none`: every activation is kept
     parts = forward_matmul_flops_per_token(shape, seq_len)
-    forward = sum(parts.values())
-    if remat.checkpoints_block:
-        again = parts["qkv"] + parts["attention"] + parts["mlp_in"]
-    elif remat in (Remat.SAVE_DOT_EXCEPT_MLP, Remat.SAVE_QKV_PROJ):
-        again = parts["mlp_in"]
-    elif remat is Remat.SAVE_QKV_CONTEXT:
-        again = parts["mlp_in"] + parts["out"]
-    else:
-        again = 0.0
-    return 1.0 + again / (3.0 * forward)  # the model's FLOPs: forward and backward, 3 x the forward
+    qkv = set(QKV[:3]) <= kept or QKV[3] in kept
+    mlp_in = set(MLP_INPUTS[:2]) <= kept or MLP_INPUTS[2] in kept
+    again = 0.0 if qkv else parts["qkv"] + parts["attention"]
+    again += 0.0 if mlp_in else parts["mlp_in"]
+    if qkv and CONTEXT_NAME in kept and _OUT_PROJ not in kept:  # the MLP's input needs the out projection again
+        again += parts["out"]
+    return 1.0 + again / (3.0 * sum(parts.values()))  # the model's FLOPs: forward and backward, 3 x the forward
+
+
+def _kept(remat: Remat | CustomRemat) -> set[str] | None:
+    """MaxText's names of what ``remat`` keeps for backward (``None``: everything)."""
+    if isinstance(remat, CustomRemat):
+        return set(remat.kept_names)
+    saved = remat.saved_names
+    return None if saved is None else {CONTEXT_NAME if n == CONTEXT else n for n in saved}
 
 
 def mfu_ceiling(
-    shape: Any, remat: Remat, seq_len: int, chip: str, calibration: Calibration = CALIBRATION
+    shape: Any, remat: Remat | CustomRemat, seq_len: int, chip: str, calibration: Calibration = CALIBRATION
 ) -> float | None:
     """The highest predicted MFU a plan of ``shape`` with ``remat`` can reach on ``chip`` (a
     `ChipSpec.libtpu_name`, whose calibrated efficiencies the step-time model uses; module
@@ -79,4 +95,4 @@ def runs_its_floor(report: Any, shape: Any) -> bool:
     if shape is None or not e.predicted or e.model_flops_per_step <= 0:
         return False
     ratio = e.hardware_flops_per_device * report.devices / e.model_flops_per_step
-    return ratio >= recompute_floor(shape, Remat(report.remat), report.seq_len)
+    return ratio >= recompute_floor(shape, Remat.parse(report.remat), report.seq_len)

@@ -20,10 +20,13 @@ from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # The test files that read the worker's results: collecting any of them starts it.
-USERS = ("test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py")
+USERS = (
+    "test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py",
+    "test_refine.py",
+)  # fmt: skip
 # plan_worker's sections, one process each list; the first name names its results file.
 PARTS = (
-    ("policies_and_kernels", "two_slices", "interrupted_advice"),
+    ("policies_and_kernels", "two_slices", "interrupted_advice", "refined_advice"),
     ("advisor", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel",
      "every_plan"),
 )  # fmt: skip
