@@ -309,6 +309,45 @@ def _second_pass(
     return refinement(winner, search, names, batches, ceiling, limit, runs_its_floor(winner.report, shape))
 
 
+def _run_second_pass(
+    second: Refinement, outcomes: list[Outcome], source: Any, run: Settings, workers: int, log: Log
+) -> bool:  # fmt: skip
+    """Search ``second``'s variants, adding what they find (and what they leave out) to
+    ``outcomes``; whether Ctrl-C stopped them."""
+    if not (second.searches or second.skipped):
+        return False
+    winner = _rank(outcomes)[0].candidate
+    log(
+        f"advisor: per-tensor remat near the winner ({winner.label()}): {len(second.searches)} to search, "
+        f"{len(second.skipped)} not compiled"
+    )
+    interrupted = run_searches(source, list(second.searches), run, workers, log)
+    outcomes += list(second.skipped) + [o for s in second.searches for o in s.outcomes]
+    return interrupted
+
+
+def _workers(model: Any, jobs: int | None, searches: list[MeshSearch], batches: tuple[int, ...], log: Log) -> int:
+    """Compiles at once (logged): a module cannot be sent to a worker process, so it compiles here."""
+    workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))
+    log(f"advisor: {len(searches)} meshes; batches {list(batches)}; {workers} compile(s) at once")
+    return workers
+
+
+def _advice(
+    model: Any, settings: PlanSettings, module: torch.nn.Module, hf_config: Any, outcomes: list[Outcome],
+    choose: _Choices, interrupted: bool,
+) -> Advice:  # fmt: skip
+    """The ranked outcomes as `Advice`, with the winner's code's block class and the notes."""
+    name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
+    target = settings.target
+    return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...
+        name, target.name, target.chip.name, target.chips, target.slices, settings.seq_len, settings.compute_dtype,
+        settings.attention.value, settings.budget, _rank(outcomes), _block_class(module),  # type: ignore[union-attr]
+        getattr(hf_config, "model_type", None), _notes(outcomes, choose.policies, choose.strategies, interrupted),
+        interrupted,
+    )  # fmt: skip
+
+
 def _block_class(module: torch.nn.Module) -> str | None:
     """The repeated block's class, ``module.Class`` (the FSDP wrap policy of the winner's code)."""
     stack = find_layer_stack(module)
@@ -372,14 +411,12 @@ def advise(
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
         contexts: ``context`` axis sizes for ``cp`` (``fsdp`` x ``context``).
         remats: remat policies to try (`spmd.plan.request.remat`); default all, least recomputation first.
-        jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as
-            this machine's cores and free memory allow (`spmd.plan.advisor.compile_pool.default_jobs`); 1
-            compiles here.
+        jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as the
+            cores and free memory allow (`spmd.plan.advisor.compile_pool.default_jobs`); 1: here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).
-        refine: after the presets, how many per-tensor variants of the winner's policy to search
-            at most (`spmd.plan.advisor.refine`: MaxText's ``custom`` choices one tensor away,
-            those with the highest MFU ceilings first); 0 searches presets only.
+        refine: per-tensor variants of the winner's policy to search after the presets, at most
+            (`spmd.plan.advisor.refine`: MaxText's ``custom`` choices one tensor away); 0: none.
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
@@ -388,30 +425,14 @@ def advise(
     settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
-    target, meshes = settings.target, _meshes(settings.target, choose, hf_config)
+    meshes = _meshes(settings.target, choose, hf_config)
     searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
-    # A module cannot be sent to a worker process: it compiles here.
-    workers = 1 if isinstance(model, torch.nn.Module) else min(jobs or default_jobs(), max(1, len(searches)))
-    log(f"advisor: {len(searches)} meshes; batches {list(choose.batches)}; {workers} compile(s) at once")
+    workers = _workers(model, jobs, searches, choose.batches, log)
     run = Settings(settings, cache_dir, model_key(model))
     source = module if isinstance(model, torch.nn.Module) else model
     interrupted = run_searches(source, searches, run, workers, log)
     outcomes = dropped + [o for s in searches for o in s.outcomes]
-    second = Refinement((), ()) if interrupted else _second_pass(
-        outcomes, searches, module, hf_config, settings, choose.batches, choose.refine
-    )  # fmt: skip
-    if second.searches or second.skipped:
-        winner = _rank(outcomes)[0].candidate
-        log(
-            f"advisor: per-tensor remat near the winner ({winner.label()}): {len(second.searches)} to search, "
-            f"{len(second.skipped)} not compiled"
-        )
-        interrupted = run_searches(source, list(second.searches), run, workers, log)
-        outcomes += list(second.skipped) + [o for s in second.searches for o in s.outcomes]
-    name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
-    notes = _notes(outcomes, choose.policies, choose.strategies, interrupted)
-    return Advice(  # fields in order: model, topology, chip, chips, slices, seq, dtype, attention, budget, ...
-        name, target.name, target.chip.name, target.chips, target.slices, seq_len, compute_dtype,
-        settings.attention.value, settings.budget, _rank(outcomes), _block_class(module),  # type: ignore[union-attr]
-        getattr(hf_config, "model_type", None), notes, interrupted,
-    )  # fmt: skip
+    if not interrupted:  # then the per-tensor variants of the winner's policy
+        second = _second_pass(outcomes, searches, module, hf_config, settings, choose.batches, choose.refine)
+        interrupted = _run_second_pass(second, outcomes, source, run, workers, log)
+    return _advice(model, settings, module, hf_config, outcomes, choose, interrupted)
