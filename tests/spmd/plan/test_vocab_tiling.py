@@ -114,9 +114,15 @@ def test_a_recipe_s_vocab_tiles_reach_the_plan_the_benchmark_compiles():
     spec = importlib.util.spec_from_file_location("plan_prediction", ROOT / "benchmarks" / "plan_prediction.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    run = published_run("llama3.1-70b@tpu7x-512")
-    tiled = dataclasses.replace(run, recipe=dataclasses.replace(run.recipe, vocab_tiles=4))
+    tiled = published_run("llama3.1-70b@tpu7x-512")  # the 128k recipe: num_vocab_tiling=4
+    run = published_run("llama3.1-70b@tpu7x-128")  # the 8k one does not tile
     assert bench._candidate(tiled)[1].plan.vocab_tiles == 4
     assert bench._candidate(run)[1].plan.vocab_tiles == 1
+    assert (
+        bench._candidate(dataclasses.replace(run, recipe=dataclasses.replace(run.recipe, vocab_tiles=2)))[
+            1
+        ].plan.vocab_tiles
+        == 2
+    )
     assert "vocab_tiles" in bench._candidate(tiled)[1].plan.cache_key()
     assert "vocab_tiles" not in bench._candidate(run)[1].plan.cache_key()  # untiled plans keep their cache entries
