@@ -202,3 +202,23 @@ def test_a_second_refined_advice_compiles_nothing(refined):
     again = refined["again"]["outcomes"]
     assert [o["cached"] for o in again if o["report"]] == [True] * sum(1 for o in again if o["report"])
     assert [o["remat"] for o in again] == [o["remat"] for o in refined["advice"]["outcomes"]]
+
+
+@pytest.mark.parametrize("refine", [-1, 65, 2.5, "4", True])
+def test_a_refine_that_is_not_a_count_is_refused_before_anything_compiles(refine):
+    from spmd.plan import advise
+
+    with pytest.raises(PlanError, match="refine must be a whole number from 0 to 64"):
+        advise("gpt2", "v5e:2x2", refine=refine)
+
+
+def test_the_cli_refuses_refine_without_advise_and_out_of_range(capsys):
+    from spmd.plan.__main__ import main
+
+    for args, message in (
+        (["--refine", "2"], "--refine only steers the advisor's search"),
+        (["--advise", "--refine", "65"], "--refine: 65 is out of range"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(["gpt2", "--topology", "v5e:2x2", *args])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
