@@ -43,7 +43,7 @@ class Calibration:
 # value that makes the largest of its runs' errors smallest. One value for all five (0.863) leaves
 # +11.0 %, +5.6 %, -4.7 %, -11.0 %, -9.1 %: the two generations do not reach the same share of
 # their peak, so each has its own, matmuls and attention alike (their runs cannot tell the two
-# apart): TPU7x 0.785 (+2.2 %, -2.3 %), v5e 0.949 (+3.3 %, -3.4 %, -2.0 %). The joint fit, 0.863,
+# apart): TPU7x 0.786 (+2.3 %, -2.2 %), v5e 0.949 (+3.3 %, -3.4 %, -2.0 %). The joint fit, 0.863,
 # serves chips with no run of their own (v4, v5p, v6e). Refit (from TPU7x 0.760, joint 0.852)
 # when host transfers were costed on the chip's PCIe link (the 405B offloads each layer's input:
 # 12.7 s a step each way at TPU7x's 16 GB/s, of which the schedule leaves part exposed), and
@@ -58,7 +58,7 @@ CALIBRATION = Calibration(
     matmul_efficiency=0.863,
     attention_efficiency=0.863,
     ring_step_seconds=1e-6,
-    chip_efficiency=(("tpu7x", 0.785), ("v5e", 0.949)),
+    chip_efficiency=(("tpu7x", 0.786), ("v5e", 0.949)),
 )
 
 # The runs the efficiencies are fitted on (`spmd.plan.predict.published.run_name`); every other published
