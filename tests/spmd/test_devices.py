@@ -1,6 +1,7 @@
 """configure_default_devices: CPU devices for torch_xla and JAX, the memory-aware CPU scheduler,
 and nothing changed when a device is already chosen."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,27 +23,40 @@ def run(code, env):
     return out.stdout.splitlines()
 
 
-def configured(env):
-    code = "import os; from spmd import configure_default_devices as c; print(c(8)); print(os.environ.get('XLA_FLAGS', ''))"
-    device, flags = run(code, env)
-    return device, flags
+@pytest.fixture
+def configured(monkeypatch):
+    """``configured(env)``: what configure_default_devices(8) returns and leaves in XLA_FLAGS when
+    the device settings of the environment are ``env`` alone, as in a process started with it.
+    In this process, the environment restored after: with PJRT_DEVICE given and no
+    CPU_NUM_DEVICES, the function reads and writes only those variables (no runtime or TPU
+    probe), so a process of its own for each case (2.5 s of importing torch) added nothing."""
+
+    def call(env):
+        for name in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert "PJRT_DEVICE" in env  # else it would probe for a TPU: a fresh process's business
+        return configure_default_devices(8), os.environ.get("XLA_FLAGS", "")
+
+    return call
 
 
-def test_cpu_gets_devices_and_the_memory_aware_scheduler():
+def test_cpu_gets_devices_and_the_memory_aware_scheduler(configured):
     device, flags = configured({"PJRT_DEVICE": "CPU"})
     assert device == "CPU"
     assert "--xla_force_host_platform_device_count=8" in flags
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags
 
 
-def test_user_flags_win():
+def test_user_flags_win(configured):
     _, flags = configured({"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"})
     assert flags.count("xla_cpu_enable_concurrency_optimized_scheduler") == 1
     assert "=true" in flags
 
 
 @pytest.mark.parametrize("device", ["TPU", "CUDA"])
-def test_a_chosen_accelerator_is_left_alone(device):
+def test_a_chosen_accelerator_is_left_alone(configured, device):
     got, flags = configured({"PJRT_DEVICE": device})
     assert got == device and flags == ""
 

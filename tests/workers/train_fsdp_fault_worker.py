@@ -7,8 +7,8 @@ FAULTS is a comma-separated plan ``KIND:RANK:STEP@ATTEMPT`` (ATTEMPT: torchrun's
 - ``kill``: the rank SIGKILLs itself after the step's loss (the step done, not yet saved);
 - ``killsave``: the rank SIGKILLs itself in the save after the step, right after writing its
   shard file (the version is half written: LATEST must keep the previous one);
-- ``stop``: the rank SIGSTOPs itself as the step starts (torchrun SIGKILLs it 30 s after the
-  others fail);
+- ``stop``: the rank SIGSTOPs itself as the step starts; once the others have failed and
+  torchrun's SIGTERM is pending for it, a watcher process SIGKILLs it (`kill_when_terminated`);
 - ``killmid``: the rank SIGKILLs itself 2 s after the step starts, when the others wait for it
   in the step's first collective (their connections to it close mid-collective).
 
@@ -22,6 +22,7 @@ benchmarks/kill_ranks.py, its pid (pid-a<A>-rank<R>) and what it is doing (phase
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -49,6 +50,44 @@ def write():
     os.replace(partial, report)
 
 
+# A SIGSTOPped rank holds torchrun's SIGTERM pending (spmd's SigtermHold has a handler installed
+# while a collective runs, and a handled signal waits for SIGCONT), so torchrun's restart waited
+# its 30 s grace before its SIGKILL: 30 s of a 93 s test doing nothing (measured). The watcher
+# gives the same SIGKILL once the SIGTERM is pending: the others failed and torchrun is ending
+# the attempt, which is what the test checks; the 30 s grace is torchrun's, not ours.
+WATCH = """
+import os, signal, sys, time
+pid, term = int(sys.argv[1]), 1 << (signal.SIGTERM - 1)
+deadline, stopped = time.monotonic() + 600, False
+while time.monotonic() < deadline:
+    try:
+        status = dict(l.split(":", 1) for l in open(f"/proc/{pid}/status").read().splitlines() if ":" in l)
+    except OSError:
+        break  # gone
+    if status["State"].split()[0] != "T":
+        if stopped:
+            break  # running again (or exiting): not ours to kill
+        time.sleep(0.05)  # not stopped yet
+        continue
+    stopped = True
+    if (int(status["ShdPnd"], 16) | int(status["SigPnd"], 16)) & term:
+        os.kill(pid, signal.SIGKILL)
+        break
+    time.sleep(0.2)
+"""
+
+
+def kill_when_terminated():
+    """Start a process that SIGKILLs this one once it is stopped with a SIGTERM pending."""
+    subprocess.Popen(
+        [sys.executable, "-S", "-c", WATCH, str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def hook(event, step, info):
     phase.write_text(f"{'save' if event == 'save' else 'step'} {step} attempt {attempt}")
     if event == "step":
@@ -57,6 +96,7 @@ def hook(event, step, info):
         if ("stop", step) in mine:
             record["end"], record["stopped_at"] = "stopped", time.time()
             write()
+            kill_when_terminated()
             os.kill(os.getpid(), signal.SIGSTOP)
         if ("killmid", step) in mine:
             time.sleep(2)  # the others reach the step's first collective and wait there for this rank
