@@ -115,6 +115,8 @@ def refinement(
     ranked: list[tuple[float, int, CustomRemat]] = []
     skipped: list[Outcome] = []
     for order, n in enumerate(neighbours(policy, names)):
+        if remat_text(n) in search.remats:
+            continue  # a preset the first pass searched on this mesh (`full`: no tensor kept)
         top = ceiling(remat_text(n))
         if floor_holds and leader.beats(top):
             why = leader.why_not(top)  # type: ignore[arg-type]

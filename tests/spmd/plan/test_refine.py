@@ -222,3 +222,13 @@ def test_the_cli_refuses_refine_without_advise_and_out_of_range(capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["gpt2", "--topology", "v5e:2x2", *args])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_neighbour_that_is_a_preset_the_first_pass_searched_is_not_searched_again():
+    # GPT-2's block under save_qkv_proj keeps its fused q/k/v: computing it again keeps nothing, `full`
+    names = ("decoder_layer_input", "qkv_proj", "out_proj", "mlpwi", "mlpwo")
+    first = MeshSearch("fsdp", (("fsdp", 64),), (1, 2), ("save_qkv_proj", "full"), 90 * GIB, lambda r, b: None)
+    plan = refinement(_winner("save_qkv_proj"), first, names, (1, 2), lambda r: 0.9, 64, True)
+    tried = [s.remats[0] for s in plan.searches]
+    assert "full" not in tried and "custom:qkv_proj=offload" in tried
+    assert len(tried) == len(neighbours(as_custom("save_qkv_proj", names), names)) - 1
