@@ -157,8 +157,9 @@ def _ceilings(shape: Any, settings: PlanSettings, remats: tuple[str, ...]) -> Ca
 def _searches(
     module: torch.nn.Module, hf_config: Any, meshes: list[tuple[str, dict[str, int]]], settings: PlanSettings,
     batches: tuple[int, ...], remats: tuple[str, ...], log: Log,
-) -> tuple[list[MeshSearch], list[Outcome]]:  # fmt: skip
-    """A search for each mesh worth compiling, and an `Outcome` for each one dropped unseen (module docstring)."""
+) -> tuple[list[MeshSearch], list[Outcome], Any]:  # fmt: skip
+    """A search for each mesh worth compiling, an `Outcome` for each one dropped unseen (module
+    docstring), and the model's shape the searches' math reads (`model_shape`)."""
     target, budget = settings.target, settings.budget
     devices = tpu_devices(target)
     params = {n: tuple(p.shape) for n, p in module.named_parameters()}
@@ -183,7 +184,7 @@ def _searches(
         searches.append(
             MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict, ceiling, leader, counted)
         )
-    return searches, dropped
+    return searches, dropped, shape
 
 
 @dataclass(frozen=True)
@@ -288,18 +289,17 @@ def _model(
 
 
 def _second_pass(
-    outcomes: list[Outcome], searches: list[MeshSearch], module: torch.nn.Module, hf_config: Any,
+    outcomes: list[Outcome], searches: list[MeshSearch], module: torch.nn.Module, shape: Any,
     settings: PlanSettings, batches: tuple[int, ...], limit: int,
 ) -> Refinement:  # fmt: skip
     """The per-tensor variants of the first pass's winner to search (`spmd.plan.advisor.refine`);
-    none when nothing fits."""
+    none when nothing fits. ``shape``: the model's (`model_shape`), as the first pass read it."""
     fits = [o for o in outcomes if o.fits]
     if not fits or limit <= 0:
         return Refinement((), ())
     winner = max(fits, key=lambda o: o.report.mfu)  # type: ignore[union-attr]
     c = winner.candidate
     search = next(s for s in searches if (s.strategy, s.mesh) == (c.strategy, c.mesh))
-    shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
     chip = settings.target.chip.libtpu_name
 
     def ceiling(remat: str) -> float | None:
@@ -426,13 +426,13 @@ def advise(
     module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
     settings = replace(settings, seq_len=seq_len)
     meshes = _meshes(settings.target, choose, hf_config)
-    searches, dropped = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
+    searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     workers = _workers(model, jobs, searches, choose.batches, log)
     run = Settings(settings, cache_dir, model_key(model))
     source = module if isinstance(model, torch.nn.Module) else model
     interrupted = run_searches(source, searches, run, workers, log)
     outcomes = dropped + [o for s in searches for o in s.outcomes]
     if not interrupted:  # then the per-tensor variants of the winner's policy
-        second = _second_pass(outcomes, searches, module, hf_config, settings, choose.batches, choose.refine)
+        second = _second_pass(outcomes, searches, module, shape, settings, choose.batches, choose.refine)
         interrupted = _run_second_pass(second, outcomes, source, run, workers, log)
     return _advice(model, settings, module, hf_config, outcomes, choose, interrupted)

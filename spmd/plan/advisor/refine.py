@@ -2,7 +2,7 @@
 choose them (``remat_policy: custom``, `spmd.plan.request.custom_remat`).
 
 The presets are searched first (`spmd.plan.advisor.search`). The winner's preset, written as the
-choice it makes for each tensor a block produces (`as_custom`: ``dots`` keeps every projection on
+choice it makes for each tensor a block produces (`spmd.plan.request.remat.as_custom`: ``dots`` keeps every projection on
 the device, ``offload`` moves the block's input to the host, ...), is then changed one tensor at
 a time (`neighbours`): a tensor it computes again is kept on the device or offloaded, one it
 keeps is offloaded or computed again, and the block's input is offloaded or kept. The tensors are
@@ -28,28 +28,11 @@ from spmd.plan.advisor.advice import Candidate, Outcome
 from spmd.plan.advisor.search import Leader, MeshSearch
 from spmd.plan.lower.lowering import find_layer_stack
 from spmd.plan.request.custom_remat import BLOCK_INPUT_NAME, CHOICES, CONTEXT_NAME, CUSTOM_PREFIX, NAMES, CustomRemat
-from spmd.plan.request.remat import CONTEXT, Remat, projection_name
+from spmd.plan.request.remat import Remat, as_custom, projection_name
 
-__all__ = ["Refinement", "as_custom", "block_names", "neighbours", "refinement", "remat_text"]
+__all__ = ["Refinement", "block_names", "neighbours", "refinement", "remat_text"]
 
 Ceiling = Callable[[str], "float | None"]
-
-
-def as_custom(remat: str, names: Sequence[str] = NAMES) -> CustomRemat | None:
-    """``remat`` (a preset's name or ``custom:...``) as a choice per named tensor, of ``names``
-    (the tensors a model's block produces, `block_names`: a preset's choice for a tensor the
-    block does not produce changes nothing); ``None`` for ``none``, which keeps every activation
-    (no per-tensor policy says that)."""
-    policy = Remat.parse(remat)
-    if isinstance(policy, CustomRemat):
-        return policy
-    saved = policy.saved_names
-    if saved is None:
-        return None
-    choices = {CONTEXT_NAME if n == CONTEXT else n: "device" for n in saved}
-    if policy is Remat.OFFLOAD:
-        choices[BLOCK_INPUT_NAME] = "offload"
-    return CustomRemat(tuple((n, choices[n]) for n in NAMES if n in choices and n in names))
 
 
 def remat_text(policy: CustomRemat) -> str:
@@ -112,37 +95,24 @@ def refinement(
     near = tuple(b for b in sorted(batches) if b >= c.per_device_batch)[:2]
     leader = Leader()
     leader.offer(winner)
-    ranked: list[tuple[float, int, CustomRemat]] = []
     skipped: list[Outcome] = []
-    for order, n in enumerate(neighbours(policy, names)):
-        if remat_text(n) in search.remats:
+    ranked: list[tuple[float, int, str]] = []
+    for order, text in enumerate(remat_text(n) for n in neighbours(policy, names)):
+        if text in search.remats:
             continue  # a preset the first pass searched on this mesh (`full`: no tensor kept)
-        top = ceiling(remat_text(n))
+        top = ceiling(text)
         if floor_holds and leader.beats(top):
-            why = leader.why_not(top)  # type: ignore[arg-type]
-            skipped.append(Outcome(Candidate(c.strategy, c.mesh, near[0], remat_text(n)), skipped=why))
+            skipped.append(Outcome(Candidate(c.strategy, c.mesh, near[0], text), skipped=leader.why_not(top)))  # type: ignore[arg-type]
         else:
-            ranked.append((-(top if top is not None else 1.0), order, n))
-    ranked.sort(key=lambda t: t[:2])
-    searches = []
-    for _, _, n in ranked[:limit]:
-        searches.append(
-            MeshSearch(
-                c.strategy,
-                c.mesh,
-                near,
-                (remat_text(n),),
-                search.budget,
-                search.predict,
-                ceiling,
-                leader,
-                search.counted,
-            )
-        )
-    for _, _, n in ranked[limit:]:
-        why = (
-            f"not compiled: per-tensor variants beyond the {limit} with the highest ceilings (refine={limit}; "
-            "ties in MaxText's name order)"
-        )
-        skipped.append(Outcome(Candidate(c.strategy, c.mesh, near[0], remat_text(n)), skipped=why))
+            ranked.append((-(top if top is not None else 1.0), order, text))
+    ranked.sort()
+    searches = [
+        MeshSearch(c.strategy, c.mesh, near, (text,), search.budget, search.predict, ceiling, leader, search.counted)
+        for _, _, text in ranked[:limit]
+    ]
+    why = (
+        f"not compiled: per-tensor variants beyond the {limit} with the highest ceilings (refine={limit}; "
+        "ties in MaxText's name order)"
+    )
+    skipped += [Outcome(Candidate(c.strategy, c.mesh, near[0], text), skipped=why) for _, _, text in ranked[limit:]]
     return Refinement(tuple(searches), tuple(skipped))

@@ -45,7 +45,7 @@ from typing import Any
 from spmd.mfu.flops import forward_matmul_flops_per_token
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.request.custom_remat import CONTEXT_NAME, MLP_INPUTS, QKV, CustomRemat
-from spmd.plan.request.remat import CONTEXT, Remat
+from spmd.plan.request.remat import Remat, as_custom
 
 __all__ = ["mfu_ceiling", "recompute_floor", "runs_its_floor"]
 
@@ -71,10 +71,8 @@ def recompute_floor(shape: Any, remat: Remat | CustomRemat, seq_len: int) -> flo
 
 def _kept(remat: Remat | CustomRemat) -> set[str] | None:
     """MaxText's names of what ``remat`` keeps for backward (``None``: everything)."""
-    if isinstance(remat, CustomRemat):
-        return set(remat.kept_names)
-    saved = remat.saved_names
-    return None if saved is None else {CONTEXT_NAME if n == CONTEXT else n for n in saved}
+    custom = as_custom(remat)
+    return None if custom is None else set(custom.kept_names)
 
 
 def mfu_ceiling(

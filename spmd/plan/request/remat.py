@@ -39,11 +39,19 @@ import enum
 from typing import Any
 
 from spmd.plan.errors import PlanError
-from spmd.plan.request.custom_remat import BLOCK_INPUT, CONTEXT, CONTEXT_NAME, CUSTOM_PREFIX, CustomRemat
+from spmd.plan.request.custom_remat import (
+    BLOCK_INPUT,
+    BLOCK_INPUT_NAME,
+    CONTEXT,
+    CONTEXT_NAME,
+    CUSTOM_PREFIX,
+    NAMES,
+    CustomRemat,
+)
 
 __all__ = [
-    "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "host_names", "jax_policy", "kernel_residual_name",
-    "projection_name", "recompute_factor",
+    "BLOCK_INPUT", "CONTEXT", "PROJECTIONS", "Remat", "as_custom", "host_names", "jax_policy",
+    "kernel_residual_name", "projection_name", "recompute_factor",
 ]  # fmt: skip
 
 # CONTEXT: the splash kernel's residuals (its attention output and log-sum-exp), MaxText's
@@ -150,6 +158,24 @@ def projection_name(path: str) -> str:
     if leaf == "c_proj":
         return "out_proj" if "attn" in parent else "mlpwo"
     return _BY_MODULE.get(leaf, OTHER_DOT)
+
+
+def as_custom(remat: str | Remat | CustomRemat, names: tuple[str, ...] | list[str] = NAMES) -> CustomRemat | None:
+    """``remat`` (a preset, its name, or ``custom:...``) as a choice per named tensor, of ``names``
+    (MaxText's, `spmd.plan.request.custom_remat.NAMES`; a preset's choice for a tensor a block
+    does not produce changes nothing): each name a preset keeps on the device, and ``offload``'s
+    block input on the host. ``None`` for ``none``, which keeps every activation (no per-tensor
+    policy says that)."""
+    policy = Remat.parse(remat)
+    if isinstance(policy, CustomRemat):
+        return policy
+    saved = policy.saved_names
+    if saved is None:
+        return None
+    choices = {CONTEXT_NAME if n == CONTEXT else n: "device" for n in saved}
+    if policy is Remat.OFFLOAD:
+        choices[BLOCK_INPUT_NAME] = "offload"
+    return CustomRemat(tuple((n, choices[n]) for n in NAMES if n in choices and n in names))
 
 
 def host_names(remat: Remat | CustomRemat) -> tuple[str, ...]:

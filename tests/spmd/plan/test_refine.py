@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spmd.plan.advisor.advice import Candidate, Outcome
-from spmd.plan.advisor.refine import as_custom, block_names, neighbours, refinement, remat_text
+from spmd.plan.advisor.refine import block_names, neighbours, refinement, remat_text
 from spmd.plan.advisor.search import MeshSearch
 from spmd.plan.errors import PlanError
 from spmd.plan.predict.ceiling import recompute_floor
@@ -15,7 +15,7 @@ from spmd.plan.predict.memory import model_shape, saved_per_token
 from spmd.plan.request.attention import Attention
 from spmd.plan.request.custom_remat import BLOCK_INPUT_NAME, CHOICES, NAMES, CustomRemat
 from spmd.plan.request.models import build_meta_model
-from spmd.plan.request.remat import Remat
+from spmd.plan.request.remat import Remat, as_custom
 
 GIB = 2**30
 LLAMA = ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
