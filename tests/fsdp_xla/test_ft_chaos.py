@@ -91,6 +91,8 @@ def test_checkpoints_stay_the_fallback_when_every_group_is_lost(tmp_path):
     )
     saves = ("--checkpoint", str(tmp_path / "checkpoints"), "--save-every", "5")
     bench.run_healing(tmp_path / "first", 12, args, None, saves)
+    first = bench.steps_of(bench.read_records(tmp_path / "first"))
+    assert {r["participants"] for r in first} == {2}  # both groups from step 0: the failure-free run
     bench.run_healing(tmp_path / "again", 16, args, None, saves)
     records = bench.steps_of(bench.read_records(tmp_path / "again"))
     assert sorted({r["step"] for r in records}) == list(range(10, 16))  # from the checkpoint of step 10
