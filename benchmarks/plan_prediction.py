@@ -160,7 +160,14 @@ def _chip_of(run: str) -> str:
 
 def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
     own = ", ".join(f"{chip} {e}" for chip, e in CALIBRATION.chip_efficiency)
-    print(f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}")
+    fitted = dict(CALIBRATION.chip_efficiency)
+    borrowed = ", ".join(
+        f"{chip} {twin}'s" for chip in CHIP_SPECS if chip not in fitted and (twin := CALIBRATION.fitted_generation(chip))
+    )
+    print(
+        f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}"
+        f"{'; by matrix unit: ' + borrowed if borrowed else ''}"
+    )
     print(f"{'run':28s} {'chips':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  {'role':11s} program/model")
     for r in rows:
         err = f"{r['error']:+.1%}"

@@ -167,12 +167,26 @@ ENTRY %main (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
 def test_a_generation_fitted_on_its_own_gets_its_efficiency_and_the_others_the_default():
     cal = Calibration(0.8, 0.7, 1e-6, chip_efficiency=(("v5e", 0.9),))
     assert cal.efficiencies("v5e") == (0.9, 0.9)
-    assert cal.efficiencies("tpu7x") == (0.8, 0.7)
+    assert cal.efficiencies("tpu7x") == (0.8, 0.7)  # a 256-wide unit: no fitted twin, the default
+    assert cal.efficiencies("v6e") == (0.8, 0.7)
+    assert cal.efficiencies("unknown-chip") == (0.8, 0.7)
     default = Calibration(0.8, 0.7, 1e-6)
     # a 4096^3 dot is matmul-bound on both chips (0.70 ms of FLOPs on v5e, 0.12 ms of HBM)
     v5e, tpu7x = parse_slice("v5e:2x2"), parse_slice("tpu7x:2x2x1")
     assert predict_step(DOT, v5e, cal).seconds == pytest.approx(predict_step(DOT, v5e, default).seconds * 0.8 / 0.9)
     assert predict_step(DOT, tpu7x, cal).seconds == predict_step(DOT, tpu7x, default).seconds
+
+
+@pytest.mark.parametrize(
+    ("chip", "twin"), [("v5e", "v5e"), ("v4", "v5e"), ("v5p", "v5e"), ("tpu7x", "tpu7x"), ("v6e", "tpu7x")]
+)
+def test_a_chip_with_no_fit_takes_the_fitted_generation_with_its_matrix_unit(chip, twin):
+    cal = Calibration(0.8, 0.7, 1e-6, chip_efficiency=(("tpu7x", 0.75), ("v5e", 0.95)))
+    assert cal.fitted_generation(chip) == twin
+    assert CHIP_SPECS[chip].mxu == CHIP_SPECS[twin].mxu
+    assert cal.efficiencies(chip) == (dict(cal.chip_efficiency)[twin],) * 2
+    # the shipped calibration: every chip it knows takes a fitted generation's value
+    assert CALIBRATION.fitted_generation(chip) == twin
 
 
 def _benchmark():
