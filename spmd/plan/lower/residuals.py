@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from spmd.plan._jax_compat import scan_stacked_outputs
-from spmd.plan.request.custom_remat import CustomRemat
+from spmd.plan.request.custom_remat import MLP_OUT, OUT_PROJ, CustomRemat
 from spmd.plan.request.remat import Remat, host_names, projection_name
 
 __all__ = ["SavedActivation", "named_projections", "row_major_names", "saved_residuals"]
@@ -29,7 +29,7 @@ __all__ = ["SavedActivation", "named_projections", "row_major_names", "saved_res
 # GiB, 2.15 s a step). Pinned row-major on both sides of its name, the output keeps the carry
 # row-major too, and the forward writes what the backward reads. q, k and v are left to libtpu:
 # both scans take them sequence minor-most (pinned, they were relaid instead).
-_ADDED_TO_STREAM = ("out_proj", "mlpwo")
+_ADDED_TO_STREAM = (OUT_PROJ, MLP_OUT)
 
 
 @dataclass(frozen=True)

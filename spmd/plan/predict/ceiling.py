@@ -44,12 +44,10 @@ from typing import Any
 
 from spmd.mfu.flops import forward_matmul_flops_per_token
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
-from spmd.plan.request.custom_remat import CONTEXT_NAME, MLP_INPUTS, QKV, CustomRemat
+from spmd.plan.request.custom_remat import CONTEXT_NAME, MLP_INPUTS, OUT_PROJ, QKV, CustomRemat
 from spmd.plan.request.remat import Remat, as_custom
 
 __all__ = ["mfu_ceiling", "recompute_floor", "runs_its_floor"]
-
-_OUT_PROJ = "out_proj"  # MaxText's name of the attention output projection's output
 
 
 def recompute_floor(shape: Any, remat: Remat | CustomRemat, seq_len: int) -> float:
@@ -64,7 +62,7 @@ def recompute_floor(shape: Any, remat: Remat | CustomRemat, seq_len: int) -> flo
     mlp_in = set(MLP_INPUTS[:2]) <= kept or MLP_INPUTS[2] in kept
     again = 0.0 if qkv else parts["qkv"] + parts["attention"]
     again += 0.0 if mlp_in else parts["mlp_in"]
-    if qkv and CONTEXT_NAME in kept and _OUT_PROJ not in kept:  # the MLP's input needs the out projection again
+    if qkv and CONTEXT_NAME in kept and OUT_PROJ not in kept:  # the MLP's input needs the out projection again
         again += parts["out"]
     return 1.0 + again / (3.0 * sum(parts.values()))  # the model's FLOPs: forward and backward, 3 x the forward
 

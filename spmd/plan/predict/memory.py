@@ -31,7 +31,7 @@ from typing import Any
 
 from spmd._util.memory import GIB
 from spmd.plan.request.attention import Attention
-from spmd.plan.request.custom_remat import CustomRemat
+from spmd.plan.request.custom_remat import OUT_PROJ, CustomRemat
 from spmd.plan.request.remat import BLOCK_INPUT, CONTEXT, Remat
 
 __all__ = ["MARGIN", "MemoryMath", "model_shape", "plan_memory", "saved_per_token"]
@@ -74,7 +74,7 @@ def _projections(shape: Any, tensor: int) -> dict[str, float]:
     """Elements per token of each projection's output, as a device holds it (``context``: the
     attention output the splash kernel keeps under that name, `Remat.SAVE_QKV_CONTEXT`)."""
     q, kv = shape.n_head * shape.head_dim / tensor, shape.n_kv_head * shape.head_dim / tensor
-    out = {"out_proj": shape.d_model / tensor, CONTEXT: q}  # out: summed onto the stream, split like it
+    out = {OUT_PROJ: shape.d_model / tensor, CONTEXT: q}  # out: summed onto the stream, split like it
     if shape.gated_mlp:  # Llama's family: q, k, v apart; a gated MLP
         out.update(query_proj=q, key_proj=kv, value_proj=kv, mlpwi_0=shape.d_ff / tensor, mlpwi_1=shape.d_ff / tensor)
     else:  # GPT-2: one fused q/k/v projection (c_attn), a plain MLP

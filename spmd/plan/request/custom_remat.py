@@ -32,7 +32,9 @@ __all__ = [
     "CONTEXT_NAME",
     "CUSTOM_PREFIX",
     "MLP_INPUTS",
+    "MLP_OUT",
     "NAMES",
+    "OUT_PROJ",
     "QKV",
     "CustomRemat",
 ]
@@ -54,7 +56,9 @@ NAMES = tuple(
 )
 CONTEXT_NAME = NAMES[1]
 QKV = NAMES[2:6]
+OUT_PROJ = NAMES[6]  # attention's output projection, summed onto the residual stream
 MLP_INPUTS = NAMES[7:10]
+MLP_OUT = NAMES[10]  # the MLP's output projection, summed onto the stream (backward never reads it)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ from spmd.plan.request.custom_remat import (
     CONTEXT,
     CONTEXT_NAME,
     CUSTOM_PREFIX,
+    MLP_OUT,
     NAMES,
+    OUT_PROJ,
     CustomRemat,
 )
 
@@ -60,8 +62,8 @@ OTHER_DOT = "dot"  # a block's projection of no known role
 
 # MaxText's names, by what they hold; ``mlpwi`` is a non-gated MLP's input projection (GPT-2).
 QKV_NAMES = ("query_proj", "key_proj", "value_proj", "qkv_proj")
-MLP_NAMES = ("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
-PROJECTIONS = (*QKV_NAMES, "out_proj", *MLP_NAMES, OTHER_DOT)
+MLP_NAMES = ("mlpwi_0", "mlpwi_1", "mlpwi", MLP_OUT)
+PROJECTIONS = (*QKV_NAMES, OUT_PROJ, *MLP_NAMES, OTHER_DOT)
 
 # Module names of the projections (the last part of a block's submodule path): Hugging Face
 # Llama / Mistral / Qwen2, GPT-2 (Conv1D), GPT-NeoX, Falcon, Mixtral's experts.
@@ -70,10 +72,10 @@ _BY_MODULE = {
     "k_proj": "key_proj", "key": "key_proj",
     "v_proj": "value_proj", "value": "value_proj",
     "c_attn": "qkv_proj", "qkv_proj": "qkv_proj", "query_key_value": "qkv_proj", "Wqkv": "qkv_proj",
-    "o_proj": "out_proj", "out_proj": "out_proj",
+    "o_proj": OUT_PROJ, "out_proj": OUT_PROJ,
     "gate_proj": "mlpwi_0", "w1": "mlpwi_0", "up_proj": "mlpwi_1", "w3": "mlpwi_1",
     "c_fc": "mlpwi", "fc1": "mlpwi", "fc_in": "mlpwi", "dense_h_to_4h": "mlpwi",
-    "down_proj": "mlpwo", "w2": "mlpwo", "fc2": "mlpwo", "fc_out": "mlpwo", "dense_4h_to_h": "mlpwo",
+    "down_proj": MLP_OUT, "w2": MLP_OUT, "fc2": MLP_OUT, "fc_out": MLP_OUT, "dense_4h_to_h": MLP_OUT,
 }  # fmt: skip
 
 # Primitives whose outputs `none` recomputes: layout and dtype changes and sharding constraints.
@@ -142,8 +144,8 @@ class Remat(enum.Enum):
 
 _SAVED: dict[Remat, tuple[str, ...] | None] = {
     Remat.NONE: None,
-    Remat.DOTS: (*QKV_NAMES, "out_proj", *MLP_NAMES, OTHER_DOT),
-    Remat.SAVE_DOT_EXCEPT_MLP: (*QKV_NAMES, "out_proj"),
+    Remat.DOTS: (*QKV_NAMES, OUT_PROJ, *MLP_NAMES, OTHER_DOT),
+    Remat.SAVE_DOT_EXCEPT_MLP: (*QKV_NAMES, OUT_PROJ),
     Remat.SAVE_QKV_PROJ: QKV_NAMES,
     Remat.SAVE_QKV_CONTEXT: (*QKV_NAMES, CONTEXT),
     Remat.FULL: (),
@@ -156,7 +158,7 @@ def projection_name(path: str) -> str:
     -> ``query_proj``); GPT-2's ``c_proj`` is ``out_proj`` under attention and ``mlpwo`` under the MLP."""
     parent, _, leaf = path.rpartition(".")
     if leaf == "c_proj":
-        return "out_proj" if "attn" in parent else "mlpwo"
+        return OUT_PROJ if "attn" in parent else MLP_OUT
     return _BY_MODULE.get(leaf, OTHER_DOT)
 
 
@@ -237,7 +239,7 @@ def recompute_factor(
             return 4 / 3  # no projection kept: the whole forward again, as `full`
         again = attention_share if CONTEXT_NAME not in kept else 0.0
         again += mlp_share if not kept & set(MLP_NAMES[:3]) else 0.0
-        again += out_share if "out_proj" not in kept else 0.0
+        again += out_share if OUT_PROJ not in kept else 0.0
         return 1.0 + again / 3
     if remat.checkpoints_block:
         return 4 / 3
