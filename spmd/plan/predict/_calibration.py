@@ -67,8 +67,9 @@ class Calibration:
 # that. This rule was chosen after the held-out runs' errors at the joint fit had been seen (v5p
 # -11.2 %, v6e -13.0 %, +9.6 %, +17.3 %; with it -4.9 %, -17.5 %, +1.2 %, +9.2 %), so those runs
 # no longer test it; runs not yet given do. The joint fit, 0.863, serves a chip with neither.
-# Refit (from TPU7x 0.760, joint 0.852) when host transfers were costed on the chip's PCIe link (the 405B offloads each layer's input:
-# 12.7 s a step each way at TPU7x's 16 GB/s, of which the schedule leaves part exposed), and
+# Refit (from TPU7x 0.760, joint 0.852) when host transfers were costed on the chip's PCIe link
+# (the 405B offloads each layer's input: 12.7 s a step each way at TPU7x's 16 GB/s, of which the
+# schedule leaves part exposed), and
 # before that (from TPU7x 0.763, joint 0.836) after three fixes of the step-time model (a splash
 # kernel's head-dim matmuls fill head_dim / MXU of the unit; a layer written into or read from its
 # scan stack through a relayout in place moves the layer, not the stack; a long sequence's int16
