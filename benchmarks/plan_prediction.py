@@ -160,11 +160,8 @@ def _chip_of(run: str) -> str:
 
 def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
     own = ", ".join(f"{chip} {e}" for chip, e in CALIBRATION.chip_efficiency)
-    fitted = dict(CALIBRATION.chip_efficiency)
     borrowed = ", ".join(
-        f"{chip} {twin}'s"
-        for chip in CHIP_SPECS
-        if chip not in fitted and (twin := CALIBRATION.fitted_generation(chip))
+        f"{chip} {twin}'s" for chip in CHIP_SPECS if (twin := CALIBRATION.fitted_generation(chip)) not in (None, chip)
     )
     print(
         f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}"

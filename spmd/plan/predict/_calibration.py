@@ -45,9 +45,9 @@ class Calibration:
         """The fitted generation whose efficiency ``chip`` takes: ``chip`` itself, else the first
         whose matrix unit has its side; ``None``: the joint values."""
         fitted = [c for c, _ in self.chip_efficiency]
-        if chip in fitted or chip not in CHIP_SPECS:
-            return chip if chip in fitted else None
-        side = CHIP_SPECS[chip].mxu
+        if chip in fitted:
+            return chip
+        side = CHIP_SPECS[chip].mxu if chip in CHIP_SPECS else None
         return next((c for c in fitted if c in CHIP_SPECS and CHIP_SPECS[c].mxu == side), None)
 
 
