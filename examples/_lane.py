@@ -19,9 +19,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 __all__ = [
     "CPU_RANKS",
@@ -56,6 +58,37 @@ def _speaks() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+_PRINTED_KEY = "examples/flag_error_printed"
+_WAIT_FOR_RANK_0 = timedelta(seconds=60)
+
+
+def _exit_once_printed(status: int, message: str | None) -> None:
+    """Exit with ``status`` once rank 0 has printed ``message``. A quiet rank that exits first
+    makes torchrun stop the others (SIGTERM), and rank 0, still importing or parsing, was stopped
+    before it printed: the run failed with no error line. So under torchrun a failing exit waits
+    (at most a minute) for rank 0's word through the launch's own store (``MASTER_ADDR``)."""
+    if _speaks() and message:
+        sys.stderr.write(message)
+        sys.stderr.flush()
+    if status and under_torchrun():
+        _hand_over_to_rank_0()
+    raise SystemExit(status)
+
+
+def _hand_over_to_rank_0() -> None:
+    key = f"{_PRINTED_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        store = torch.distributed.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=_WAIT_FOR_RANK_0
+        )
+        if _speaks():
+            store.set(key, "1")
+        else:
+            store.wait([key], _WAIT_FOR_RANK_0)
+    except (KeyError, ValueError, RuntimeError):  # no store to reach, or rank 0 never spoke: exit anyway
+        pass
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose usage, help and error lines are printed once under an explicit
     torchrun (by rank 0); every rank still exits with argparse's status (2 for an error)."""
@@ -69,15 +102,13 @@ class ArgumentParser(argparse.ArgumentParser):
             super().print_help(file)
 
     def exit(self, status: int = 0, message: str | None = None):  # noqa: ANN201 - argparse's signature
-        super().exit(status, message if _speaks() else None)
+        _exit_once_printed(status, message)
 
 
 def world_flag_error(script: str, message: str) -> None:
     """Exit 2 with ``script: error: message``, printed once: for a flag that only the world, known
     once the ranks run, shows to be wrong (under torchrun every rank finds it)."""
-    if _speaks():
-        print(f"{os.path.basename(script)}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    _exit_once_printed(2, f"{os.path.basename(script)}: error: {message}\n")
 
 
 def default_backend() -> str:

@@ -373,3 +373,12 @@ def test_a_flag_error_under_an_explicit_torchrun_is_printed_once_and_every_rank_
     assert len(errors) == 1 and said in errors[0], run.stderr[-3000:]
     assert "]: Traceback" not in run.stderr, run.stderr[-3000:]  # no rank's own (torchrun's follows a failure)
     assert run.stderr.count("exitcode  : 2") >= 1 and "exitcode  : 1" not in run.stderr, run.stderr[-3000:]
+
+
+def test_a_flag_error_is_printed_when_rank_0_reaches_its_parser_last():
+    """The quiet rank exited 2 at once and torchrun stopped rank 0 (SIGTERM) before it printed:
+    CI saw a failed run with no error line. The quiet ranks now wait for rank 0 to speak."""
+    run = torchrun(WORKERS / "late_rank0_flag_worker.py", 2, "--steps", "x", timeout=120)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("late_rank0_flag_worker.py: error:")]
+    assert len(errors) == 1 and "--steps: invalid int value: 'x'" in errors[0], run.stderr[-3000:]
+    assert run.stderr.count("exitcode  : 2") >= 1, run.stderr[-3000:]
