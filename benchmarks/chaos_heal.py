@@ -143,10 +143,12 @@ def run_healing(
 
     out.mkdir(parents=True, exist_ok=True)
     train = ["--steps", str(steps), "--records", str(out), "--timeout", str(args.timeout), *more]
-    train += ["--digest", "--min-step-seconds", str(args.min_step_seconds)] if killer is not None else []
-    # Without a killer every group must take part from step 0: with a quorum of one, the group that
-    # starts first trains alone on half the batch until the other joins, and the run is no longer the
-    # failure-free one. Under the killer a quorum of one is the point: the live group trains on.
+    # Every group must take part from step 0: with a quorum of one, the group that starts first
+    # trains alone on half the batch until the other joins, and the run is no longer the
+    # failure-free one. Without a killer the lighthouse asks for every group; under the killer a
+    # quorum of one is the point (the live group trains on), so the groups start together instead.
+    if killer is not None:
+        train += ["--digest", "--min-step-seconds", str(args.min_step_seconds), "--start-together"]
     quorum = 1 if killer is not None else GROUPS
     start = time.time()
     with ft.Lighthouse(min_replicas=quorum, bind="[::]:0", heartbeat_timeout=args.heartbeat_timeout) as lighthouse:

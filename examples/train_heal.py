@@ -128,12 +128,21 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=positive, default=50, help="steps between checkpoints")
     parser.add_argument("--hidden", type=positive, default=HIDDEN, help="the student's width (a longer step)")
     parser.add_argument("--digest", action="store_true", help="record a hash of the weight shards each step")
+    parser.add_argument(
+        "--start-together",
+        action="store_true",
+        help="with --records: no group takes its first step before every group has joined the lighthouse "
+        "(for a run compared with the failure-free one: else the group that starts first trains alone)",
+    )
     parser.add_argument("--heartbeat-timeout", type=seconds, default=2.0, help="the lighthouse's, when started here")
     parser.add_argument("--timeout", type=seconds, default=10.0, help="cross-group collective timeout (s)")
     parser.add_argument(
         "--min-step-seconds", type=seconds, default=0.0, help="pad each step to this long: a larger model's compute"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.start_together and args.records is None:
+        parser.error("--start-together needs --records DIR: the groups mark their start there")
+    return args
 
 
 class Recorder:
@@ -180,6 +189,26 @@ def run_plain(args: argparse.Namespace, record: Recorder) -> None:
         record(step=step, committed=True, participants=args.groups, loss=loss, t0=t0, t1=time.time())
 
 
+START_TOGETHER_SECONDS = 300.0  # a group's start (imports, rendezvous) took 13-27 s under load
+
+
+def wait_for_every_group(records: Path, groups: int, replica: int) -> None:
+    """Return once every replica group has built its `ReplicaGroup`: from then on each one
+    heartbeats to the lighthouse, which holds the first quorum until all of them ask to join (a
+    quorum of one met at once while another group was still importing torch). A group restarted
+    later finds the others' marks and goes on."""
+    (records / f"ready-replica{replica}-rank{dist.get_rank()}").touch()
+    deadline = time.monotonic() + START_TOGETHER_SECONDS
+    while not all((records / f"ready-replica{r}-rank0").exists() for r in range(groups)):
+        if time.monotonic() > deadline:
+            started = sorted(r for r in range(groups) if (records / f"ready-replica{r}-rank0").exists())
+            raise TimeoutError(
+                f"--start-together: {len(started)} of {groups} groups started within {START_TOGETHER_SECONDS:.0f} s "
+                f"(replicas {started}); see each group's log"
+            )
+        time.sleep(0.1)
+
+
 def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> None:
     from fsdp_xla import ft
 
@@ -192,6 +221,8 @@ def run_healing(args: argparse.Namespace, record: Recorder, replica: int) -> Non
     if saves is not None and has_checkpoint(saves):  # the fallback: every group was lost at once
         group.load_state_dict(load_sharded(saves, model, inner)["replicas"])
     optimizer = group.optimizer(inner, model)
+    if args.start_together:
+        wait_for_every_group(args.records, args.groups, replica)
     part = replica * dist.get_world_size() + dist.get_rank()
     try:
         while (step := group.step) < args.steps:
