@@ -134,6 +134,23 @@ def kill_tree(process: subprocess.Popen) -> None:
             pass
 
 
+def set_aside_previous_run(out: Path) -> Path | None:
+    """Move a previous run's records in ``out`` to ``out.<time>`` (returned; ``None`` when there
+    were none). The ranks append to their record files across restarts, so a second run into the
+    same directory read both runs' steps as one, and its groups found the first run's start marks
+    (``train_heal.py --start-together``) and did not wait for each other."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kept = out.with_name(f"{out.name}.{stamp}")
+    n = 1
+    while kept.exists():  # two runs in one second
+        kept, n = out.with_name(f"{out.name}.{stamp}-{n}"), n + 1
+    os.replace(out, kept)
+    print(f"chaos_heal.py: the previous run's records are now in {kept}", flush=True)
+    return kept
+
+
 def run_healing(
     out: Path, steps: int, args: argparse.Namespace, killer: Killer | None, more: tuple[str, ...] = ()
 ) -> float:
@@ -323,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/chaos_heal"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    set_aside_previous_run(args.out)
     os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse in this process: one line per quorum otherwise
     walls = {"plain": run_plain(args.out / "plain", args.steps, args)}
     walls["failure_free"] = run_healing(args.out / "failure_free", args.steps, args, None)

@@ -106,3 +106,20 @@ def test_checkpoints_stay_the_fallback_when_every_group_is_lost(tmp_path):
     for step in range(10, 16):
         losses = [r["loss"] for r in records if r["step"] == step]
         assert len(losses) == 4 and statistics.fmean(losses) == pytest.approx(reference[step], rel=1e-5), step
+
+
+def test_a_second_run_into_the_same_directory_sets_the_first_aside(tmp_path):
+    """The ranks append to their record files across restarts: a second benchmark run into the
+    same --out read both runs' steps as one (and found the first run's start marks)."""
+    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
+    out = tmp_path / "chaos_heal"
+    assert bench.set_aside_previous_run(out) is None  # nothing there yet
+    (out / "chaos").mkdir(parents=True)
+    (out / "chaos" / "replica0-rank0.jsonl").write_text('{"step": 0}\n')
+    first = bench.set_aside_previous_run(out)
+    (out / "chaos").mkdir(parents=True)
+    (out / "chaos" / "ready-replica0-rank0").touch()
+    second = bench.set_aside_previous_run(out)
+    assert not out.exists() and first != second
+    assert (first / "chaos" / "replica0-rank0.jsonl").read_text() == '{"step": 0}\n'  # kept, not removed
+    assert (second / "chaos" / "ready-replica0-rank0").exists()
