@@ -100,7 +100,7 @@ class Advice:
 
     def published(self) -> str | None:
         """The published run of this model on this many chips, if any (`spmd.plan.predict.published`)."""
-        found = published_for(self.model, self.chip, self.chips, self.seq_len)
+        found = published_for(self.model, self.chip, self.chips, self.seq_len, self.slices)
         return None if found is None else found.line()
 
     def table(self) -> str:

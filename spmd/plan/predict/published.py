@@ -20,7 +20,7 @@ from spmd.plan.request.meshes import batch_axes
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
 
 
-FSDP, CONTEXT, TENSOR = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value
+FSDP, CONTEXT, TENSOR, DATA = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value, Role.DATA.value
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,25 @@ def _v5p(batch: int) -> Recipe:
     return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots")
 
 
+# The same recipes on more slices (MaxText's READMEs' "2x v5e-256" ... rows): the slices joined by
+# DCN data parallelism (MaxText's dcn_data_parallelism=-1 by default), everything else as on one.
+def _slices(slices: int) -> str:
+    return f"maxtext MaxText/configs/v5e/README.md, {slices}x v5e-256"
+
+
+def _v5e_across(batch: int, slices: int) -> Recipe:
+    return Recipe("v5e-256", FSDP, ((DCN_PREFIX + DATA, slices), (FSDP, 256)), batch, 2048, "full", slices=slices)
+
+
+# MaxText's configs/v5p/128b.sh and 256b.sh: per_device_batch_size=1, ici_tensor_parallelism=8, FSDP
+# over the rest of the slice, remat minimal.
+def _v5p_tensor_8(topology: str, fsdp: int) -> Recipe:
+    return Recipe(topology, "2d", ((FSDP, fsdp), (TENSOR, 8)), 1, 2048, "dots")
+
+
+_V5P_T8 = "MaxText, FSDP {} x tensor 8, per-device batch 1 x 2048 tokens, remat minimal, flash attention"
+
+
 # MaxText's remat_policy=custom of the tpu-recipes Trillium runs (`spmd.plan.request.custom_remat`): the layer
 # input and the named projections offloaded to host.
 _V6E_8B_REMAT = (
@@ -171,6 +190,35 @@ PUBLISHED: tuple[Published, ...] = (
     Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(7), _MAXTEXT_V5P, 328.0, _v5p(7)),
     Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),
     Published(
+        "maxtext-128b", "TPU v5p", 128, 0.6868, _V5P_T8.format(16), "maxtext MaxText/configs/v5p/README.md, 1x v5p-256",
+        315.0, _v5p_tensor_8("v5p-256", 16),
+    ),
+    Published(
+        "maxtext-128b", "TPU v5p", 256, 0.6883, _V5P_T8.format(32), "maxtext MaxText/configs/v5p/README.md, 1x v5p-512",
+        316.0, _v5p_tensor_8("v5p-512", 32),
+    ),
+    Published(
+        "maxtext-256b", "TPU v5p", 512, 0.6709, _V5P_T8.format(64), "maxtext MaxText/configs/v5p/README.md, 1x v5p-1024",
+        308.0, _v5p_tensor_8("v5p-1024", 64),
+    ),
+    Published(
+        "maxtext-64b", "TPU v5p", 128, 0.6726, _V5P.format(3) + ", 2 slices (DCN data parallelism)",
+        "maxtext MaxText/configs/v5p/README.md, 2x v5p-128", 309.0,
+        Recipe("v5p-128", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 4)), 3, 2048, "dots", slices=2),
+    ),
+    Published("maxtext-16b", "TPU v5e", 512, 0.5937, _V5E.format(6) + ", 2 slices", _slices(2), 117.0, _v5e_across(6, 2)),
+    Published("maxtext-32b", "TPU v5e", 512, 0.6481, _V5E.format(4) + ", 2 slices", _slices(2), 128.0, _v5e_across(4, 2)),
+    Published("maxtext-32b", "TPU v5e", 1024, 0.6410, _V5E.format(4) + ", 4 slices", _slices(4), 126.0, _v5e_across(4, 4)),
+    Published("maxtext-64b", "TPU v5e", 512, 0.5666, _V5E.format(2) + ", 2 slices", _slices(2), 112.0, _v5e_across(2, 2)),
+    Published("maxtext-64b", "TPU v5e", 2048, 0.5496, _V5E.format(2) + ", 8 slices", _slices(8), 108.0, _v5e_across(2, 8)),
+    Published("maxtext-64b", "TPU v5e", 8192, 0.5018, _V5E.format(2) + ", 32 slices", _slices(32), 99.0, _v5e_across(2, 32)),
+    Published(
+        "maxtext-128b", "TPU v5e", 512, 0.5582,
+        "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded, 2 slices", _slices(2),
+        110.0,
+        Recipe("v5e-256", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 16)), 1, 2048, _MINIMAL_OFFLOADED, slices=2),
+    ),
+    Published(
         "llama3.1-8b", "TPU v6e", 256, 0.455,
         "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v/out projections offloaded to host)",
@@ -204,16 +252,21 @@ PUBLISHED: tuple[Published, ...] = (
 )  # fmt: skip
 
 
-def published_for(model: str, chip: str, chips: int, seq_len: int | None = None) -> Published | None:
+def published_for(
+    model: str, chip: str, chips: int, seq_len: int | None = None, slices: int | None = None
+) -> Published | None:
     """The published run of ``model`` on ``chips`` chips of ``chip`` (a `ChipSpec.name`), if any;
-    with ``seq_len``, one at that sequence length (or of no known recipe): Llama 3.1-70B on 256
-    Ironwood chips is published at 131,072 tokens, which says nothing of a plan at 8,192."""
+    with ``seq_len``, one at that sequence length, and with ``slices``, one on that many slices
+    (either: or of no known recipe). Llama 3.1-70B on 256 Ironwood chips is published at 131,072
+    tokens, which says nothing of a plan at 8,192; MaxText's 64B on 2 x v5p-128 says nothing of
+    one v5p-256."""
     return next(
         (
             p
             for p in PUBLISHED
             if (p.model, p.chip, p.chips) == (model, chip, chips)
             and (seq_len is None or p.recipe is None or p.recipe.seq_len == seq_len)
+            and (slices is None or p.recipe is None or p.recipe.slices == slices)
         ),
         None,
     )

@@ -4,7 +4,7 @@ or a ``module:function`` factory.
 Built-in configs are the published shapes (Hugging Face configs of ``gpt2`` ... ``gpt2-xl``,
 ``meta-llama/Llama-2-7b-hf`` / 13b / 70b, ``meta-llama/Meta-Llama-3-8B`` / 70B,
 ``meta-llama/Llama-3.1-8B`` / 70B / 405B) and MaxText's ``global_parameter_scale`` models (``maxtext-16b`` ...
-``maxtext-128b``, the shapes of its published v5e and v5p runs), written out so no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
+``maxtext-256b``, the shapes of its published v5e and v5p runs), written out so no hub download is needed. Parameters live on ``meta``; buffers are real (rotary tables are
 computed from the config), so a 70 B model costs this machine nothing but its Python objects.
 """
 
@@ -109,6 +109,7 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "maxtext-32b": _maxtext(32),
     "maxtext-64b": _maxtext(64),
     "maxtext-128b": _maxtext(128),
+    "maxtext-256b": _maxtext(256),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from spmd.plan.predict._calibration import CALIBRATION, CALIBRATION_RUNS, Calibration, CalibrationPoint, fit_efficiency
 from spmd.plan.predict._step_time import predict_step
-from spmd.plan.predict.published import PUBLISHED, published_run, run_name
+from spmd.plan.predict.published import PUBLISHED, published_for, published_run, run_name
 from spmd.plan.request.models import BUILTIN_CONFIGS, build_meta_model
 from spmd.plan.request.topology import CHIP_SPECS, parse_slice
 
@@ -39,6 +39,18 @@ SOURCES = {
     ("llama3.1-8b", "TPU v6e", 256): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
     ("llama3.1-70b", "TPU v6e", 256): (462.3, 0.503),  # 462.297
     ("llama3.1-405b", "TPU v6e", 512): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
+    # held out: MaxText's v5p README's larger slices, and both READMEs' rows on more slices
+    ("maxtext-128b", "TPU v5p", 128): (315, 0.6868),  # 1x v5p-256
+    ("maxtext-128b", "TPU v5p", 256): (316, 0.6883),  # 1x v5p-512
+    ("maxtext-256b", "TPU v5p", 512): (308, 0.6709),  # 1x v5p-1024
+    ("maxtext-64b", "TPU v5p", 128): (309, 0.6726),  # 2x v5p-128
+    ("maxtext-16b", "TPU v5e", 512): (117, 0.5937),  # 2x v5e-256
+    ("maxtext-32b", "TPU v5e", 512): (128, 0.6481),
+    ("maxtext-32b", "TPU v5e", 1024): (126, 0.6410),  # 4x
+    ("maxtext-64b", "TPU v5e", 512): (112, 0.5666),
+    ("maxtext-64b", "TPU v5e", 2048): (108, 0.5496),  # 8x
+    ("maxtext-64b", "TPU v5e", 8192): (99, 0.5018),  # 32x
+    ("maxtext-128b", "TPU v5e", 512): (110, 0.5582),
 }
 
 
@@ -54,6 +66,7 @@ MAXTEXT = {
     "maxtext-32b": (8192, 32, 64, 28672, 32e9),
     "maxtext-64b": (8192, 64, 64, 28672, 64e9),
     "maxtext-128b": (8192, 64, 128, 57344, 128e9),
+    "maxtext-256b": (16384, 64, 128, 57344, 256e9),
 }
 
 
@@ -66,7 +79,7 @@ def test_maxtexts_scaled_models_have_its_dims_and_their_named_size(name):
     assert c["head_dim"] == 128 and c["num_key_value_heads"] == heads and c["vocab_size"] == 32000
     module, _ = build_meta_model(name)
     n = sum(p.numel() for p in module.parameters())
-    assert n == pytest.approx(size, rel=0.03)  # 15.83 B, 31.66 B, 62.80 B, 125.08 B
+    assert n == pytest.approx(size, rel=0.03)  # 15.83 B, 31.66 B, 62.80 B, 125.08 B, 250.1 B
 
 
 def test_a_recipes_batch_is_maxtexts_per_device_batch_over_every_device():
@@ -94,6 +107,19 @@ def test_a_recipe_across_slices_counts_every_slices_devices():
     r = published_run("llama3.1-405b@2xv6e-256").recipe
     assert (r.slices, r.global_batch, r.batch_per_shard) == (2, 512, 1)
     assert dict(r.mesh) == {"dcn_fsdp": 2, "fsdp": 256}
+    # MaxText's 64B on 32 x v5e-256: DCN data parallelism, 2 sequences a device of 8,192
+    r = published_run("maxtext-64b@32xv5e-256").recipe
+    assert (r.slices, r.global_batch, r.batch_per_shard) == (32, 2 * 8192, 2)
+    assert dict(r.mesh) == {"dcn_data": 32, "fsdp": 256}
+    assert published_run("maxtext-64b@32xv5e-256").chips == 8192
+
+
+def test_a_plan_is_shown_the_published_run_on_as_many_slices():
+    # 128 v5p chips: MaxText's 128B on one v5p-256, its 64B on 2 x v5p-128
+    assert run_name(published_for("maxtext-64b", "TPU v5p", 128, 2048, slices=2)) == "maxtext-64b@2xv5p-128"
+    assert published_for("maxtext-64b", "TPU v5p", 128, 2048, slices=1) is None  # one v5p-256: none published
+    assert run_name(published_for("maxtext-128b", "TPU v5p", 128, 2048, slices=1)) == "maxtext-128b@v5p-256"
+    assert run_name(published_for("maxtext-64b", "TPU v5p", 128)) == "maxtext-64b@2xv5p-128"  # either
 
 
 def test_every_calibration_run_is_a_published_run_with_a_recipe():
