@@ -107,7 +107,7 @@ def _v5p(batch: int) -> Recipe:
 
 # The same recipes on more slices (MaxText's READMEs' "2x v5e-256" ... rows): the slices joined by
 # DCN data parallelism (MaxText's dcn_data_parallelism=-1 by default), everything else as on one.
-def _slices(slices: int) -> str:
+def _v5e_readme_row(slices: int) -> str:
     return f"maxtext MaxText/configs/v5e/README.md, {slices}x v5e-256"
 
 
@@ -206,15 +206,15 @@ PUBLISHED: tuple[Published, ...] = (
         "maxtext MaxText/configs/v5p/README.md, 2x v5p-128", 309.0,
         Recipe("v5p-128", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 4)), 3, 2048, "dots", slices=2),
     ),
-    Published("maxtext-16b", "TPU v5e", 512, 0.5937, _V5E.format(6) + ", 2 slices", _slices(2), 117.0, _v5e_across(6, 2)),
-    Published("maxtext-32b", "TPU v5e", 512, 0.6481, _V5E.format(4) + ", 2 slices", _slices(2), 128.0, _v5e_across(4, 2)),
-    Published("maxtext-32b", "TPU v5e", 1024, 0.6410, _V5E.format(4) + ", 4 slices", _slices(4), 126.0, _v5e_across(4, 4)),
-    Published("maxtext-64b", "TPU v5e", 512, 0.5666, _V5E.format(2) + ", 2 slices", _slices(2), 112.0, _v5e_across(2, 2)),
-    Published("maxtext-64b", "TPU v5e", 2048, 0.5496, _V5E.format(2) + ", 8 slices", _slices(8), 108.0, _v5e_across(2, 8)),
-    Published("maxtext-64b", "TPU v5e", 8192, 0.5018, _V5E.format(2) + ", 32 slices", _slices(32), 99.0, _v5e_across(2, 32)),
+    Published("maxtext-16b", "TPU v5e", 512, 0.5937, _V5E.format(6) + ", 2 slices", _v5e_readme_row(2), 117.0, _v5e_across(6, 2)),
+    Published("maxtext-32b", "TPU v5e", 512, 0.6481, _V5E.format(4) + ", 2 slices", _v5e_readme_row(2), 128.0, _v5e_across(4, 2)),
+    Published("maxtext-32b", "TPU v5e", 1024, 0.6410, _V5E.format(4) + ", 4 slices", _v5e_readme_row(4), 126.0, _v5e_across(4, 4)),
+    Published("maxtext-64b", "TPU v5e", 512, 0.5666, _V5E.format(2) + ", 2 slices", _v5e_readme_row(2), 112.0, _v5e_across(2, 2)),
+    Published("maxtext-64b", "TPU v5e", 2048, 0.5496, _V5E.format(2) + ", 8 slices", _v5e_readme_row(8), 108.0, _v5e_across(2, 8)),
+    Published("maxtext-64b", "TPU v5e", 8192, 0.5018, _V5E.format(2) + ", 32 slices", _v5e_readme_row(32), 99.0, _v5e_across(2, 32)),
     Published(
         "maxtext-128b", "TPU v5e", 512, 0.5582,
-        "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded, 2 slices", _slices(2),
+        "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded, 2 slices", _v5e_readme_row(2),
         110.0,
         Recipe("v5e-256", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 16)), 1, 2048, _MINIMAL_OFFLOADED, slices=2),
     ),
