@@ -123,3 +123,12 @@ def test_a_second_run_into_the_same_directory_sets_the_first_aside(tmp_path):
     assert not out.exists() and first != second
     assert (first / "chaos" / "replica0-rank0.jsonl").read_text() == '{"step": 0}\n'  # kept, not removed
     assert (second / "chaos" / "ready-replica0-rank0").exists()
+
+
+def test_start_together_without_records_is_refused_in_one_line(capsys):
+    heal = _load(ROOT / "examples" / "train_heal.py", "train_heal")
+    with pytest.raises(SystemExit) as exit_:
+        heal.arguments(["--start-together"])
+    assert exit_.value.code == 2
+    assert "--start-together needs --records DIR" in capsys.readouterr().err
+    assert heal.arguments(["--start-together", "--records", "r"]).start_together
