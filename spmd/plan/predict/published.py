@@ -11,7 +11,7 @@ the step-time model was fitted on (the others are held out).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mesh import Role
 from spmd.plan.request.dcn import DCN_PREFIX, whole_sizes
@@ -20,7 +20,7 @@ from spmd.plan.request.meshes import batch_axes
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
 
 
-FSDP, CONTEXT, TENSOR, DATA = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value, Role.DATA.value
+FSDP, CONTEXT, TENSOR = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,13 @@ class Published:
         return f"{self.source}: {self.model} on {self.chips} {self.chip} chips, {self.mfu:.1%} MFU ({self.setup})"
 
 
-_MAXTEXT_V5E = "maxtext MaxText/configs/v5e/README.md, 1x v5e-256"
-_MAXTEXT_V5P = "maxtext MaxText/configs/v5p/README.md, 1x v5p-128"
+def _maxtext_readme(slices: int, topology: str) -> str:
+    """The row of MaxText's ``configs/<generation>/README.md`` for ``slices`` x ``topology``."""
+    return f"maxtext MaxText/configs/{topology.split('-')[0]}/README.md, {slices}x {topology}"
+
+
+_MAXTEXT_V5E = _maxtext_readme(1, "v5e-256")
+_MAXTEXT_V5P = _maxtext_readme(1, "v5p-128")
 # MaxText's configs/v5e/*.sh and configs/v5p/*.sh: global_parameter_scale models at 2048 tokens, flash
 # attention, pure FSDP on v5e (ici_fsdp_parallelism=-1), FSDP x tensor 4 on v5p; fp32 AdamW moments.
 _V5E = "MaxText, FSDP over 256 chips, per-device batch {} x 2048 tokens, remat full, flash attention"
@@ -103,16 +108,6 @@ def _v5e(batch: int) -> Recipe:
 
 def _v5p(batch: int) -> Recipe:
     return Recipe("v5p-128", "2d", ((FSDP, 16), (TENSOR, 4)), batch, 2048, "dots")
-
-
-# The same recipes on more slices (MaxText's READMEs' "2x v5e-256" ... rows): the slices joined by
-# DCN data parallelism (MaxText's dcn_data_parallelism=-1 by default), everything else as on one.
-def _v5e_readme_row(slices: int) -> str:
-    return f"maxtext MaxText/configs/v5e/README.md, {slices}x v5e-256"
-
-
-def _v5e_across(batch: int, slices: int) -> Recipe:
-    return Recipe("v5e-256", FSDP, ((DCN_PREFIX + DATA, slices), (FSDP, 256)), batch, 2048, "full", slices=slices)
 
 
 # MaxText's configs/v5p/128b.sh and 256b.sh: per_device_batch_size=1, ici_tensor_parallelism=8, FSDP
@@ -142,7 +137,7 @@ _MINIMAL_OFFLOADED = (
 _V6E_VOCAB_TILES = 8
 
 
-PUBLISHED: tuple[Published, ...] = (
+_ONE_SLICE: tuple[Published, ...] = (
     Published(
         "llama3.1-70b", "TPU7x", 64, 0.523,
         "MaxText, FSDP over 128 devices, per-device batch 2 x 8192 tokens, splash attention, remat saving the "
@@ -190,33 +185,16 @@ PUBLISHED: tuple[Published, ...] = (
     Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(7), _MAXTEXT_V5P, 328.0, _v5p(7)),
     Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),
     Published(
-        "maxtext-128b", "TPU v5p", 128, 0.6868, _V5P_T8.format(16), "maxtext MaxText/configs/v5p/README.md, 1x v5p-256",
+        "maxtext-128b", "TPU v5p", 128, 0.6868, _V5P_T8.format(16), _maxtext_readme(1, "v5p-256"),
         315.0, _v5p_tensor_8("v5p-256", 16),
     ),
     Published(
-        "maxtext-128b", "TPU v5p", 256, 0.6883, _V5P_T8.format(32), "maxtext MaxText/configs/v5p/README.md, 1x v5p-512",
+        "maxtext-128b", "TPU v5p", 256, 0.6883, _V5P_T8.format(32), _maxtext_readme(1, "v5p-512"),
         316.0, _v5p_tensor_8("v5p-512", 32),
     ),
     Published(
-        "maxtext-256b", "TPU v5p", 512, 0.6709, _V5P_T8.format(64), "maxtext MaxText/configs/v5p/README.md, 1x v5p-1024",
+        "maxtext-256b", "TPU v5p", 512, 0.6709, _V5P_T8.format(64), _maxtext_readme(1, "v5p-1024"),
         308.0, _v5p_tensor_8("v5p-1024", 64),
-    ),
-    Published(
-        "maxtext-64b", "TPU v5p", 128, 0.6726, _V5P.format(3) + ", 2 slices (DCN data parallelism)",
-        "maxtext MaxText/configs/v5p/README.md, 2x v5p-128", 309.0,
-        Recipe("v5p-128", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 4)), 3, 2048, "dots", slices=2),
-    ),
-    Published("maxtext-16b", "TPU v5e", 512, 0.5937, _V5E.format(6) + ", 2 slices", _v5e_readme_row(2), 117.0, _v5e_across(6, 2)),
-    Published("maxtext-32b", "TPU v5e", 512, 0.6481, _V5E.format(4) + ", 2 slices", _v5e_readme_row(2), 128.0, _v5e_across(4, 2)),
-    Published("maxtext-32b", "TPU v5e", 1024, 0.6410, _V5E.format(4) + ", 4 slices", _v5e_readme_row(4), 126.0, _v5e_across(4, 4)),
-    Published("maxtext-64b", "TPU v5e", 512, 0.5666, _V5E.format(2) + ", 2 slices", _v5e_readme_row(2), 112.0, _v5e_across(2, 2)),
-    Published("maxtext-64b", "TPU v5e", 2048, 0.5496, _V5E.format(2) + ", 8 slices", _v5e_readme_row(8), 108.0, _v5e_across(2, 8)),
-    Published("maxtext-64b", "TPU v5e", 8192, 0.5018, _V5E.format(2) + ", 32 slices", _v5e_readme_row(32), 99.0, _v5e_across(2, 32)),
-    Published(
-        "maxtext-128b", "TPU v5e", 512, 0.5582,
-        "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat minimal_offloaded, 2 slices", _v5e_readme_row(2),
-        110.0,
-        Recipe("v5e-256", "2d", ((DCN_PREFIX + DATA, 2), (FSDP, 16), (TENSOR, 16)), 1, 2048, _MINIMAL_OFFLOADED, slices=2),
     ),
     Published(
         "llama3.1-8b", "TPU v6e", 256, 0.455,
@@ -250,6 +228,40 @@ PUBLISHED: tuple[Published, ...] = (
         Recipe("v5p-512", FSDP, ((FSDP, 256),), 4, 4096, "save_dot_except_mlp"),
     ),
 )  # fmt: skip
+
+
+def _on_more_slices(model: str, topology: str, slices: int, mfu: float, tflops_per_chip: float) -> Published:
+    """The row of MaxText's README for its one-slice recipe of ``model`` on ``topology`` run on
+    ``slices`` slices: the slices joined by DCN data parallelism (MaxText's default
+    ``dcn_data_parallelism=-1``), everything else as on one."""
+    one = next(
+        p for p in _ONE_SLICE if p.model == model and p.recipe and (p.recipe.topology, p.recipe.slices) == (topology, 1)
+    )
+    recipe = one.recipe
+    assert recipe is not None  # found by its recipe
+    return replace(
+        one,
+        chips=one.chips * slices,
+        mfu=mfu,
+        setup=f"{one.setup}, {slices} slices (DCN data parallelism)",
+        source=_maxtext_readme(slices, topology),
+        tflops_per_chip=tflops_per_chip,
+        recipe=replace(recipe, mesh=((DCN_PREFIX + Role.DATA.value, slices), *recipe.mesh), slices=slices),
+    )
+
+
+# MaxText's READMEs' rows of their recipes on more slices: (model, the slice, slices, MFU, TFLOP/s per chip).
+_MORE_SLICES = (
+    ("maxtext-64b", "v5p-128", 2, 0.6726, 309.0),
+    ("maxtext-16b", "v5e-256", 2, 0.5937, 117.0),
+    ("maxtext-32b", "v5e-256", 2, 0.6481, 128.0),
+    ("maxtext-32b", "v5e-256", 4, 0.6410, 126.0),
+    ("maxtext-64b", "v5e-256", 2, 0.5666, 112.0),
+    ("maxtext-64b", "v5e-256", 8, 0.5496, 108.0),
+    ("maxtext-64b", "v5e-256", 32, 0.5018, 99.0),
+    ("maxtext-128b", "v5e-256", 2, 0.5582, 110.0),
+)
+PUBLISHED: tuple[Published, ...] = _ONE_SLICE + tuple(_on_more_slices(*row) for row in _MORE_SLICES)
 
 
 def published_for(
