@@ -195,16 +195,16 @@ START_TOGETHER_SECONDS = 300.0  # a group's start (imports, rendezvous) took 13-
 def wait_for_every_group(records: Path, groups: int, replica: int) -> None:
     """Return once every replica group has built its `ReplicaGroup`: from then on each one
     heartbeats to the lighthouse, which holds the first quorum until all of them ask to join (a
-    quorum of one met at once while another group was still importing torch). A group restarted
-    later finds the others' marks and goes on."""
-    (records / f"ready-replica{replica}-rank{dist.get_rank()}").touch()
+    quorum of one met at once while another group was still importing torch). Each group's rank 0
+    marks its start in ``records``; a group restarted later finds the others' marks and goes on."""
+    if dist.get_rank() == 0:
+        (records / f"ready-replica{replica}").touch()
     deadline = time.monotonic() + START_TOGETHER_SECONDS
-    while not all((records / f"ready-replica{r}-rank0").exists() for r in range(groups)):
+    while missing := [r for r in range(groups) if not (records / f"ready-replica{r}").exists()]:
         if time.monotonic() > deadline:
-            started = sorted(r for r in range(groups) if (records / f"ready-replica{r}-rank0").exists())
             raise TimeoutError(
-                f"--start-together: {len(started)} of {groups} groups started within {START_TOGETHER_SECONDS:.0f} s "
-                f"(replicas {started}); see each group's log"
+                f"--start-together: replica groups {missing} of {groups} did not start within "
+                f"{START_TOGETHER_SECONDS:.0f} s; see each group's log"
             )
         time.sleep(0.1)
 

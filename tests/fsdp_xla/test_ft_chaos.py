@@ -118,11 +118,11 @@ def test_a_second_run_into_the_same_directory_sets_the_first_aside(tmp_path):
     (out / "chaos" / "replica0-rank0.jsonl").write_text('{"step": 0}\n')
     first = bench.set_aside_previous_run(out)
     (out / "chaos").mkdir(parents=True)
-    (out / "chaos" / "ready-replica0-rank0").touch()
+    (out / "chaos" / "ready-replica0").touch()
     second = bench.set_aside_previous_run(out)
     assert not out.exists() and first != second
     assert (first / "chaos" / "replica0-rank0.jsonl").read_text() == '{"step": 0}\n'  # kept, not removed
-    assert (second / "chaos" / "ready-replica0-rank0").exists()
+    assert (second / "chaos" / "ready-replica0").exists()
 
 
 def test_start_together_without_records_is_refused_in_one_line(capsys):
