@@ -34,9 +34,16 @@ from spmd.files import atomic_write
 from spmd.plan.advisor.advice import Candidate
 from spmd.plan.advisor.plan_cache import Settings, cached_outcome, default_cache_dir, entry_path, model_key, write_entry
 from spmd.plan.api import plan_program
-from spmd.plan.predict._calibration import CALIBRATION, CALIBRATION_RUNS, CalibrationPoint, fit_efficiency
+from spmd.plan.predict._calibration import (
+    CALIBRATION,
+    CALIBRATION_RUNS,
+    SLICE_CALIBRATION_RUNS,
+    CalibrationPoint,
+    fit_efficiency,
+    fit_slice_share,
+)
 from spmd.plan.predict._step_time import predict_step
-from spmd.plan.predict.published import PUBLISHED, Published, published_run, run_name
+from spmd.plan.predict.published import PUBLISHED, Published, published_run, run_name, slice_scaling
 from spmd.plan.report.plan_report import GIB, PlanReport
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.topology import CHIP_SPECS
@@ -124,7 +131,7 @@ def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint)
     return {
         "run": point.run, "source": p.source, "chip": p.chip, "chips": p.chips, "model": p.model,
         "recipe": dataclasses.asdict(p.recipe),  # type: ignore[arg-type]
-        "role": "calibration" if point.run in CALIBRATION_RUNS else "held-out",
+        "role": _role(point.run),
         "published_tflops_per_chip": point.published_tflops, "published_mfu": p.mfu,
         "published_from_mfu": not p.tflops_per_chip,
         "predicted_tflops_per_chip": predicted, "predicted_mfu": predicted / _peak_tflops(p.chip),
@@ -134,6 +141,27 @@ def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint)
         "hbm_gib_per_device": report.memory.total_bytes / GIB, "fits": report.fits,
         "compile_seconds": report.compile_seconds,
     }  # fmt: skip
+
+
+def _role(run: str) -> str:
+    """``calibration`` (the efficiency's fit), ``slice fit`` (only its published figure against its
+    one slice's: the slice term's fit) or ``held-out``."""
+    if run in CALIBRATION_RUNS:
+        return "calibration"
+    return "slice fit" if run in SLICE_CALIBRATION_RUNS else "held-out"
+
+
+def slice_fit() -> dict[str, Any]:
+    """The slice term refitted on the published figures of `SLICE_CALIBRATION_RUNS`, with each
+    ratio's error, and the held-out runs' (the other runs on several slices)."""
+    scalings = [s for p in PUBLISHED if (s := slice_scaling(p)) is not None]
+    chosen = [s for s in scalings if s.run in SLICE_CALIBRATION_RUNS]
+    share = fit_slice_share(chosen)
+    return {
+        "share": share,
+        "errors": {s.run: s.error(share) for s in chosen},
+        "held_out_errors": {s.run: s.error(share) for s in scalings if s.run not in SLICE_CALIBRATION_RUNS},
+    }
 
 
 def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
@@ -180,6 +208,13 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
         print(f"refit on {len(fits['runs'])} calibration runs: efficiency {fits['efficiency']:.3f} ({errors})")
         print("per chip: " + ", ".join(f"{k} {v:.3f}" for k, v in fits["per_chip"].items()))
         print("  errors: " + ", ".join(f"{k} {v:+.1%}" for k, v in fits["per_chip_errors"].items()))
+    slices = slice_fit()
+    worst = max(abs(e) for e in slices["errors"].values())
+    held = ", ".join(f"{k} {v:+.1%}" for k, v in slices["held_out_errors"].items())
+    print(
+        f"slice term (shipped {CALIBRATION.slice_doubling_share}) refit on {len(slices['errors'])} published ratios "
+        f"to one slice: {slices['share']:.3f} per doubling, largest ratio error {worst:.1%}; held out: {held}"
+    )
 
 
 def _runs(names: str | None) -> list[Published]:
@@ -227,7 +262,7 @@ def main() -> None:
     for name, gib in refused.items():
         print(f"{name}: libtpu refused the program, out of memory ({gib:.1f} GiB a device)")
     out = {
-        "rows": rows, "fit": fits, "not_compiled": missing, "out_of_memory_gib": refused, "grid": GRID,
+        "rows": rows, "fit": fits, "slice_fit": slice_fit(), "not_compiled": missing, "out_of_memory_gib": refused, "grid": GRID,
         "seconds": time.perf_counter() - start,
     }  # fmt: skip
     _write(args.json, out)

@@ -21,8 +21,12 @@ the device until it ends; collectives on one link run one after another; host tr
 PCIe link, one link each way. A ``while`` loop (the scanned layers) costs
 its body's time times its trip count: libtpu's own ``optimal_seconds`` counts loop bodies once.
 
-The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's latency)
-are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan; the chip's own (peak, HBM,
+A step across slices takes longer than its program by a share per doubling of the slices
+(`Calibration.slice_factor`), fitted on published runs: libtpu's schedule hides the DCN sends
+of the program, not the slices' waits for each other.
+
+The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's
+latency, the slice term) are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan; the chip's own (peak, HBM,
 ICI, DCN and PCIe bandwidths) are its `spmd.plan.request.topology.ChipSpec`.
 """
 
@@ -71,10 +75,12 @@ class StepTime:
         memory_seconds: HBM time summed over operations.
         collective_seconds: the links' busy time summed over collectives (ICI and DCN).
         exposed_seconds: the part of ``seconds`` not spent in operations: communication the
-            schedule does not hide.
+            schedule does not hide, and ``cross_slice_seconds``.
         hardware_flops: matmul FLOPs the program runs per device, recomputation included.
         hbm_bytes: bytes the operations move in HBM, per device.
         flops_by_op: where ``hardware_flops`` come from, op by op, largest first (`FlopsEntry`).
+        cross_slice_seconds: the part of ``seconds`` a step across slices adds to its program's
+            (`Calibration.slice_factor`: the slices' waits for each other; 0 on one slice).
     """
 
     seconds: float
@@ -86,6 +92,7 @@ class StepTime:
     hardware_flops: float
     hbm_bytes: float
     flops_by_op: tuple[FlopsEntry, ...] = ()
+    cross_slice_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -448,4 +455,8 @@ def predict_step(hlo_text: str, target: TpuSlice, calibration: Calibration = CAL
         raise PlanError(f"Cannot predict a step time: the HLO module is malformed ({type(e).__name__}: {e}).") from None
     t = program.totals
     by_op = tuple(sorted(program.flops_by_op.values(), key=lambda e: -e.flops))
-    return StepTime(seconds, t.op, t.matmul, t.memory, t.collective, max(0.0, seconds - t.op), t.flops, t.nbytes, by_op)
+    cross_slice = seconds * (calibration.slice_factor(target.slices) - 1.0)
+    seconds += cross_slice
+    return StepTime(
+        seconds, t.op, t.matmul, t.memory, t.collective, max(0.0, seconds - t.op), t.flops, t.nbytes, by_op, cross_slice
+    )

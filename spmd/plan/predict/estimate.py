@@ -52,6 +52,7 @@ class StepEstimate:
     predicted_mfu: float = 0.0
     predicted_op_seconds: float = 0.0
     predicted_exposed_seconds: float = 0.0
+    predicted_cross_slice_seconds: float = 0.0
     hardware_flops_per_device: float = 0.0
     flops_by_loop: tuple[dict[str, Any], ...] = ()
     flops_by_op: tuple[dict[str, Any], ...] = ()
@@ -121,6 +122,7 @@ def estimate_step(
         predicted_mfu=mfu(step_time.seconds),
         predicted_op_seconds=step_time.op_seconds,
         predicted_exposed_seconds=step_time.exposed_seconds,
+        predicted_cross_slice_seconds=step_time.cross_slice_seconds,
         hardware_flops_per_device=step_time.hardware_flops,
         **explain_flops(step_time.flops_by_op, flops / devices),
     )

@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass, replace
 
 from mesh import Role
+from spmd.plan.predict._calibration import SliceScaling
 from spmd.plan.request.dcn import DCN_PREFIX, whole_sizes
 from spmd.plan.request.meshes import batch_axes
 
-__all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name"]
+__all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name", "slice_scaling"]
 
 
 FSDP, CONTEXT, TENSOR = Role.FSDP.value, Role.CONTEXT.value, Role.TENSOR.value
@@ -230,15 +231,20 @@ _ONE_SLICE: tuple[Published, ...] = (
 )  # fmt: skip
 
 
+def _one_slice(model: str, topology: str) -> Published | None:
+    return next(
+        (p for p in _ONE_SLICE if p.model == model and p.recipe and (p.recipe.topology, p.recipe.slices) == (topology, 1)),
+        None,
+    )
+
+
 def _on_more_slices(model: str, topology: str, slices: int, mfu: float, tflops_per_chip: float) -> Published:
     """The row of MaxText's README for its one-slice recipe of ``model`` on ``topology`` run on
     ``slices`` slices: the slices joined by DCN data parallelism (MaxText's default
     ``dcn_data_parallelism=-1``), everything else as on one."""
-    one = next(
-        p for p in _ONE_SLICE if p.model == model and p.recipe and (p.recipe.topology, p.recipe.slices) == (topology, 1)
-    )
+    one = _one_slice(model, topology)
+    assert one is not None and one.recipe is not None  # every row of _MORE_SLICES has its one-slice recipe
     recipe = one.recipe
-    assert recipe is not None  # found by its recipe
     return replace(
         one,
         chips=one.chips * slices,
@@ -253,13 +259,29 @@ def _on_more_slices(model: str, topology: str, slices: int, mfu: float, tflops_p
 # MaxText's READMEs' rows of their recipes on more slices: (model, the slice, slices, MFU, TFLOP/s per chip).
 _MORE_SLICES = (
     ("maxtext-64b", "v5p-128", 2, 0.6726, 309.0),
+    ("maxtext-128b", "v5p-256", 2, 0.6634, 305.0),
+    ("maxtext-128b", "v5p-512", 2, 0.5966, 274.0),
+    ("maxtext-256b", "v5p-1024", 2, 0.6299, 289.0),
     ("maxtext-16b", "v5e-256", 2, 0.5937, 117.0),
+    ("maxtext-16b", "v5e-256", 4, 0.5914, 117.0),
+    ("maxtext-16b", "v5e-256", 8, 0.5827, 115.0),
+    ("maxtext-16b", "v5e-256", 16, 0.5656, 111.0),
+    ("maxtext-16b", "v5e-256", 32, 0.5465, 108.0),
     ("maxtext-32b", "v5e-256", 2, 0.6481, 128.0),
     ("maxtext-32b", "v5e-256", 4, 0.6410, 126.0),
+    ("maxtext-32b", "v5e-256", 8, 0.6367, 125.0),
+    ("maxtext-32b", "v5e-256", 16, 0.6226, 123.0),
+    ("maxtext-32b", "v5e-256", 32, 0.6040, 119.0),
     ("maxtext-64b", "v5e-256", 2, 0.5666, 112.0),
+    ("maxtext-64b", "v5e-256", 4, 0.5585, 110.0),
     ("maxtext-64b", "v5e-256", 8, 0.5496, 108.0),
+    ("maxtext-64b", "v5e-256", 16, 0.5329, 105.0),
     ("maxtext-64b", "v5e-256", 32, 0.5018, 99.0),
     ("maxtext-128b", "v5e-256", 2, 0.5582, 110.0),
+    ("maxtext-128b", "v5e-256", 4, 0.5493, 108.0),
+    ("maxtext-128b", "v5e-256", 8, 0.5293, 104.0),
+    ("maxtext-128b", "v5e-256", 16, 0.5086, 100.0),
+    ("maxtext-128b", "v5e-256", 32, 0.4625, 91.0),
 )
 PUBLISHED: tuple[Published, ...] = _ONE_SLICE + tuple(_on_more_slices(*row) for row in _MORE_SLICES)
 
@@ -300,3 +322,15 @@ def run_name(p: Published) -> str:
         return f"{p.model}@{p.chips}x{p.chip}"
     slices = f"{p.recipe.slices}x" if p.recipe.slices > 1 else ""
     return f"{p.model}@{slices}{p.recipe.topology}"
+
+
+def slice_scaling(p: Published) -> SliceScaling | None:
+    """A run on several slices beside its recipe's run on one: its published TFLOP/s per chip over
+    the one slice's (`spmd.plan.predict._calibration.SliceScaling`, what the slice term is fitted
+    on); ``None`` for a run on one slice, or with no one-slice run of its recipe published."""
+    if p.recipe is None or p.recipe.slices < 2 or not p.tflops_per_chip:
+        return None
+    one = _one_slice(p.model, p.recipe.topology)
+    if one is None or not one.tflops_per_chip:
+        return None
+    return SliceScaling(run_name(p), p.recipe.slices, p.tflops_per_chip / one.tflops_per_chip)

@@ -382,6 +382,13 @@ def _flops_where(r: PlanReport) -> list[str]:
     return lines
 
 
+def _cross_slice(r: PlanReport) -> str:
+    seconds = r.estimate.predicted_cross_slice_seconds
+    if seconds <= 0:
+        return ""
+    return f" (of which {seconds * 1e3:.1f} ms the {r.slices} slices' waits for each other: docs/plan.md, Calibration)"
+
+
 def _estimate(r: PlanReport) -> list[str]:
     e = r.estimate
     recompute = f" (x{e.recompute_factor:.2f} recomputation)" if e.recompute_factor != 1.0 else ""
@@ -393,7 +400,8 @@ def _estimate(r: PlanReport) -> list[str]:
     if e.predicted:
         lines += [
             f"predicted step (the compiled program: docs/plan.md): {e.predicted_seconds * 1e3:.1f} ms = operations "
-            f"{e.predicted_op_seconds * 1e3:.1f} ms + communication not hidden {e.predicted_exposed_seconds * 1e3:.1f} ms",
+            f"{e.predicted_op_seconds * 1e3:.1f} ms + communication not hidden {e.predicted_exposed_seconds * 1e3:.1f} ms"
+            + _cross_slice(r),
             f"  -> predicted MFU {e.predicted_mfu:.1%}, {r.predicted_tflops_per_chip:.0f} TFLOP/s per chip; "
             f"the program runs {e.hardware_flops_per_device * r.devices / e.model_flops_per_step:.2f} x the model's FLOPs",
         ]

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from spmd.plan.predict._calibration import CALIBRATION, CALIBRATION_RUNS, Calibration, CalibrationPoint, fit_efficiency
+from spmd.plan.predict._calibration import (
+    CALIBRATION,
+    CALIBRATION_RUNS,
+    SLICE_CALIBRATION_RUNS,
+    Calibration,
+    CalibrationPoint,
+    SliceScaling,
+    fit_efficiency,
+    fit_slice_share,
+)
 from spmd.plan.predict._step_time import predict_step
-from spmd.plan.predict.published import PUBLISHED, published_for, published_run, run_name
+from spmd.plan.predict.published import PUBLISHED, published_for, published_run, run_name, slice_scaling
 from spmd.plan.request.models import BUILTIN_CONFIGS, build_meta_model
 from spmd.plan.request.topology import CHIP_SPECS, parse_slice
 
@@ -25,37 +34,49 @@ def test_a_published_runs_tflops_and_mfu_agree_against_its_chips_peak(p):
 
 
 # Each source's figures, as published (MaxText configs/v5e/README.md and configs/v5p/README.md,
-# 1x v5e-256 and 1x v5p-128; tpu-recipes training/ironwood/README.md and training/trillium/*/v6e-256).
+# tpu-recipes training/ironwood/README.md and training/trillium/*/v6e-256), by (model, chip, chips,
+# slices).
 SOURCES = {
-    ("maxtext-16b", "TPU v5e", 256): (120, 0.6110),
-    ("maxtext-32b", "TPU v5e", 256): (132, 0.6686),
-    ("maxtext-64b", "TPU v5e", 256): (118, 0.5990),
-    ("maxtext-128b", "TPU v5e", 256): (110, 0.5606),
-    ("maxtext-32b", "TPU v5p", 64): (328, 0.7147),
-    ("maxtext-64b", "TPU v5p", 64): (323, 0.7031),
-    ("llama3.1-70b", "TPU7x", 64): (1207, 0.523),
-    ("llama3.1-405b", "TPU7x", 256): (1261, 0.547),
-    ("llama3.1-70b", "TPU7x", 256): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
-    ("llama3.1-8b", "TPU v6e", 256): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
-    ("llama3.1-70b", "TPU v6e", 256): (462.3, 0.503),  # 462.297
-    ("llama3.1-405b", "TPU v6e", 512): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
-    # held out: MaxText's v5p README's larger slices, and both READMEs' rows on more slices
-    ("maxtext-128b", "TPU v5p", 128): (315, 0.6868),  # 1x v5p-256
-    ("maxtext-128b", "TPU v5p", 256): (316, 0.6883),  # 1x v5p-512
-    ("maxtext-256b", "TPU v5p", 512): (308, 0.6709),  # 1x v5p-1024
-    ("maxtext-64b", "TPU v5p", 128): (309, 0.6726),  # 2x v5p-128
-    ("maxtext-16b", "TPU v5e", 512): (117, 0.5937),  # 2x v5e-256
-    ("maxtext-32b", "TPU v5e", 512): (128, 0.6481),
-    ("maxtext-32b", "TPU v5e", 1024): (126, 0.6410),  # 4x
-    ("maxtext-64b", "TPU v5e", 512): (112, 0.5666),
-    ("maxtext-64b", "TPU v5e", 2048): (108, 0.5496),  # 8x
-    ("maxtext-64b", "TPU v5e", 8192): (99, 0.5018),  # 32x
-    ("maxtext-128b", "TPU v5e", 512): (110, 0.5582),
+    ("maxtext-16b", "TPU v5e", 256, 1): (120, 0.6110),
+    ("maxtext-32b", "TPU v5e", 256, 1): (132, 0.6686),
+    ("maxtext-64b", "TPU v5e", 256, 1): (118, 0.5990),
+    ("maxtext-128b", "TPU v5e", 256, 1): (110, 0.5606),
+    ("maxtext-32b", "TPU v5p", 64, 1): (328, 0.7147),
+    ("maxtext-64b", "TPU v5p", 64, 1): (323, 0.7031),
+    ("llama3.1-70b", "TPU7x", 64, 1): (1207, 0.523),
+    ("llama3.1-405b", "TPU7x", 256, 1): (1261, 0.547),
+    ("llama3.1-70b", "TPU7x", 256, 1): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
+    ("llama3.1-8b", "TPU v6e", 256, 1): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
+    ("llama3.1-70b", "TPU v6e", 256, 1): (462.3, 0.503),  # 462.297
+    ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
+    # held out: MaxText's v5p README's larger slices, and its rows on 2 slices
+    ("maxtext-128b", "TPU v5p", 128, 1): (315, 0.6868),  # 1x v5p-256
+    ("maxtext-128b", "TPU v5p", 256, 1): (316, 0.6883),  # 1x v5p-512
+    ("maxtext-256b", "TPU v5p", 512, 1): (308, 0.6709),  # 1x v5p-1024
+    ("maxtext-64b", "TPU v5p", 128, 2): (309, 0.6726),  # 2x v5p-128
+    ("maxtext-128b", "TPU v5p", 256, 2): (305, 0.6634),  # 2x v5p-256
+    ("maxtext-128b", "TPU v5p", 512, 2): (274, 0.5966),  # 2x v5p-512
+    ("maxtext-256b", "TPU v5p", 1024, 2): (289, 0.6299),  # 2x v5p-1024
+    # the v5e README's rows on 2 to 32 slices: the slice term's fit
+    **{
+        (f"maxtext-{size}", "TPU v5e", 256 * n, n): row
+        for size, rows in {
+            "16b": ((117, 0.5937), (117, 0.5914), (115, 0.5827), (111, 0.5656), (108, 0.5465)),
+            "32b": ((128, 0.6481), (126, 0.6410), (125, 0.6367), (123, 0.6226), (119, 0.6040)),
+            "64b": ((112, 0.5666), (110, 0.5585), (108, 0.5496), (105, 0.5329), (99, 0.5018)),
+            "128b": ((110, 0.5582), (108, 0.5493), (104, 0.5293), (100, 0.5086), (91, 0.4625)),
+        }.items()
+        for n, row in zip((2, 4, 8, 16, 32), rows)
+    },
 }
 
 
 def test_the_published_records_hold_their_sources_figures():
-    found = {(p.model, p.chip, p.chips): (p.tflops_per_chip, p.mfu) for p in PUBLISHED if p.tflops_per_chip}
+    found = {
+        (p.model, p.chip, p.chips, p.recipe.slices if p.recipe else 1): (p.tflops_per_chip, p.mfu)
+        for p in PUBLISHED
+        if p.tflops_per_chip
+    }
     assert found == SOURCES
 
 
@@ -123,7 +144,7 @@ def test_a_plan_is_shown_the_published_run_on_as_many_slices():
 
 
 def test_every_calibration_run_is_a_published_run_with_a_recipe():
-    for name in CALIBRATION_RUNS:
+    for name in CALIBRATION_RUNS + SLICE_CALIBRATION_RUNS:
         assert run_name(published_run(name)) == name
     with pytest.raises(KeyError, match="known: "):
         published_run("maxtext-128b@v5p-128")  # no such run
@@ -237,3 +258,45 @@ def test_recording_some_runs_replaces_their_grids_and_keeps_the_others(tmp_path)
     record.write_text("{not json")
     with pytest.raises(SystemExit, match="not a calibration record"):
         bench._recorded(record, [])
+
+
+def test_the_shipped_slice_term_is_the_fit_of_the_v5e_readmes_ratios_to_one_slice():
+    scalings = [s for p in PUBLISHED if (s := slice_scaling(p)) is not None]
+    chosen = [s for s in scalings if s.run in SLICE_CALIBRATION_RUNS]
+    assert {s.run for s in chosen} == set(SLICE_CALIBRATION_RUNS)  # 4 models x 2 to 32 slices
+    assert fit_slice_share(chosen) == pytest.approx(CALIBRATION.slice_doubling_share, abs=0.0005)
+    # the 64B on 32 slices: 99 TFLOP/s a chip against 118 on one
+    assert next(s for s in chosen if s.run == "maxtext-64b@32xv5e-256").ratio == pytest.approx(99 / 118)
+    # one slice, and a run with no one-slice run of its recipe published, have no scaling
+    assert slice_scaling(published_run("maxtext-64b@v5e-256")) is None
+    assert slice_scaling(published_run("llama3.1-405b@2xv6e-256")) is None
+
+
+def test_the_slice_fit_makes_the_largest_ratio_error_smallest():
+    # one run slows 10 % on 2 slices (wants 0.111 per doubling), the other not at all (wants 0):
+    # minimax meets where 1 / (1 + s) / 0.9 - 1 = 1 - 1 / (1 + s)
+    points = [SliceScaling("a", 2, 0.9), SliceScaling("b", 2, 1.0)]
+    fitted = fit_slice_share(points, resolution=0.0001)
+    assert points[0].error(fitted) == pytest.approx(-points[1].error(fitted), abs=2e-4)
+    assert fit_slice_share(points[:1], resolution=0.0001) == pytest.approx(1 / 0.9 - 1, abs=1e-4)
+    # 32 slices are five doublings: a run at 1 / 1.1 of its one slice wants 0.02
+    assert fit_slice_share([SliceScaling("c", 32, 1 / 1.1)], resolution=0.0001) == pytest.approx(0.02, abs=1e-4)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_slice_share([])
+    with pytest.raises(ValueError, match="2 or more slices"):
+        SliceScaling("d", 1, 1.0)
+
+
+def test_a_step_across_slices_takes_the_slice_term_beside_its_program():
+    cal = Calibration(0.8, 0.8, 1e-6, slice_doubling_share=0.05)
+    one = predict_step(DOT, parse_slice("v5e:2x2"), cal)
+    for slices in (2, 8):
+        many = predict_step(DOT, parse_slice("v5e:2x2", slices=slices), cal)
+        factor = 1 + 0.05 * (slices.bit_length() - 1)
+        assert many.seconds == pytest.approx(one.seconds * factor)
+        assert many.cross_slice_seconds == pytest.approx(one.seconds * (factor - 1))
+        assert many.exposed_seconds == pytest.approx(one.exposed_seconds + many.cross_slice_seconds)
+        assert many.op_seconds == one.op_seconds and many.hardware_flops == one.hardware_flops
+    assert one.cross_slice_seconds == 0.0
+    with pytest.raises(ValueError, match="slice_doubling_share"):
+        Calibration(0.8, 0.8, 1e-6, slice_doubling_share=-0.1)

@@ -61,6 +61,8 @@ def test_fsdp_across_slices_shards_the_parameters_over_every_device(tmp_path):
     assert across["fits"] and data["fits"]
     assert across["dcn_bytes"] > 0 and data["dcn_bytes"] > 0  # both send between slices
     assert "mesh fsdp=8 (across slices: fsdp=2)" in across["table"]
+    # the predicted step names the part the slices' waits add (the calibration's slice term)
+    assert "ms the 2 slices' waits for each other" in across["table"]
 
 
 @pytest.mark.parametrize(
