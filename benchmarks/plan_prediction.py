@@ -186,7 +186,7 @@ def _chip_of(run: str) -> str:
     return _settings(published_run(run)).target.chip.libtpu_name
 
 
-def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
+def print_table(rows: list[dict[str, Any]], fits: dict[str, Any], slices: dict[str, Any]) -> None:
     own = ", ".join(f"{chip} {e}" for chip, e in CALIBRATION.chip_efficiency)
     borrowed = ", ".join(
         f"{chip} {twin}'s" for chip in CHIP_SPECS if (twin := CALIBRATION.fitted_generation(chip)) not in (None, chip)
@@ -208,7 +208,6 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
         print(f"refit on {len(fits['runs'])} calibration runs: efficiency {fits['efficiency']:.3f} ({errors})")
         print("per chip: " + ", ".join(f"{k} {v:.3f}" for k, v in fits["per_chip"].items()))
         print("  errors: " + ", ".join(f"{k} {v:+.1%}" for k, v in fits["per_chip_errors"].items()))
-    slices = slice_fit()
     worst = max(abs(e) for e in slices["errors"].values())
     held = ", ".join(f"{k} {v:+.1%}" for k, v in slices["held_out_errors"].items())
     print(
@@ -253,8 +252,8 @@ def main() -> None:
         point = calibration_point(p, *found)
         points.append(point)
         rows.append(run_row(p, *found, point))
-    fits = _fits(points)
-    print_table(rows, fits)
+    fits, slices = _fits(points), slice_fit()
+    print_table(rows, fits, slices)
     if any(r["published_from_mfu"] for r in rows):
         print("* the source gives MFU only: published TFLOP/s per chip = MFU x the chip's peak")
     if missing:
@@ -262,7 +261,7 @@ def main() -> None:
     for name, gib in refused.items():
         print(f"{name}: libtpu refused the program, out of memory ({gib:.1f} GiB a device)")
     out = {
-        "rows": rows, "fit": fits, "slice_fit": slice_fit(), "not_compiled": missing, "out_of_memory_gib": refused, "grid": GRID,
+        "rows": rows, "fit": fits, "slice_fit": slices, "not_compiled": missing, "out_of_memory_gib": refused, "grid": GRID,
         "seconds": time.perf_counter() - start,
     }  # fmt: skip
     _write(args.json, out)

@@ -26,8 +26,9 @@ A step across slices takes longer than its program by a share per doubling of th
 of the program, not the slices' waits for each other.
 
 The few figures the model cannot derive (a matmul efficiency per chip generation, a ring step's
-latency, the slice term) are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan; the chip's own (peak, HBM,
-ICI, DCN and PCIe bandwidths) are its `spmd.plan.request.topology.ChipSpec`.
+latency, the slice term) are `spmd.plan.predict._calibration.CALIBRATION`, shared by every plan;
+the chip's own (peak, HBM, ICI, DCN and PCIe bandwidths) are its
+`spmd.plan.request.topology.ChipSpec`.
 """
 
 from __future__ import annotations

@@ -235,7 +235,11 @@ _ONE_SLICE: tuple[Published, ...] = (
 
 def _one_slice(model: str, topology: str) -> Published | None:
     return next(
-        (p for p in _ONE_SLICE if p.model == model and p.recipe and (p.recipe.topology, p.recipe.slices) == (topology, 1)),
+        (
+            p
+            for p in _ONE_SLICE
+            if p.model == model and p.recipe and (p.recipe.topology, p.recipe.slices) == (topology, 1)
+        ),
         None,
     )
 
