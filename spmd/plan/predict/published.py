@@ -137,6 +137,20 @@ _QKV_PROJ_OFFLOADED = "custom:query_proj=offload,key_proj=offload,value_proj=off
 # at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
 # of the head's matmul (docs/plan.md, "Calibration").
 _V6E_VOCAB_TILES = 8
+_V6E_PEAK_TFLOPS = 918.0
+
+
+def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
+    """tpu-recipes' Llama 3.1-8B on one v6e slice of ``chips`` chips: pure FSDP, ``batch``
+    sequences of 8192 a chip, the layer input and q/k/v/out offloaded (``config``: its MaxText
+    model config); the README's step log gives TFLOP/s a device only (MFU: over v6e's peak)."""
+    return Published(
+        "llama3.1-8b", "TPU v6e", chips, round(tflops / _V6E_PEAK_TFLOPS, 4),
+        f"MaxText, FSDP over {chips} chips, per-device batch {batch} x 8192 tokens, splash attention, remat "
+        "custom (the layer input and q/k/v/out projections offloaded to host)",
+        f"tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-{chips} ({config})", tflops,
+        Recipe(f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES),
+    )  # fmt: skip
 
 
 _ONE_SLICE: tuple[Published, ...] = (
@@ -206,6 +220,12 @@ _ONE_SLICE: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
         Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES),
     ),
+    # the same recipe on smaller v6e slices (tpu-recipes' READMEs' step logs; the batch is each
+    # slice's MaxText model config's, benchmarks/maxtext_trillium_model_configs.py at 9f1820b)
+    _v6e_8b(16, 3, 419.485, "llama3_1_8b_8192_no_collective_matmul"),
+    _v6e_8b(32, 3, 407.225, "llama3_1_8b_8192_no_collective_matmul"),
+    _v6e_8b(64, 5, 419.701, "llama3_1_8b_8192_bs5"),
+    _v6e_8b(128, 4, 412.319, "llama3_1_8b_8192"),
     Published(
         "llama3.1-70b", "TPU v6e", 256, 0.503,
         "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "

@@ -47,6 +47,10 @@ SOURCES = {
     ("llama3.1-405b", "TPU7x", 256, 1): (1261, 0.547),
     ("llama3.1-70b", "TPU7x", 256, 1): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
     ("llama3.1-8b", "TPU v6e", 256, 1): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
+    ("llama3.1-8b", "TPU v6e", 16, 1): (419.485, 0.457),  # v6e-16's step log; MFU over v6e's 918 TFLOP/s
+    ("llama3.1-8b", "TPU v6e", 32, 1): (407.225, 0.4436),
+    ("llama3.1-8b", "TPU v6e", 64, 1): (419.701, 0.4572),
+    ("llama3.1-8b", "TPU v6e", 128, 1): (412.319, 0.4491),
     ("llama3.1-70b", "TPU v6e", 256, 1): (462.3, 0.503),  # 462.297
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
     # held out: MaxText's v5p README's larger slices, and its rows on 2 slices
