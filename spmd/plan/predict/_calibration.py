@@ -169,8 +169,14 @@ def fit_efficiency(points: Sequence[CalibrationPoint], resolution: float = 0.001
         raise ValueError("fit_efficiency needs at least one calibration point.")
     lo = max(p.efficiencies[0] for p in points)
     hi = min(p.efficiencies[-1] for p in points)
-    grid = [round(lo + k * resolution, 6) for k in range(int((hi - lo) / resolution + 1e-9) + 1)]
-    return min(grid, key=lambda e: (max(abs(p.error(e)) for p in points), e))
+    return _minimax(points, lo, hi, resolution)
+
+
+def _minimax(points: Sequence[CalibrationPoint] | Sequence[SliceScaling], lo: float, hi: float, step: float) -> float:
+    """The value on the grid ``lo, lo + step, ... <= hi`` that makes the largest of the points'
+    absolute errors (``point.error(value)``) smallest; the smallest such value on a tie."""
+    grid = [round(lo + k * step, 6) for k in range(int((hi - lo) / step + 1e-9) + 1)]
+    return min(grid, key=lambda v: (max(abs(p.error(v)) for p in points), v))
 
 
 # The runs the slice term is fitted on: MaxText's v5e README, each of its four models on 2 to 32
@@ -214,5 +220,4 @@ def fit_slice_share(points: Sequence[SliceScaling], resolution: float = 0.001, h
     largest of the points' absolute errors smallest (minimax, as `fit_efficiency`)."""
     if not points:
         raise ValueError("fit_slice_share needs at least one published run on several slices.")
-    grid = [round(k * resolution, 6) for k in range(int(highest / resolution + 1e-9) + 1)]
-    return min(grid, key=lambda s: (max(abs(p.error(s)) for p in points), s))
+    return _minimax(points, 0.0, highest, resolution)

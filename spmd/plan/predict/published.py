@@ -17,6 +17,7 @@ from mesh import Role
 from spmd.plan.predict._calibration import SliceScaling
 from spmd.plan.request.dcn import DCN_PREFIX, whole_sizes
 from spmd.plan.request.meshes import batch_axes
+from spmd.plan.request.topology import CHIP_SPECS
 
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name", "slice_scaling"]
 
@@ -137,7 +138,6 @@ _QKV_PROJ_OFFLOADED = "custom:query_proj=offload,key_proj=offload,value_proj=off
 # at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
 # of the head's matmul (docs/plan.md, "Calibration").
 _V6E_VOCAB_TILES = 8
-_V6E_PEAK_TFLOPS = 918.0
 
 
 def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
@@ -145,7 +145,7 @@ def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
     sequences of 8192 a chip, the layer input and q/k/v/out offloaded (``config``: its MaxText
     model config); the README's step log gives TFLOP/s a device only (MFU: over v6e's peak)."""
     return Published(
-        "llama3.1-8b", "TPU v6e", chips, round(tflops / _V6E_PEAK_TFLOPS, 4),
+        "llama3.1-8b", "TPU v6e", chips, round(tflops * 1e12 / CHIP_SPECS["v6e"].peak_flops, 4),
         f"MaxText, FSDP over {chips} chips, per-device batch {batch} x 8192 tokens, splash attention, remat "
         "custom (the layer input and q/k/v/out projections offloaded to host)",
         f"tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-{chips} ({config})", tflops,
