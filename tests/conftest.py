@@ -72,8 +72,10 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     from tests.spmd.plan import plan_results
+    from tests.torchrun import stop_warm_parent
 
     plan_results.stop()
+    stop_warm_parent()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
 
 

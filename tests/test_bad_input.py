@@ -195,10 +195,10 @@ def test_api_arguments_that_reached_python_or_a_dependency(call, error, said):
 def lone_refusals(tmp_path_factory):
     import json
 
-    from tests.torchrun import WORKERS, torchrun
+    from tests.torchrun import WORKERS, warm_launch
 
     out = tmp_path_factory.mktemp("lone_refusals")
-    run = torchrun(WORKERS / "lone_refusal_worker.py", 2, str(out), timeout=300)
+    run = warm_launch(WORKERS / "lone_refusal_worker.py", 2, str(out), timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

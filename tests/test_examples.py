@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from mesh import Mesh
 from tests.conftest import HAS_TORCH_XLA
 from tests.fsdp_xla.helpers import load_example as load
-from tests.torchrun import ROOT, WORKERS, child_env, torchrun
+from tests.torchrun import ROOT, WORKERS, child_env, torchrun, warm_launch
 
 
 def test_blog_snippets(xla):
@@ -89,7 +89,7 @@ def test_hf_trainer_example_with_the_blog_config(tmp_path):
 def dtensor_examples(tmp_path_factory):
     """The examples on the dtensor backend: one torchrun launch of 4 CPU processes (gloo)."""
     out = tmp_path_factory.mktemp("dtensor_examples")
-    run = torchrun(WORKERS / "examples_dtensor_worker.py", 4, str(out), cwd=out)
+    run = warm_launch(WORKERS / "examples_dtensor_worker.py", 4, str(out), cwd=out)
     assert run.returncode == 0, run.stderr[-4000:]
     return run.stdout, json.loads((out / "results.json").read_text()), json.loads((out / "mfu.json").read_text())
 

@@ -6,14 +6,14 @@ field and the odd rank; no trial takes 30 s."""
 import json
 from collections import Counter
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "agreement_worker.py"
 SEED, TRIALS = 30, 48
 
 
 def test_ranks_agree_or_fail_together(tmp_path):
-    run = torchrun(WORKER, 4, str(tmp_path), "fuzz", str(SEED), str(TRIALS), timeout=500)
+    run = warm_launch(WORKER, 4, str(tmp_path), "fuzz", str(SEED), str(TRIALS), timeout=500)
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((tmp_path / "fuzz.json").read_text())
     assert len(results) == TRIALS

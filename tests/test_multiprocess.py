@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, torchrun, warm_launch
 
 TRAIN = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "32", "--vocab", "64"]
 TRAIN += ["--batch", "16", "--steps", "16", "--dataset-rows", "512", "--lr", "1e-2"]
@@ -26,7 +26,7 @@ FAULTS = "kill:1:10@0,stop:3:13@1,killmid:2:14@2"
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("multiprocess")
-    run = torchrun(WORKERS / "multiprocess_worker.py", 4, str(out), *TRAIN)
+    run = warm_launch(WORKERS / "multiprocess_worker.py", 4, str(out), *TRAIN)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 

@@ -1,9 +1,13 @@
 """Child processes started by tests: the environment they get, and torchrun launches (CPU, gloo)."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,3 +87,78 @@ def torchrun(
             out, err = launch.communicate()
             raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(command, launch.returncode, out, err)
+
+
+_zygote: list[subprocess.Popen] = []
+_PARENT_LOG = Path(tempfile.gettempdir()) / f"warm-parent-{os.getpid()}.log"
+
+
+def _warm_parent() -> subprocess.Popen:
+    """The session's warm parent (workers/zygote_worker.py), started at the first warm launch."""
+    if not _zygote or _zygote[0].poll() is not None:
+        env = child_env(xla=False)
+        env["USE_TORCH_XLA"] = "0"
+        _zygote[:] = [
+            subprocess.Popen(
+                [sys.executable, str(WORKERS / "zygote_worker.py")], cwd=ROOT, env=env, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_PARENT_LOG.open("w"),
+            )
+        ]  # fmt: skip
+    return _zygote[0]
+
+
+def stop_warm_parent() -> None:
+    for parent in _zygote:
+        parent.kill()
+        parent.wait()
+    _zygote.clear()
+
+
+def _kill_launch(directory: Path) -> None:
+    pid_file = directory / "pid"
+    if not pid_file.exists():
+        return
+    leader = int(pid_file.read_text())
+    for pid in [leader, *_descendants(leader)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def warm_launch(
+    script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """``torchrun(script, nproc, *args)`` with each rank forked from a parent that has imported
+    torch and the project already: the same environment, output and exit code (1 when a rank
+    failed; the others are stopped as torchrun's agent stops them), without four imports of
+    torch a launch. For scripts that test what a launch does, not torchrun itself: restarts,
+    torchrun's own messages and interpreter exit need ``torchrun``."""
+    directory = Path(tempfile.mkdtemp(prefix="warm-launch-"))
+    request = {"script": str(script), "args": list(args), "nproc": nproc, "cwd": str(cwd), "dir": str(directory)}
+    parent = _warm_parent()
+    parent.stdin.write(json.dumps(request) + "\n")
+    parent.stdin.flush()
+    command = ["warm_launch", str(script), "--nproc", str(nproc), *args]
+    deadline = time.monotonic() + timeout
+    done = directory / "returncode"
+    while not done.exists():
+        if parent.poll() is not None and not done.exists():
+            raise RuntimeError(
+                f"the warm parent (workers/zygote_worker.py) ended with {parent.returncode}: {_PARENT_LOG.read_text()[-2000:]}"
+            )
+        if time.monotonic() > deadline:
+            _kill_launch(directory)
+            raise subprocess.TimeoutExpired(command, timeout, *_outputs(directory))
+        time.sleep(0.05)
+    code = int(done.read_text())
+    out, err = _outputs(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    return subprocess.CompletedProcess(command, code, out, err)
+
+
+def _outputs(directory: Path) -> tuple[str, str]:
+    return tuple(
+        (directory / name).read_text(errors="replace") if (directory / name).exists() else ""
+        for name in ("stdout", "stderr")
+    )

@@ -12,7 +12,7 @@ import torch
 import fsdp_xla.checkpoint as ck
 from fsdp_xla import FSDP, transformer_auto_wrap_policy
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, batches, fsdp_mesh, train
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "dtensor_checkpoint_worker.py"
 
@@ -25,7 +25,7 @@ def gspmd_model(seed):
 
 def dtensor_jobs(nproc, *jobs):
     """One torchrun launch running ``jobs`` ((action, checkpoint, out.json), ...) in order."""
-    run = torchrun(WORKER, nproc, *(str(a) for job in jobs for a in job))
+    run = warm_launch(WORKER, nproc, *(str(a) for job in jobs for a in job))
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads(Path(out).read_text()) for _, _, out in jobs]
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.fsdp_xla.cross_lane import DATA, lane
-from tests.torchrun import ROOT, child_env, torchrun
+from tests.torchrun import ROOT, child_env, warm_launch
 
 
 def resume_here(saved_on: str, tmp_path) -> tuple[dict, dict]:
@@ -27,7 +27,7 @@ def resume_here(saved_on: str, tmp_path) -> tuple[dict, dict]:
         command = [sys.executable, "-m", "tests.fsdp_xla.cross_lane", *args]
         run = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     else:
-        run = torchrun(ROOT / "tests" / "fsdp_xla" / "cross_lane.py", 4, *args, timeout=300)
+        run = warm_launch(ROOT / "tests" / "fsdp_xla" / "cross_lane.py", 4, *args, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(out.read_text()), json.loads((DATA / saved_on / "expected.json").read_text())
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "compile_dtensor_worker.py"
 PRECISIONS = ["fp32", "bf16"]
@@ -18,7 +18,7 @@ PRECISIONS = ["fp32", "bf16"]
 @pytest.fixture(scope="module")
 def compiled_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("compile_dtensor")
-    run = torchrun(WORKER, 2, str(out))
+    run = warm_launch(WORKER, 2, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 

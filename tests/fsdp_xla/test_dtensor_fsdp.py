@@ -15,7 +15,7 @@ from spmd import P
 from spmd._backend import use_backend
 from spmd._util import torch_compat
 from tests.fsdp_xla.helpers import GPT, SMALL, Block, fsdp_mesh
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "dtensor_fsdp_worker.py"
 
@@ -23,7 +23,7 @@ WORKER = WORKERS / "dtensor_fsdp_worker.py"
 @pytest.fixture(scope="module")
 def dtensor_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dtensor_fsdp")
-    run = torchrun(WORKER, 4, str(out))
+    run = warm_launch(WORKER, 4, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text()), torch.load(out / "deferred.pt")
 

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp_axes")
-    run = torchrun(WORKERS / "fsdp_axes_worker.py", 4, str(out))
+    run = warm_launch(WORKERS / "fsdp_axes_worker.py", 4, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 CASES = ["wrap_rolls_back", "another_models_latest", "another_dtype", "another_optimizer"]
 
@@ -14,7 +14,7 @@ CASES = ["wrap_rolls_back", "another_models_latest", "another_dtype", "another_o
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("refusals")
-    run = torchrun(WORKERS / "refusal_worker.py", 2, str(out), timeout=600)
+    run = warm_launch(WORKERS / "refusal_worker.py", 2, str(out), timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

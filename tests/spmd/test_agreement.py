@@ -11,7 +11,7 @@ import pytest
 
 from spmd._backend.agreement import SLOTS, agree, digest, ranks_text
 from spmd.errors import LocalShapeMismatchError, RankDisagreementError
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "agreement_worker.py"
 
@@ -130,7 +130,7 @@ def test_rank_ranges():
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     out = tmp_path_factory.mktemp("agreement")
-    run = torchrun(WORKER, 4, str(out), "cases", timeout=400)
+    run = warm_launch(WORKER, 4, str(out), "cases", timeout=400)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 

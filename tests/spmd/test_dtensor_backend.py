@@ -18,7 +18,7 @@ from spmd._backend.dtensor_backend import placements_for, spec_of
 from spmd._util import torch_compat
 from tests.conftest import HAS_TORCH_XLA
 from tests.spmd.specs import all_specs
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, torchrun, warm_launch
 
 WORKER = WORKERS / "dtensor_worker.py"
 
@@ -106,7 +106,7 @@ _EIGHT_RANKS_MARKS = () if torch_compat.ordered_groups_supported() else (pytest.
 @pytest.mark.parametrize("ranks, least_cases", [(4, 340), pytest.param(8, 600, marks=_EIGHT_RANKS_MARKS)])
 def test_every_rank_holds_the_block_our_math_says(tmp_path, ranks, least_cases):
     out = tmp_path / "result.json"
-    run = torchrun(WORKER, ranks, str(out))
+    run = warm_launch(WORKER, ranks, str(out))
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["world"] == ranks

@@ -287,11 +287,11 @@ def test_what_it_cannot_answer_is_a_typed_error(xla):
 
 def test_mark_sharding_returns_a_dtensor_on_the_dtensor_backend(tmp_path):
     """The current lane (torch.distributed): the value mark_sharding returns is torch's own DTensor."""
-    from tests.torchrun import torchrun
+    from tests.torchrun import warm_launch
 
     script = tmp_path / "is_dtensor.py"
     script.write_text(DTENSOR_SCRIPT)
-    run = torchrun(script, 2, timeout=300)
+    run = warm_launch(script, 2, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.count("DTensor (Shard(dim=0),) 2 -> 4.0") == 2
 

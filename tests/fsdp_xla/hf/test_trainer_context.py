@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "hf_context_worker.py"
 
@@ -16,7 +16,7 @@ WORKER = WORKERS / "hf_context_worker.py"
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_context")
-    launch = torchrun(WORKER, 4, str(out), timeout=900)
+    launch = warm_launch(WORKER, 4, str(out), timeout=900)
     assert launch.returncode == 0, launch.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 

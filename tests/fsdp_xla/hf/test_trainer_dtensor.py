@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import HAS_TORCH_XLA
-from tests.torchrun import ROOT, WORKERS, child_env, torchrun
+from tests.torchrun import ROOT, WORKERS, child_env, warm_launch
 
 WORKER = WORKERS / "hf_trainer_worker.py"
 TORCH_XLA_LOSSES = ROOT / "tests" / "data" / "hf_trainer" / "torch_xla_losses.json"
@@ -22,7 +22,7 @@ TORCH_XLA_LOSSES = ROOT / "tests" / "data" / "hf_trainer" / "torch_xla_losses.js
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_trainer_dtensor")
-    launch = torchrun(WORKER, 4, str(out), timeout=900)
+    launch = warm_launch(WORKER, 4, str(out), timeout=900)
     assert launch.returncode == 0, launch.stderr[-4000:]
     return json.loads((out / "results.json").read_text()), out
 
@@ -57,7 +57,7 @@ def test_a_run_pointed_at_another_runs_output_directory_is_refused_before_it_wri
     """It used to be refused at the optimizer's save, after the model's save had rewritten that
     run's checkpoint-5/config.json (another model's) and training_args.bin."""
     _, out = run
-    launch = torchrun(WORKER, 4, str(out), "foreign", timeout=600)
+    launch = warm_launch(WORKER, 4, str(out), "foreign", timeout=600)
     assert launch.returncode == 0, launch.stderr[-4000:]
     foreign = json.loads((out / "foreign.json").read_text())
     for rank in foreign:

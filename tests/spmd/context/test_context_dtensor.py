@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "context_worker.py"
 
@@ -16,7 +16,7 @@ WORKER = WORKERS / "context_worker.py"
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("context")
-    run = torchrun(WORKER, 4, str(out), timeout=400)
+    run = warm_launch(WORKER, 4, str(out), timeout=400)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.torchrun import ROOT, WORKERS, torchrun
+from tests.torchrun import ROOT, WORKERS, warm_launch
 
 WORKER = WORKERS / "long_context_worker.py"
 
@@ -18,7 +18,7 @@ WORKER = WORKERS / "long_context_worker.py"
 @pytest.fixture(scope="module")
 def dtensor(tmp_path_factory):
     out = tmp_path_factory.mktemp("long_context")
-    launch = torchrun(WORKER, 4, str(out), timeout=900)
+    launch = warm_launch(WORKER, 4, str(out), timeout=900)
     assert launch.returncode == 0, launch.stderr[-4000:]
     return json.loads((out / "results.json").read_text())
 

@@ -12,7 +12,7 @@ pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
 from spmd.inspector._dtensor_report import _step_dict  # noqa: E402
 from spmd.inspector._dtensor_run import run_rank  # noqa: E402
 from tests.spmd.inspector.dry_scripts import line_of, write_script  # noqa: E402
-from tests.torchrun import ROOT, torchrun  # noqa: E402
+from tests.torchrun import ROOT, warm_launch  # noqa: E402
 
 WORLD, STEPS = 4, 2
 BARE = ROOT / "tests" / "data" / "fully_shard_tp.py"
@@ -58,7 +58,7 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 12), reason="the DTensor 
 )
 def test_dry_run_equals_real_run_on_every_rank(tmp_path, script, args, late_freed):
     worker = ROOT / "tests" / "workers" / "dryrun_real_worker.py"
-    real = torchrun(worker, WORLD, str(tmp_path), str(STEPS), str(script), *args)
+    real = warm_launch(worker, WORLD, str(tmp_path), str(STEPS), str(script), *args)
     assert real.returncode == 0, real.stderr[-3000:]
     ratios = []
     for rank in range(WORLD):
