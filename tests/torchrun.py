@@ -112,6 +112,7 @@ def stop_warm_parent() -> None:
         parent.kill()
         parent.wait()
     _zygote.clear()
+    _PARENT_LOG.unlink(missing_ok=True)
 
 
 def _kill_launch(directory: Path) -> None:
