@@ -47,6 +47,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it."""
+    for victim in [pid, *_descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _launch_env() -> dict[str, str]:
+    """What a launch's ranks get: no XLA device settings, and ``USE_TORCH_XLA=0``."""
+    env = child_env(xla=False)
+    env["USE_TORCH_XLA"] = "0"
+    return env
+
+
 def torchrun(
     script: Path, nproc: int, *args: str, cwd: Path = ROOT, timeout: int = 600, max_restarts: int = 0
 ) -> subprocess.CompletedProcess:
@@ -58,8 +74,7 @@ def torchrun(
     On a timeout the whole launch is killed, torchrun and its workers, and
     ``subprocess.TimeoutExpired`` is raised with what they printed.
     """
-    env = child_env(xla=False)
-    env["USE_TORCH_XLA"] = "0"
+    env = _launch_env()
     # --standalone: a free port of its own, so launches of concurrent test runs do not collide on 29500.
     command = [
         sys.executable,
@@ -79,11 +94,7 @@ def torchrun(
         try:
             out, err = launch.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for pid in [launch.pid, *_descendants(launch.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_tree(launch.pid)
             out, err = launch.communicate()
             raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(command, launch.returncode, out, err)
@@ -96,11 +107,9 @@ _PARENT_LOG = Path(tempfile.gettempdir()) / f"warm-parent-{os.getpid()}.log"
 def _warm_parent() -> subprocess.Popen:
     """The session's warm parent (workers/zygote_worker.py), started at the first warm launch."""
     if not _zygote or _zygote[0].poll() is not None:
-        env = child_env(xla=False)
-        env["USE_TORCH_XLA"] = "0"
         _zygote[:] = [
             subprocess.Popen(
-                [sys.executable, str(WORKERS / "zygote_worker.py")], cwd=ROOT, env=env, text=True,
+                [sys.executable, str(WORKERS / "zygote_worker.py")], cwd=ROOT, env=_launch_env(), text=True,
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_PARENT_LOG.open("w"),
             )
         ]  # fmt: skip
@@ -119,12 +128,7 @@ def _kill_launch(directory: Path) -> None:
     pid_file = directory / "pid"
     if not pid_file.exists():
         return
-    leader = int(pid_file.read_text())
-    for pid in [leader, *_descendants(leader)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _kill_tree(int(pid_file.read_text()))
 
 
 def warm_launch(

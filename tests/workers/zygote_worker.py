@@ -132,6 +132,13 @@ def _lead(request: dict) -> int:
     return 0
 
 
+def _write_whole(path: str, value: int) -> None:
+    """Written to a side file, then renamed: the test polling ``path`` never reads half of it."""
+    with open(path + ".tmp", "w") as file:
+        file.write(str(value))
+    os.replace(path + ".tmp", path)
+
+
 def _launch(request: dict) -> None:
     """Leader in a grandchild (its own session; init reaps it), so this process stays clean."""
     if os.fork():
@@ -139,13 +146,8 @@ def _launch(request: dict) -> None:
     os.setsid()
     if os.fork():
         os._exit(0)
-    with open(os.path.join(request["dir"], "pid"), "w") as file:
-        file.write(str(os.getpid()))
-    code = _lead(request)
-    tmp = os.path.join(request["dir"], "returncode.tmp")
-    with open(tmp, "w") as file:
-        file.write(str(code))
-    os.replace(tmp, os.path.join(request["dir"], "returncode"))
+    _write_whole(os.path.join(request["dir"], "pid"), os.getpid())
+    _write_whole(os.path.join(request["dir"], "returncode"), _lead(request))
     os._exit(0)
 
 
