@@ -68,15 +68,23 @@ def mesh_4x2() -> Mesh:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the XLA dumps of this session, and stop the planner's worker if it still runs."""
+    """Remove the XLA dumps of this session, and stop the planner's workers if they still run."""
     import shutil
 
-    from tests.spmd.plan import plan_results
+    from tests.spmd.plan import child_compile, plan_results
     from tests.torchrun import stop_warm_parent
 
     plan_results.stop()
+    child_compile.stop_all()
     stop_warm_parent()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
+
+
+def _background_runs(item) -> list:
+    from tests.spmd.plan import child_compile
+
+    module = getattr(item, "module", None)  # a doctest has none
+    return child_compile.runs_of(module) if module is not None else []
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -86,14 +94,26 @@ def pytest_collection_modifyitems(session, config, items):
 
     _skip_what_needs_torch_xla(items)
     readers = [item for item in items if plan_results.needed([item.nodeid])]
-    if readers:
-        items[:] = [item for item in items if not plan_results.needed([item.nodeid])] + readers
+    children = [item for item in items if _background_runs(item) and item not in readers]
+    late = {id(item) for item in readers + children}
+    items[:] = [item for item in items if id(item) not in late] + children + readers
 
 
 def pytest_collection_finish(session):
     """Start the planner's TPU compiles (tests/spmd/plan) in the background as soon as the tests
-    are known: they run in their own process on the second core while other tests run."""
-    from tests.spmd.plan import plan_results
+    are known: they run in their own processes on the spare core while other tests run."""
+    from tests.spmd.plan import child_compile, plan_results
 
     if plan_results.needed([item.nodeid for item in session.items]):
         plan_results.start()
+    runs = []
+    for item in session.items:
+        runs += [run for run in _background_runs(item) if run not in runs]
+    child_compile.queue(runs)
+
+
+def pytest_runtest_setup(item):
+    """The next queued background compile starts when the one before it has ended."""
+    from tests.spmd.plan import child_compile
+
+    child_compile.advance()

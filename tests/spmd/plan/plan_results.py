@@ -9,13 +9,13 @@ sections by their CPU seconds (plan_worker logs them): about 170 s and 220 s on 
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tests.spmd.plan.child_compile import NICE
 from tests.torchrun import WORKERS, child_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,9 +46,8 @@ def start() -> None:
     for part in PARTS:
         log = open(out / f"log-{part[0]}.txt", "w")
         proc = subprocess.Popen(
-            [sys.executable, str(WORKERS / "plan_worker.py"), str(out), *part],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.nice(19),  # the other tests first: this one only waits at the end
+            [*NICE, sys.executable, str(WORKERS / "plan_worker.py"), str(out), *part],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,  # the other tests first: read at the end
         )  # fmt: skip
         procs.append((part, proc, log))
     _run.update(out=out, procs=procs)

@@ -9,7 +9,7 @@ import pytest
 from mesh import Mesh
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.sharding._partition_spec import P
-from tests.spmd.plan.child_compile import run_on_config
+from tests.spmd.plan.child_compile import BackgroundRun
 
 # 3 layers (no other dim is 3) of width 256 (no other dim but the K/V heads' 2 x 128 is 256).
 LLAMA = {
@@ -32,12 +32,13 @@ lowered, _, _ = _lower(req, module, hf_config, 512, None)
 hlo = compile_step(lowered.lowered).hlo_text
 print(json.dumps(sorted(set(re.findall(r"bf16\\[3,[\\d,]+\\]", hlo)))))
 """
+STACKED = BackgroundRun(COMPILE, LLAMA, timeout=1200)
 
 
-def test_a_2d_plan_s_residual_stream_between_blocks_is_split_over_tensor(tmp_path):
+def test_a_2d_plan_s_residual_stream_between_blocks_is_split_over_tensor():
     """Under remat `full` the block scan keeps each layer's input, stacked over the 3 layers: per
     device 4 sequences (8 over fsdp=2) x 512 tokens x the width over tensor=2, 128 of 256."""
-    stacked = run_on_config(COMPILE, LLAMA, tmp_path, timeout=1200)
+    stacked = STACKED.result()
     assert "bf16[3,4,512,128]" in stacked, stacked
     assert "bf16[3,4,512,256]" not in stacked, stacked  # the whole width on each tensor shard: Megatron's layout
 

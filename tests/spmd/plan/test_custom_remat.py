@@ -8,7 +8,7 @@ from spmd.plan import PlanError
 from spmd.plan.__main__ import parser
 from spmd.plan.request.custom_remat import CustomRemat
 from spmd.plan.request.remat import Remat, jax_policy, kernel_residual_name, recompute_factor
-from tests.spmd.plan.child_compile import run_on_config
+from tests.spmd.plan.child_compile import BackgroundRun
 
 # q: 4 heads of 64 (256), k and v: 1 head (64), MLP 640, width 320: each projection its own width.
 LLAMA = {
@@ -36,8 +36,11 @@ print(json.dumps({"saved": saved, "math": list(saved_per_token(shape, req.remat,
 """
 
 
-def test_each_tensor_is_kept_where_its_choice_says(tmp_path):
-    out = run_on_config(LOWER, LLAMA, tmp_path, POLICY, timeout=900)
+KEPT = BackgroundRun(LOWER, LLAMA, POLICY, timeout=900)
+
+
+def test_each_tensor_is_kept_where_its_choice_says():
+    out = KEPT.result()
     # global shapes of one layer, batch 8 x 256 tokens: the input (320) and q (320 = 5 x 64) on the
     # host, k and v (64 each) on the device, the out projection computed again
     device = sorted(tuple(s) for s, _, host in out["saved"] if not host)

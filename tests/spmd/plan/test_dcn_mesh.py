@@ -8,7 +8,7 @@ import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.request.dcn import split_dcn
-from tests.spmd.plan.child_compile import run_on_config
+from tests.spmd.plan.child_compile import BackgroundRun
 
 LLAMA = {
     "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 2,
@@ -45,8 +45,11 @@ def n_params() -> int:
     return 2 * v * h + layers * (4 * h * h + 3 * h * i + 2 * h) + h
 
 
-def test_fsdp_across_slices_shards_the_parameters_over_every_device(tmp_path):
-    out = run_on_config(COMPILE, LLAMA, tmp_path, timeout=1800)
+ACROSS_SLICES = BackgroundRun(COMPILE, LLAMA, timeout=1800)
+
+
+def test_fsdp_across_slices_shards_the_parameters_over_every_device():
+    out = ACROSS_SLICES.result()
     assert out["slices"] == [0, 0, 0, 0, 1, 1, 1, 1]
     across, data = out["dcn_fsdp"], out["dcn_data"]
     assert (across["mesh"], across["dcn"]) == ({"fsdp": 8}, {"fsdp": 2})

@@ -7,7 +7,7 @@ test session)."""
 
 import re
 
-from tests.spmd.plan.child_compile import run_on_config
+from tests.spmd.plan.child_compile import BackgroundRun
 
 # 4 layers (no other dim is 4), width 512, 4 query heads and 1 K/V head of 128: the 8B's recipe in
 # small, which showed the two relaid stacks (bf16[4,2,2048,512]) before the fix.
@@ -37,8 +37,11 @@ print(json.dumps({
 """
 
 
-def test_no_host_stack_is_relaid_between_the_layer_scans(tmp_path):
-    out = run_on_config(COMPILE, LLAMA, tmp_path, RECIPE, timeout=1200)
+RELAID = BackgroundRun(COMPILE, LLAMA, RECIPE, timeout=1200)
+
+
+def test_no_host_stack_is_relaid_between_the_layer_scans():
+    out = RELAID.result()
     # per device: 4 layers x 2 sequences x 2048 tokens; the layer input, q and the out projection
     # 512 wide, k and v 128: the five offloaded stacks are in host memory (S(5))
     widths = {re.match(r"bf16\[4,2,2048,(\d+)\]", s).group(1) for s in out["host_stacks"]}
@@ -62,15 +65,18 @@ print(json.dumps(counts))
 """
 
 
-def test_only_plans_that_offload_what_a_block_adds_to_the_stream_pin_a_layout(tmp_path):
+POLICIES = (
+    "dots", "full", "offload",
+    "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
+    RECIPE, "custom:out_proj=device,mlpwo=offload",
+)  # fmt: skip
+PINNED = BackgroundRun(LOWER, LLAMA, *POLICIES, timeout=1200)
+
+
+def test_only_plans_that_offload_what_a_block_adds_to_the_stream_pin_a_layout():
     """Plans that keep no out projection (or MLP output) on the host lower as before (no layout
     constraint), so their programs and calibrated predictions stay as they were: ``offload`` (the
     Ironwood 405B's calibration run) and the v6e 70B's recipe among them."""
-    policies = (
-        "dots", "full", "offload",
-        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
-        RECIPE, "custom:out_proj=device,mlpwo=offload",
-    )  # fmt: skip
-    counts = run_on_config(LOWER, LLAMA, tmp_path, *policies, timeout=1200)
-    assert [counts[p] for p in policies[:4]] == [0, 0, 0, 0], counts
-    assert counts[RECIPE] > 0 and counts[policies[5]] > 0, counts  # out_proj, mlpwo: pinned on both sides
+    counts = PINNED.result()
+    assert [counts[p] for p in POLICIES[:4]] == [0, 0, 0, 0], counts
+    assert counts[RECIPE] > 0 and counts[POLICIES[5]] > 0, counts  # out_proj, mlpwo: pinned on both sides

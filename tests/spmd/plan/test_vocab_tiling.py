@@ -10,7 +10,7 @@ import torch
 from spmd.plan import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
-from tests.spmd.plan.child_compile import run_on_config
+from tests.spmd.plan.child_compile import BackgroundRun
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
 LLAMA = {
@@ -36,21 +36,21 @@ print(json.dumps(sorted(set(re.findall(r"f32\\[[\\d,]+\\]", hlo)))))
 """
 
 
-def f32_vocab_buffers(tiles: int, tmp_path) -> list[tuple[int, ...]]:
-    """Every fp32 shape with a vocabulary dim in the optimized HLO of the step with ``tiles`` chunks."""
-    shapes = [
-        tuple(int(d) for d in s[4:-1].split(","))
-        for s in run_on_config(COMPILE, LLAMA, tmp_path, str(tiles), timeout=1200)
-    ]
+UNTILED, TILED = (BackgroundRun(COMPILE, LLAMA, str(tiles), timeout=1200) for tiles in (1, TILES))
+
+
+def f32_vocab_buffers(run: BackgroundRun) -> list[tuple[int, ...]]:
+    """Every fp32 shape with a vocabulary dim in the optimized HLO of ``run``'s step."""
+    shapes = [tuple(int(d) for d in s[4:-1].split(",")) for s in run.result()]
     return [s for s in shapes if LLAMA["vocab_size"] in s]
 
 
-def test_no_tokens_by_vocab_fp32_buffer_with_tiling_on(tmp_path):
+def test_no_tokens_by_vocab_fp32_buffer_with_tiling_on():
     tokens = BATCH * SEQ // DEVICES
     whole = tokens * LLAMA["vocab_size"]
-    untiled = f32_vocab_buffers(1, tmp_path)
+    untiled = f32_vocab_buffers(UNTILED)
     assert max(math.prod(s) for s in untiled) >= whole, untiled  # the model's own loss holds them
-    tiled = f32_vocab_buffers(TILES, tmp_path)
+    tiled = f32_vocab_buffers(TILED)
     assert tiled, "the head's fp32 master weight and gradient have a vocabulary dim"
     assert max(math.prod(s) for s in tiled) <= whole // TILES, tiled
 
