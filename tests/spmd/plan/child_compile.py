@@ -24,11 +24,12 @@ NICE = ("nice", "-n", "19")
 
 
 class BackgroundRun:
-    """``code`` (``python -c``) with the model ``config`` written to a JSON file as its first
-    argument and ``args`` after it; `result` is the JSON of the last line it printed."""
+    """``python PROGRAM... [CONFIG] ARGS...``, where CONFIG is the model ``config`` written to a
+    JSON file (none when ``config`` is None); `completed` is how it ended, `result` the JSON of the
+    last line it printed."""
 
-    def __init__(self, code: str, config: dict, *args: str, timeout: float):
-        self.code, self.config, self.args, self.timeout = code, config, args, timeout
+    def __init__(self, program: tuple[str, ...], config: dict | None, *args: str, timeout: float):
+        self.program, self.config, self.args, self.timeout = program, config, args, timeout
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None
 
@@ -38,23 +39,30 @@ class BackgroundRun:
         if self not in _queue:  # so stop_all ends it and removes its files
             _queue.append(self)
         self._dir = Path(tempfile.mkdtemp(prefix="plan-child-"))
-        path = self._dir / "config.json"
-        path.write_text(json.dumps(self.config))
+        config = []
+        if self.config is not None:
+            config = [str(self._dir / "config.json")]
+            Path(config[0]).write_text(json.dumps(self.config))
         with open(self._dir / "stdout", "w") as out, open(self._dir / "stderr", "w") as err:
             self._proc = subprocess.Popen(
-                [*NICE, sys.executable, "-c", self.code, str(path), *self.args], cwd=ROOT, env=child_env(xla=False),
+                [*NICE, sys.executable, *self.program, *config, *self.args], cwd=ROOT, env=child_env(xla=False),
                 stdout=out, stderr=err,
             )  # fmt: skip
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def result(self) -> Any:
+    def completed(self) -> subprocess.CompletedProcess:
         self.start()
         assert self._proc is not None and self._dir is not None
         code = self._proc.wait(timeout=self.timeout)
-        assert code == 0, (self._dir / "stderr").read_text()[-3000:]
-        return json.loads((self._dir / "stdout").read_text().splitlines()[-1])
+        out, err = ((self._dir / name).read_text() for name in ("stdout", "stderr"))
+        return subprocess.CompletedProcess(self._proc.args, code, out, err)
+
+    def result(self) -> Any:
+        done = self.completed()
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
 
     def stop(self) -> None:
         if self.running():
@@ -65,6 +73,11 @@ class BackgroundRun:
 
 
 _queue: list[BackgroundRun] = []
+
+
+def python_code(code: str, config: dict, *args: str, timeout: float) -> BackgroundRun:
+    """``python -c CODE CONFIG ARGS...``: a lowering or compile the test then reads as JSON."""
+    return BackgroundRun(("-c", code), config, *args, timeout=timeout)
 
 
 def runs_of(module: object) -> list[BackgroundRun]:

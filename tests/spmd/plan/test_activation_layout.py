@@ -9,7 +9,7 @@ import pytest
 from mesh import Mesh
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.sharding._partition_spec import P
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.spmd.plan.child_compile import python_code
 
 # 3 layers (no other dim is 3) of width 256 (no other dim but the K/V heads' 2 x 128 is 256).
 LLAMA = {
@@ -32,7 +32,7 @@ lowered, _, _ = _lower(req, module, hf_config, 512, None)
 hlo = compile_step(lowered.lowered).hlo_text
 print(json.dumps(sorted(set(re.findall(r"bf16\\[3,[\\d,]+\\]", hlo)))))
 """
-STACKED = BackgroundRun(COMPILE, LLAMA, timeout=1200)
+STACKED = python_code(COMPILE, LLAMA, timeout=1200)
 
 
 def test_a_2d_plan_s_residual_stream_between_blocks_is_split_over_tensor():

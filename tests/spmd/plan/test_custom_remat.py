@@ -8,7 +8,7 @@ from spmd.plan import PlanError
 from spmd.plan.__main__ import parser
 from spmd.plan.request.custom_remat import CustomRemat
 from spmd.plan.request.remat import Remat, jax_policy, kernel_residual_name, recompute_factor
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.spmd.plan.child_compile import python_code
 
 # q: 4 heads of 64 (256), k and v: 1 head (64), MLP 640, width 320: each projection its own width.
 LLAMA = {
@@ -36,7 +36,7 @@ print(json.dumps({"saved": saved, "math": list(saved_per_token(shape, req.remat,
 """
 
 
-KEPT = BackgroundRun(LOWER, LLAMA, POLICY, timeout=900)
+KEPT = python_code(LOWER, LLAMA, POLICY, timeout=900)
 
 
 def test_each_tensor_is_kept_where_its_choice_says():

@@ -8,7 +8,7 @@ import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.request.dcn import split_dcn
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.spmd.plan.child_compile import python_code
 
 LLAMA = {
     "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 2,
@@ -45,7 +45,7 @@ def n_params() -> int:
     return 2 * v * h + layers * (4 * h * h + 3 * h * i + 2 * h) + h
 
 
-ACROSS_SLICES = BackgroundRun(COMPILE, LLAMA, timeout=1800)
+ACROSS_SLICES = python_code(COMPILE, LLAMA, timeout=1800)
 
 
 def test_fsdp_across_slices_shards_the_parameters_over_every_device():

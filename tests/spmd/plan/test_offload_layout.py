@@ -7,7 +7,7 @@ test session)."""
 
 import re
 
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.spmd.plan.child_compile import python_code
 
 # 4 layers (no other dim is 4), width 512, 4 query heads and 1 K/V head of 128: the 8B's recipe in
 # small, which showed the two relaid stacks (bf16[4,2,2048,512]) before the fix.
@@ -37,7 +37,7 @@ print(json.dumps({
 """
 
 
-RELAID = BackgroundRun(COMPILE, LLAMA, RECIPE, timeout=1200)
+RELAID = python_code(COMPILE, LLAMA, RECIPE, timeout=1200)
 
 
 def test_no_host_stack_is_relaid_between_the_layer_scans():
@@ -70,7 +70,7 @@ POLICIES = (
     "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
     RECIPE, "custom:out_proj=device,mlpwo=offload",
 )  # fmt: skip
-PINNED = BackgroundRun(LOWER, LLAMA, *POLICIES, timeout=1200)
+PINNED = python_code(LOWER, LLAMA, *POLICIES, timeout=1200)
 
 
 def test_only_plans_that_offload_what_a_block_adds_to_the_stream_pin_a_layout():

@@ -1,12 +1,12 @@
 """A plan on a CPU host starts quietly: none of libtpu's start-up lines (it probes for a TPU host
 and reports that there is none) nor transformers' ``loss_type=None`` warning reach the user; a
 real failure still shows what libtpu said. Each runs the CLI in a process of its own, where
-libtpu loads for the first time, as it does for a user."""
+libtpu loads for the first time, as it does for a user (in the background: child_compile.py)."""
 
-import json
 import subprocess
 import sys
 
+from tests.spmd.plan.child_compile import BackgroundRun
 from tests.torchrun import ROOT, child_env
 
 # A GPT-2 (the class whose name names no loss, so transformers warned) small enough to compile in seconds.
@@ -31,17 +31,17 @@ NOISE = (
 )
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "spmd.plan", *args], cwd=ROOT, env=child_env(xla=False),
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+def plan_cli(config: dict | None, *args: str) -> BackgroundRun:
+    """``python -m spmd.plan [CONFIG] ARGS...``, a user's command, in a process of its own."""
+    return BackgroundRun(("-m", "spmd.plan"), config, *args, timeout=900)
 
 
-def test_a_plan_prints_no_line_of_libtpu_s_start_up(tmp_path):
-    config = tmp_path / "gpt2.json"
-    config.write_text(json.dumps(TINY_GPT2))
-    done = run(str(config), "--topology", "v5e:2x2", "--batch", "4", "--seq", "128")
+FITS = plan_cli(TINY_GPT2, "--topology", "v5e:2x2", "--batch", "4", "--seq", "128")
+REFUSED = plan_cli(None, "gpt2", "--topology", "v5e:3x7")
+
+
+def test_a_plan_prints_no_line_of_libtpu_s_start_up():
+    done = FITS.completed()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FITS" in done.stdout
     assert done.stderr == "", done.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_a_plan_prints_no_line_of_libtpu_s_start_up(tmp_path):
 
 
 def test_a_topology_libtpu_refuses_shows_libtpu_s_words():
-    done = run("gpt2", "--topology", "v5e:3x7")
+    done = REFUSED.completed()
     assert done.returncode == 2
     assert "error: libtpu refuses the topology 'v5e:3x7'" in done.stderr
     # the start-up lines held while libtpu failed are shown: on this host they include its probing

@@ -10,7 +10,7 @@ import torch
 from spmd.plan import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.spmd.plan.child_compile import BackgroundRun, python_code
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
 LLAMA = {
@@ -36,7 +36,7 @@ print(json.dumps(sorted(set(re.findall(r"f32\\[[\\d,]+\\]", hlo)))))
 """
 
 
-UNTILED, TILED = (BackgroundRun(COMPILE, LLAMA, str(tiles), timeout=1200) for tiles in (1, TILES))
+UNTILED, TILED = (python_code(COMPILE, LLAMA, str(tiles), timeout=1200) for tiles in (1, TILES))
 
 
 def f32_vocab_buffers(run: BackgroundRun) -> list[tuple[int, ...]]:
