@@ -88,8 +88,9 @@ def _background_runs(item) -> list:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read the planner's background compiles run last, so the compiles overlap
-    with everything else (the order of the rest is kept)."""
+    """The tests that read the planner's background compiles (its worker's, plan_results.py, and
+    their modules' own, child_compile.py) run last, so the compiles overlap with everything else
+    (the order of the rest is kept)."""
     from tests.spmd.plan import plan_results
 
     _skip_what_needs_torch_xla(items)
