@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(session, config, items):
 
     _skip_what_needs_torch_xla(items)
     readers = [item for item in items if plan_results.needed([item.nodeid])]
-    children = [item for item in items if _background_runs(item) and item not in readers]
+    children = [item for item in items if _background_runs(item) and not plan_results.needed([item.nodeid])]
     late = {id(item) for item in readers + children}
     items[:] = [item for item in items if id(item) not in late] + children + readers
 
@@ -107,10 +107,7 @@ def pytest_collection_finish(session):
 
     if plan_results.needed([item.nodeid for item in session.items]):
         plan_results.start()
-    runs = []
-    for item in session.items:
-        runs += [run for run in _background_runs(item) if run not in runs]
-    child_compile.queue(runs)
+    child_compile.queue([run for item in session.items for run in _background_runs(item)])  # it skips repeats
 
 
 def pytest_runtest_setup(item):

@@ -85,8 +85,10 @@ def runs_of(module: object) -> list[BackgroundRun]:
 
 
 def queue(runs: list[BackgroundRun]) -> None:
-    """Run ``runs`` one after another in the background (`advance` starts the next)."""
-    _queue.extend(run for run in runs if run not in _queue)
+    """Run ``runs`` one after another in the background (`advance` starts the next), each once."""
+    for run in runs:
+        if run not in _queue:
+            _queue.append(run)
     advance()
 
 

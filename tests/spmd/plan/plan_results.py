@@ -16,9 +16,8 @@ import tempfile
 from pathlib import Path
 
 from tests.spmd.plan.child_compile import NICE
-from tests.torchrun import WORKERS, child_env
+from tests.torchrun import ROOT, WORKERS, child_env
 
-ROOT = Path(__file__).resolve().parents[3]
 # The test files that read the worker's results: collecting any of them starts it.
 USERS = (
     "test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py",
