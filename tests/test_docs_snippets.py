@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HAS_TORCH_XLA, NEEDS_TORCH_XLA
-from tests.torchrun import child_env, torchrun
+from tests.torchrun import child_env, warm_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -86,7 +86,9 @@ IN_PROCESS = {
     ("huggingface.md", 1),
     ("migration.md", 0),
 }
-# Snippets that run as torchrun jobs: (name, index) -> processes.
+# Snippets that run as torchrun jobs: (name, index) -> processes. They are launched from the warm
+# parent (tests/torchrun.py, warm_launch): the ranks get torchrun's environment without four
+# imports of torch a snippet; what torchrun itself does is tested in test_multiprocess.py.
 TORCHRUN = {
     ("README.md", 1): 4,
     ("backends.md", 0): 4,
@@ -145,7 +147,7 @@ def test_snippet_runs(name, index, code, tmp_path, request, monkeypatch):
     script = tmp_path / "snippet.py"
     script.write_text(setup + with_checks(code))
     if (name, index) in TORCHRUN:
-        run = torchrun(script, TORCHRUN[(name, index)], cwd=tmp_path, timeout=300)
+        run = warm_launch(script, TORCHRUN[(name, index)], cwd=tmp_path, timeout=300)
     else:
         command = [sys.executable, str(script)]
         run = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300)
