@@ -74,8 +74,8 @@ def pytest_sessionfinish(session, exitstatus):
     from tests.spmd.plan import child_compile, plan_results
     from tests.torchrun import stop_warm_parent
 
-    plan_results.stop()
-    child_compile.stop_all()
+    child_compile.stop_all()  # the planner worker's runs too
+    plan_results.remove_output()
     stop_warm_parent()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
 

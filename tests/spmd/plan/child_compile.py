@@ -5,7 +5,9 @@ Each such run is a module-level `BackgroundRun`. When collection ends, tests/con
 runs of the modules it selected; they run one at a time at nice 19 while the other tests run (a
 compile is 10 to 80 s of one core, and the multi-process tests leave a core idle while they wait),
 and their tests, ordered near the end, read the results. A test whose run has not started yet
-starts it, so a module run on its own works the same.
+starts it, so a module run on its own works the same. The planner worker's two processes
+(plan_results.py) are BackgroundRuns too, started at once rather than queued; `stop_all` ends
+every run still going when the session ends.
 """
 
 import json
@@ -36,8 +38,7 @@ class BackgroundRun:
     def start(self) -> None:
         if self._proc is not None:
             return
-        if self not in _queue:  # so stop_all ends it and removes its files
-            _queue.append(self)
+        _started.append(self)  # so stop_all ends it and removes its files
         self._dir = Path(tempfile.mkdtemp(prefix="plan-child-"))
         config = []
         if self.config is not None:
@@ -72,7 +73,8 @@ class BackgroundRun:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_queue: list[BackgroundRun] = []
+_started: list[BackgroundRun] = []  # every run this session started, queued or not
+_queue: list[BackgroundRun] = []  # the runs that take turns
 
 
 def python_code(code: str, config: dict, *args: str, timeout: float) -> BackgroundRun:
@@ -101,6 +103,8 @@ def advance() -> None:
 
 
 def stop_all() -> None:
-    for run in _queue:
+    """End every run still going, queued or started on its own, and remove their files."""
+    for run in _started:
         run.stop()
+    _started.clear()
     _queue.clear()

@@ -10,13 +10,11 @@ sections by their CPU seconds (plan_worker logs them): about 170 s and 220 s on 
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from tests.spmd.plan.child_compile import NICE
-from tests.torchrun import ROOT, WORKERS, child_env
+from tests.spmd.plan.child_compile import BackgroundRun
+from tests.torchrun import WORKERS
 
 # The test files that read the worker's results: collecting any of them starts it.
 USERS = (
@@ -29,7 +27,10 @@ PARTS = (
     ("advisor", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel",
      "every_plan"),
 )  # fmt: skip
-_run: dict = {}
+# Up to 20 minutes: what the compiles have taken on this 2-core machine shared with other sessions.
+TIMEOUT_SECONDS = 1200
+_out: list[Path] = []  # the workers' shared output directory, once started
+_runs: list[BackgroundRun] = []
 
 
 def needed(nodeids: list[str]) -> bool:
@@ -37,45 +38,35 @@ def needed(nodeids: list[str]) -> bool:
 
 
 def start() -> None:
-    if _run:
+    """Both parts at once, beside child_compile's queue (not in it: the queue's runs take turns,
+    and these would hold it for their whole 4 to 5 minutes). child_compile.stop_all ends them."""
+    if _runs:
         return
-    out = Path(tempfile.mkdtemp(prefix="plan-worker-"))
-    env = child_env(xla=False)
-    procs = []
-    for part in PARTS:
-        log = open(out / f"log-{part[0]}.txt", "w")
-        proc = subprocess.Popen(
-            [*NICE, sys.executable, str(WORKERS / "plan_worker.py"), str(out), *part],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,  # the other tests first: read at the end
-        )  # fmt: skip
-        procs.append((part, proc, log))
-    _run.update(out=out, procs=procs)
+    _out.append(Path(tempfile.mkdtemp(prefix="plan-worker-")))
+    worker = (str(WORKERS / "plan_worker.py"),)
+    _runs.extend(BackgroundRun(worker, None, str(_out[0]), *part, timeout=TIMEOUT_SECONDS) for part in PARTS)
+    for run in _runs:
+        run.start()
 
 
-def results(timeout: float = 1200) -> tuple[dict, Path]:
-    """The workers' results, merged, and their output directory (waits for them: up to 20
-    minutes, what their compiles have taken on this 2-core machine shared with other sessions')."""
+def results() -> tuple[dict, Path]:
+    """The workers' results, merged, and their output directory (waits for them)."""
     start()
-    out: Path = _run["out"]
     merged: dict = {"seconds": {}}
-    for part, proc, log in _run["procs"]:
-        code = proc.wait(timeout=timeout)
-        log.close()
-        if code != 0:
-            text = (out / f"log-{part[0]}.txt").read_text()[-6000:]
-            raise RuntimeError(f"plan_worker.py {' '.join(part)} failed ({code}):\n{text}")
-        found = json.loads((out / f"results-{part[0]}.json").read_text())
+    for part, run in zip(PARTS, _runs, strict=True):
+        done = run.completed()
+        if done.returncode != 0:
+            said = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
+            raise RuntimeError(f"plan_worker.py {' '.join(part)} failed ({done.returncode}):\n{said}")
+        found = json.loads((_out[0] / f"results-{part[0]}.json").read_text())
         merged["seconds"].update(found.pop("seconds", {}))
         merged.update(found)
-    return merged, out
+    return merged, _out[0]
 
 
-def stop() -> None:
-    """End workers the session no longer waits for (a run that deselected or failed their
-    readers), so no compile outlives the test session, and remove their output."""
-    for _, proc, _ in _run.get("procs", ()):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if "out" in _run:
-        shutil.rmtree(_run["out"], ignore_errors=True)
+def remove_output() -> None:
+    """Remove the workers' output directory (after child_compile.stop_all has ended them)."""
+    for out in _out:
+        shutil.rmtree(out, ignore_errors=True)
+    _out.clear()
+    _runs.clear()
