@@ -94,10 +94,15 @@ def pytest_collection_modifyitems(session, config, items):
     from tests.spmd.plan import plan_results
 
     _skip_what_needs_torch_xla(items)
-    readers = [item for item in items if plan_results.needed([item.nodeid])]
-    children = [item for item in items if _background_runs(item) and not plan_results.needed([item.nodeid])]
-    late = {id(item) for item in readers + children}
-    items[:] = [item for item in items if id(item) not in late] + children + readers
+    rest, children, readers = [], [], []
+    for item in items:
+        if plan_results.needed([item.nodeid]):
+            readers.append(item)
+        elif _background_runs(item):
+            children.append(item)
+        else:
+            rest.append(item)
+    items[:] = rest + children + readers
 
 
 def pytest_collection_finish(session):

@@ -29,8 +29,7 @@ PARTS = (
 )  # fmt: skip
 # Up to 20 minutes: what the compiles have taken on this 2-core machine shared with other sessions.
 TIMEOUT_SECONDS = 1200
-_out: list[Path] = []  # the workers' shared output directory, once started
-_runs: list[BackgroundRun] = []
+_runs: list[BackgroundRun] = []  # once started; each is given the shared output directory first
 
 
 def needed(nodeids: list[str]) -> bool:
@@ -42,9 +41,9 @@ def start() -> None:
     and these would hold it for their whole 4 to 5 minutes). child_compile.stop_all ends them."""
     if _runs:
         return
-    _out.append(Path(tempfile.mkdtemp(prefix="plan-worker-")))
+    out = tempfile.mkdtemp(prefix="plan-worker-")
     worker = (str(WORKERS / "plan_worker.py"),)
-    _runs.extend(BackgroundRun(worker, None, str(_out[0]), *part, timeout=TIMEOUT_SECONDS) for part in PARTS)
+    _runs.extend(BackgroundRun(worker, None, out, *part, timeout=TIMEOUT_SECONDS) for part in PARTS)
     for run in _runs:
         run.start()
 
@@ -52,21 +51,25 @@ def start() -> None:
 def results() -> tuple[dict, Path]:
     """The workers' results, merged, and their output directory (waits for them)."""
     start()
+    out = _output_dir()
     merged: dict = {"seconds": {}}
     for part, run in zip(PARTS, _runs, strict=True):
         done = run.completed()
         if done.returncode != 0:
             said = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
             raise RuntimeError(f"plan_worker.py {' '.join(part)} failed ({done.returncode}):\n{said}")
-        found = json.loads((_out[0] / f"results-{part[0]}.json").read_text())
+        found = json.loads((out / f"results-{part[0]}.json").read_text())
         merged["seconds"].update(found.pop("seconds", {}))
         merged.update(found)
-    return merged, _out[0]
+    return merged, out
+
+
+def _output_dir() -> Path:
+    return Path(_runs[0].args[0])
 
 
 def remove_output() -> None:
     """Remove the workers' output directory (after child_compile.stop_all has ended them)."""
-    for out in _out:
-        shutil.rmtree(out, ignore_errors=True)
-    _out.clear()
+    if _runs:
+        shutil.rmtree(_output_dir(), ignore_errors=True)
     _runs.clear()
