@@ -9,7 +9,9 @@
 - per-matmul: every matmul of the forward pass counted (QKV with grouped K/V heads, attention
   scores and values, the output projection, the MLP with its gate if any, the unembedding),
   causal attention counted once (half the square), the embedding lookup not counted, and
-  backward as twice forward, as MaxText does.
+  backward as twice forward, as MaxText does. A sliding-window layer (Gemma 2 and 3's local
+  layers, Mistral's ``sliding_window``) counts its window of keys, not the sequence, halved when
+  causal: MaxText's count for Gemma 3.
 
 A multiply-add counts as 2 FLOPs; recomputation (activation checkpointing) is not counted:
 it is hardware work, not model work (MFU, not HFU).
@@ -48,6 +50,8 @@ class TransformerShape:
         n_params: all parameters, tied ones once.
         n_embedding_params: parameters of embeddings that do no matmul (position embeddings,
             an untied token embedding); excluded from N in the PaLM formula.
+        sliding_window: keys a sliding-window layer attends to (``None``: no such layer).
+        n_sliding_layers: how many of the ``n_layer`` layers attend over ``sliding_window``.
     """
 
     n_layer: int
@@ -60,6 +64,8 @@ class TransformerShape:
     gated_mlp: bool
     n_params: int
     n_embedding_params: int
+    sliding_window: int | None = None
+    n_sliding_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "d_model", "n_head", "head_dim", "d_ff", "vocab", "n_kv_head", "n_params"):
@@ -74,10 +80,29 @@ class TransformerShape:
             minimum=0,
             range_error=MfuError,
         )
+        self._check_window()
         if embedding > self.n_params:
             raise MfuError(
                 f"TransformerShape.n_embedding_params ({embedding}) exceeds n_params ({self.n_params}): "
                 "the embeddings are part of the parameters (PaLM's N would go negative)."
+            )
+
+    def _check_window(self) -> None:
+        if self.sliding_window is not None:
+            require_int(
+                self.sliding_window,
+                "TransformerShape.sliding_window",
+                MfuError,
+                minimum=1,
+                allowed="None or a positive int",
+            )
+        sliding = require_int(
+            self.n_sliding_layers, "TransformerShape.n_sliding_layers", SpmdTypeError, minimum=0, range_error=MfuError
+        )
+        if sliding > self.n_layer or (sliding and self.sliding_window is None):
+            raise MfuError(
+                f"TransformerShape.n_sliding_layers = {sliding} needs a sliding_window and at most n_layer "
+                f"({self.n_layer}) layers; got sliding_window={self.sliding_window}."
             )
 
     @classmethod
@@ -103,7 +128,7 @@ class TransformerShape:
                 total += V * d
             embedding = T * d + (0 if getattr(config, "tie_word_embeddings", True) else V * d)
             return cls(L, d, H, d // H, F, V, H, False, n_params or total, embedding)
-        if model_type in ("llama", "mistral", "qwen2"):
+        if model_type in ("llama", "mistral", "qwen2", *_GEMMA_NORMS):
             d, L, H, V, F = _fields(
                 config, "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"
             )
@@ -112,12 +137,32 @@ class TransformerShape:
                 Q = _fields(config, "head_dim")[0]
             else:
                 Q = _divides(config, "hidden_size", d, H)
-            per_layer = d * H * Q + 2 * d * Hkv * Q + H * Q * d + 3 * d * F + 2 * d
+            extra_norms, q_k_norms = _GEMMA_NORMS.get(model_type, (0, 0))
+            per_layer = d * H * Q + 2 * d * Hkv * Q + H * Q * d + 3 * d * F + (2 + extra_norms) * d + q_k_norms * Q
             tied = getattr(config, "tie_word_embeddings", False)
             total = V * d * (1 if tied else 2) + L * per_layer + d
             embedding = 0 if tied else V * d
-            return cls(L, d, H, Q, F, V, Hkv, True, n_params or total, embedding)
-        raise MfuError(f"No FLOP model for model_type {model_type!r}; known: gpt2, llama, mistral, qwen2.")
+            return cls(L, d, H, Q, F, V, Hkv, True, n_params or total, embedding, *_sliding_layers(config, L))
+        known = ", ".join(("gpt2", "llama", "mistral", "qwen2", *_GEMMA_NORMS))
+        raise MfuError(f"No FLOP model for model_type {model_type!r}; known: {known}.")
+
+
+# Gemma's decoder layers: the norms beyond Llama's two (Gemma 2 and 3 norm each sublayer's input
+# and output), and Gemma 3's norms of the query and key heads.
+_GEMMA_NORMS = {"gemma": (0, 0), "gemma2": (2, 0), "gemma3_text": (2, 2)}
+
+
+def _sliding_layers(config: Any, n_layer: int) -> tuple[int | None, int]:
+    """``(sliding_window, n_sliding_layers)`` of a Hugging Face config: its ``layer_types``
+    (``"sliding_attention"`` layers), or every layer when it has a ``sliding_window`` and no
+    layer types (Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None, 0
+    window = _fields(config, "sliding_window")[0]
+    kinds = getattr(config, "layer_types", None)
+    sliding = n_layer if kinds is None else sum(kind == "sliding_attention" for kind in kinds[:n_layer])
+    return (window, sliding) if sliding else (None, 0)
 
 
 def _fields(config: Any, *names: str) -> tuple[int, ...]:
@@ -172,12 +217,17 @@ def forward_matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal
     )
     block = {
         "qkv": 2 * D * (H + 2 * Hkv) * Q,
-        "attention": 4 * T * H * Q * (0.5 if causal else 1.0),  # scores and values over T keys
         "out": 2 * H * Q * D,
         "mlp_in": 2 * D * F * (2 if shape.gated_mlp else 1),
         "mlp_out": 2 * D * F,
     }
-    return {**{part: shape.n_layer * flops for part, flops in block.items()}, "unembedding": 2 * D * V}
+    half = 0.5 if causal else 1.0
+    sliding = shape.n_sliding_layers
+    window = min(shape.sliding_window or T, T)
+    # scores and values over T keys, or over a sliding layer's window
+    attention = 4 * H * Q * half * ((shape.n_layer - sliding) * T + sliding * window)
+    parts = {part: shape.n_layer * flops for part, flops in block.items()}
+    return {"qkv": parts.pop("qkv"), "attention": attention, **parts, "unembedding": 2 * D * V}
 
 
 def matmul_flops_per_token(shape: TransformerShape, seq_len: int, causal: bool = True) -> float:

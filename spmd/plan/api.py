@@ -32,7 +32,13 @@ from spmd.plan.predict.estimate import estimate_step
 from spmd.plan.predict.memory import model_shape
 from spmd.plan.report.plan_report import ContextReport, MemoryReport, PlanReport, summarize
 from spmd.plan.request.attention import Attention, splash_block
-from spmd.plan.request.context import axes_spanned, check_context, check_takes_positions, kv_gather_bytes
+from spmd.plan.request.context import (
+    axes_spanned,
+    check_context,
+    check_no_sliding_window,
+    check_takes_positions,
+    kv_gather_bytes,
+)
 from spmd.plan.request.dcn import split_dcn
 from spmd.plan.request.meshes import STRATEGIES, auto_mesh_shape, batch_axes, build_mesh, check_mesh, tpu_devices
 from spmd.plan.request.models import DEFAULT_SEQ_LEN, build_meta_model, default_seq_len, resolve_seq_len
@@ -201,6 +207,7 @@ def plan_program(
     if sequence:  # context parallelism: checked before anything is traced or compiled
         check_context(seq, math.prod(req.mesh[a] for a in sequence))
         check_takes_positions(module)
+        check_no_sliding_window(module, seq)
     if settings.attention is Attention.FLASH:
         splash_block(seq)
     check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known

@@ -19,7 +19,9 @@ The repeated blocks run as one ``lax.scan`` over parameters stacked on a leading
 (MaxText's ``scan_layers``, torch_xla's ``scan_layers``): the TPU compiler then compiles one
 block instead of L, which is what makes a 32-layer model plan in minutes (an unrolled 12-layer
 GPT-2 took 167 s on this machine). Per-device bytes are those of the unrolled program: a
-stacked array is sharded on the same dims as each of its layers.
+stacked array is sharded on the same dims as each of its layers. A stack of several kinds of
+block (Gemma 3's sliding-window and global layers) scans one period of its pattern a trip
+(`spmd.plan.lower.layer_period`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.errors import TracingError
+from spmd.plan.lower.layer_period import PeriodLayer, layer_period
 from spmd.plan.lower.residuals import SavedActivation, named_projections, row_major_names, saved_residuals
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
@@ -91,8 +94,9 @@ class LoweredStep:
         param_specs: stored spec of every parameter, by its torch name (layer params one by one).
         param_shapes: global shape of every parameter.
         scanned_layers: how many blocks run as one scan (0: unrolled).
-        saved_per_layer: what the block scan keeps for backward, one block's worth (global
-            shapes, the layer dim dropped): JAX's own residuals of the remat policy (`saved_residuals`).
+        saved_per_layer: what the block scan keeps for backward, one trip's worth (a block's, or
+            a period's where the stack scans by periods; global shapes, the layer dim dropped):
+            JAX's own residuals of the remat policy (`saved_residuals`).
     """
 
     lowered: Any
@@ -180,7 +184,7 @@ def lower_train_step(
             "value, no .item() / .tolist(), only ops torchax lowers. Simplify that part of forward, or plan "
             "a model that avoids it."
         ) from e
-    layers = len(builder.stack[1]) if builder.stack else 0
+    layers = builder.trips * builder.period if builder.stack else 0
     return LoweredStep(lowered, builder.specs, builder.shapes, layers, builder.saved_per_layer)
 
 
@@ -210,6 +214,8 @@ class _StepBuilder:
         self.stack = find_layer_stack(model) if scan_layers else None
         prefix = f"{self.stack[0]}." if self.stack else None
         self.layer_names = [n for n in params if prefix and n.startswith(prefix)]
+        self.period = layer_period(self.stack[1]) if self.stack else 1
+        self.trips = len(self.stack[1]) // self.period if self.stack else 0
         self.saved_per_layer: tuple[SavedActivation, ...] = ()
         self.head = output_head(model) if config.vocab_tiles > 1 else None
         self.residual_spec = ACTIVATION_AXIS_RULES.spec(RESIDUAL, mesh)
@@ -239,13 +245,14 @@ class _StepBuilder:
             return hidden
         return jax.lax.with_sharding_constraint(hidden, self.sharding(self.residual_spec))
 
-    def block(self) -> Callable[..., Any]:
-        """One repeated block as a checkpointed JAX function of (hidden, layer params, args, kwargs)."""
+    def block(self, position: int = 0) -> Callable[..., Any]:
+        """The stack's block at ``position`` (its kind) as a checkpointed JAX function of (hidden,
+        layer params, args, kwargs)."""
         import jax
         from jax.ad_checkpoint import checkpoint_name
 
         name, layers = self.stack  # type: ignore[misc]
-        template, env = layers[0], self.env
+        template, env = layers[position], self.env
 
         def block(hidden: Any, layer_params: dict[str, Any], args: Any, kwargs: Any) -> Any:
             hidden = self.residual(hidden)
@@ -274,6 +281,34 @@ class _StepBuilder:
                 return block(carry, layer_params, jargs, jkwargs).astype(carry.dtype), None
 
             out, _ = jax.lax.scan(body, jh, stacked)
+            return env.j2t_iso(out)
+
+        return run
+
+    def scanned_by_periods(self, stacked: dict[str, Any]) -> Callable[..., Any]:
+        """What the last `PeriodLayer` runs: every whole period of the stack as one ``lax.scan``
+        trip, each block with its kind's arguments, then the layers after the last whole period."""
+        import jax
+
+        env, p, trips = self.env, self.period, self.trips
+        blocks = [self.block(j) for j in range(p)]
+
+        def one(j: int, hidden: Any, params: dict[str, Any], calls: Any) -> Any:
+            args, kwargs = calls[j]
+            return blocks[j](hidden, params, args, kwargs).astype(hidden.dtype)
+
+        def run(hidden: Any, calls: dict[int, Any]) -> Any:
+            jh, jcalls = env.t2j_iso((hidden, calls))
+
+            def body(carry: Any, period: dict[str, Any]) -> tuple[Any, None]:
+                for j in range(p):
+                    carry = one(j, carry, {k: v[j] for k, v in period.items()}, jcalls)
+                return carry, None
+
+            periods = {k: v[: trips * p].reshape(trips, p, *v.shape[1:]) for k, v in stacked.items()}
+            out, _ = jax.lax.scan(body, jh, periods)
+            for j in range(len(self.stack[1]) - trips * p):  # type: ignore[index]
+                out = one(j, out, {k: v[trips * p + j] for k, v in stacked.items()}, jcalls)
             return env.j2t_iso(out)
 
         return run
@@ -324,7 +359,12 @@ class _StepBuilder:
         name, layers = self.stack
         owner = self.model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self.model
         attr = name.rsplit(".", 1)[-1]
-        setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], self.scanned(stacked))]))
+        if self.period == 1:
+            setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], self.scanned(stacked))]))
+        else:
+            run, calls = self.scanned_by_periods(stacked), {}
+            stand_ins = [PeriodLayer(i, len(layers), self.period, calls, run) for i in range(len(layers))]
+            setattr(owner, attr, torch.nn.ModuleList(stand_ins))
         return (owner, attr, layers)
 
     def step(self, state: Any, tokens: Any) -> tuple[Any, Any]:
@@ -383,12 +423,15 @@ class _StepBuilder:
 
         state, tokens = self.abstract_state()
         row_major = row_major_names(self.config.remat)  # out_proj and mlpwo offloaded: see `residuals`
-        named = named_projections(self.stack[1][0], self.env, row_major) if self.stack else contextlib.nullcontext()
-        with causal_without_mask(self.model), mosaic_ir_for_libtpu(), named:
+        with contextlib.ExitStack() as named:
+            for template in self.stack[1][: self.period] if self.stack else ():  # one block of each kind
+                named.enter_context(named_projections(template, self.env, row_major))
+            named.enter_context(causal_without_mask(self.model, self.attention_calls is None))
+            named.enter_context(mosaic_ir_for_libtpu())
             traced = jax.jit(self.step, donate_argnums=(0,)).trace(state, tokens)
             lowered = traced.lower()
         if self.stack is not None:
-            self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr, len(self.stack[1]))
+            self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr, self.trips)
         if self.attention_calls is not None and not self.attention_calls:
             raise TracingError(
                 f"--attention flash: {type(self.model).__name__} never called scaled_dot_product_attention (it "

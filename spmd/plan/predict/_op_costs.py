@@ -8,8 +8,11 @@ import math
 import re
 
 from spmd.hlo import Instruction
+from spmd.plan.request.attention import WINDOW_SCOPE
 
 __all__ = [
+    "attended_pairs",
+    "splash_window",
     "SLICING",
     "dims",
     "fill",
@@ -143,6 +146,24 @@ def splash_matmuls(name: str) -> int:
     if "dq" in name:
         return 3
     return 2 if "fwd" in name or "bwd" not in name else 0
+
+
+def splash_window(op_name: str) -> int | None:
+    """The sliding window of the splash kernel named ``op_name`` in the HLO's metadata (the
+    ``splash_window_<W>`` scope the planner runs a windowed kernel under,
+    `spmd.plan.request.attention`); ``None``: causal over every earlier key."""
+    found = re.search(rf"/{WINDOW_SCOPE}(\d+)/", op_name)
+    return int(found.group(1)) if found else None
+
+
+def attended_pairs(queries: int, keys: int, window: int | None) -> float:
+    """(query, key) pairs a causal splash kernel computes: half the square (``queries x keys /
+    2``), or with a ``window`` each query's last ``window`` keys, itself included (fewer for the
+    first ``window`` queries). Blocks are not rounded: a splash block cut by the mask's edge
+    computes whole, which neither count adds."""
+    if window is None or window >= keys:
+        return queries * keys / 2
+    return queries * window - window * (window - 1) / 2
 
 
 def splash_head_dim_matmuls(name: str) -> int:

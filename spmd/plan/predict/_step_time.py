@@ -44,11 +44,17 @@ from spmd.plan.compile.program import hbm_bytes, leaf_layouts, shape_leaves, tri
 from spmd.plan.errors import PlanError
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.predict._op_costs import SLICING as _SLICING
+from spmd.plan.predict._op_costs import (
+    attended_pairs,
+    splash_head_dim_matmuls,
+    splash_matmuls,
+    splash_window,
+    window_taps,
+)
 from spmd.plan.predict._op_costs import dims as _dims
 from spmd.plan.predict._op_costs import fill as _fill
 from spmd.plan.predict._op_costs import in_place_update as _in_place_update
 from spmd.plan.predict._op_costs import source as _source
-from spmd.plan.predict._op_costs import splash_head_dim_matmuls, splash_matmuls, window_taps
 from spmd.plan.predict._op_costs import users_of as _users
 from spmd.plan.predict._op_costs import uses as _uses
 from spmd.plan.request.topology import TpuSlice
@@ -235,7 +241,8 @@ class _Program:
     def _kernel(self, inst: Instruction) -> tuple[float, float]:
         """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
         gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
-        (`splash_matmuls`), causal (half the blocks skipped); other kernels are costed by their
+        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window
+        (`attended_pairs`); other kernels are costed by their
         bytes only. A splash kernel's matmuls that contract over the head dim (q k^T, and dO v^T in
         backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of TPU7x's and
         v6e's 256 for a head of 128); the others contract over a block of the sequence and can fill
@@ -255,7 +262,8 @@ class _Program:
         heads = math.prod(q[:-2])
         deep = splash_head_dim_matmuls(inst.name)
         fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
-        return matmuls * 2.0 * heads * q[-2] * k[-2] * q[-1] / 2, fill
+        pairs = attended_pairs(q[-2], k[-2], splash_window(inst.metadata.get("op_name", "")))
+        return matmuls * 2.0 * heads * pairs * q[-1], fill
 
     def _fusion_bytes(self, inst: Instruction, computation: str) -> float:
         """HBM bytes of a fusion: each operand read whole, except one only sliced inside (a

@@ -68,7 +68,12 @@ def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, dic
     attention's, the MLP input projections' and the output projection's (the shares
     `spmd.plan.request.remat.recompute_factor` takes). A model with no known shape counts ``6 N`` and no
     shares."""
-    from spmd.mfu.flops import TransformerShape, matmul_flops_per_token, six_n_flops_per_token
+    from spmd.mfu.flops import (
+        TransformerShape,
+        forward_matmul_flops_per_token,
+        matmul_flops_per_token,
+        six_n_flops_per_token,
+    )
 
     try:
         shape = TransformerShape.from_hf_config(hf_config, n_params)
@@ -76,7 +81,7 @@ def model_flops(hf_config: Any, n_params: int, seq_len: int) -> tuple[float, dic
         return six_n_flops_per_token(n_params), {}
     per_token = matmul_flops_per_token(shape, seq_len)
     layers = 3.0 * shape.n_layer  # training FLOPs: forward and backward, 3 x the forward
-    attention = layers * 2 * seq_len * shape.n_head * shape.head_dim  # causal: half of 4 T H Q
+    attention = 3.0 * forward_matmul_flops_per_token(shape, seq_len)["attention"]  # causal, windows kept
     # backward of the MLP's output matrix needs its input, so a policy that keeps no MLP output
     # runs the input projections again (two with a gate, one without), not the output one
     mlp_inputs = layers * 2 * shape.d_model * shape.d_ff * (2 if shape.gated_mlp else 1)

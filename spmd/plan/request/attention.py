@@ -13,6 +13,13 @@ module calling it (Hugging Face's ``sdpa`` attention, GPT-2, Llama) runs the ker
 a causal or a full mask, no dropout, and grouped K/V heads natively. A model that passes an
 explicit mask tensor cannot be planned with ``flash`` (`TracingError`, naming the fix).
 
+Sliding windows (Gemma 2 and 3's local layers, Mistral's ``sliding_window``): a Hugging Face
+attention module hands its window to its attention function (``sliding_window=``). Under
+``flash`` the kernel takes it as splash's local mask, which skips the blocks outside the window
+(MaxText's ``sliding_window_size``); under ``dot`` the scores are masked to it. Each windowed
+kernel runs under the name scope ``splash_window_<W>`` so the step-time model costs the window's
+blocks, not the causal triangle (`spmd.plan.predict._op_costs.splash_window`).
+
 Measured with jax 0.10.2 and libtpu 0.0.52 on ``tpu7x:2x2x1`` at batch 8, 16 heads, seq 2048,
 head dim 128, forward and backward: the kernel compiles in 0.8 s with 24 MiB of temporaries;
 dot attention takes 6.5 s and 388 MiB (issue 19).
@@ -21,6 +28,7 @@ dot attention takes 6.5 s and 388 MiB (issue 19).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 import functools
 import math
@@ -33,7 +41,21 @@ from mesh import Role
 from spmd.plan._jax_compat import override_function
 from spmd.plan.errors import PlanError, TracingError
 
-__all__ = ["Attention", "causal_without_mask", "route_attention", "splash_block"]
+__all__ = [
+    "WINDOW_SCOPE",
+    "Attention",
+    "causal_without_mask",
+    "route_attention",
+    "splash_block",
+    "splash_mask",
+    "window_mask",
+]
+
+# The name scope a windowed kernel runs under: ``splash_window_1024`` (module docstring).
+WINDOW_SCOPE = "splash_window_"
+# The sliding window of the attention call being traced (None: every earlier key), from the model's
+# attention module to the kernel (`causal_without_mask`, `route_attention`).
+_WINDOW: contextvars.ContextVar[int | None] = contextvars.ContextVar("xla_spmd_sdpa_window", default=None)
 
 
 class Attention(enum.Enum):
@@ -68,14 +90,15 @@ def splash_block(seq_len: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _kernel(heads: int, seq_len: int, causal: bool, residual_name: str | None = None) -> Any:
+def _kernel(heads: int, seq_len: int, causal: bool, residual_name: str | None = None, window: int | None = None) -> Any:
     """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
-    ``residual_name`` names its residuals for a remat policy (``None``: unnamed)."""
+    ``residual_name`` names its residuals for a remat policy (``None``: unnamed); ``window``: each
+    query sees that many keys, itself included (splash's local mask), ``None``: all before it."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     b = splash_block(seq_len)
-    one = masks.CausalMask((seq_len, seq_len)) if causal else masks.FullMask((seq_len, seq_len))
+    one = splash_mask(seq_len, causal, window)
     sizes = splash.BlockSizes(
         block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,
         block_q_dq=b, block_kv_dq=b,
@@ -84,6 +107,24 @@ def _kernel(heads: int, seq_len: int, causal: bool, residual_name: str | None = 
         masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1, q_seq_shards=1,
         residual_checkpoint_name=residual_name,
     )  # fmt: skip
+
+
+def splash_mask(seq_len: int, causal: bool, window: int | None) -> Any:
+    """One head's splash mask: causal or full, or each query's last ``window`` keys (itself
+    included; both sides of it when not ``causal``), as Hugging Face's sliding-window mask."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    shape = (seq_len, seq_len)
+    if window is not None:
+        return masks.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1), offset=0)
+    return masks.CausalMask(shape) if causal else masks.FullMask(shape)
+
+
+def window_mask(queries: int, keys: int, window: int, device: Any = None) -> torch.Tensor:
+    """``[1, 1, queries, keys]``: True where a query sees a key, causal over its last ``window``
+    keys, itself included (``dot`` attention's sliding window)."""
+    seen = torch.ones(queries, keys, dtype=torch.bool, device=device)
+    return seen.tril().triu(1 - window)[None, None]
 
 
 def _check_call(query: Any, key: Any, attn_mask: Any, dropout_p: float) -> None:
@@ -125,7 +166,7 @@ _NO_MASK = "xla_spmd_sdpa_no_mask"
 
 
 @contextlib.contextmanager
-def causal_without_mask(model: torch.nn.Module) -> Iterator[None]:
+def causal_without_mask(model: torch.nn.Module, window_as_mask: bool) -> Iterator[None]:
     """For a Hugging Face model on ``sdpa`` attention: inside, its attention runs Hugging Face's
     own ``sdpa_attention_forward`` under a name of the planner's that has no mask function, so it
     builds no mask tensor and calls ``scaled_dot_product_attention(..., is_causal=True)``.
@@ -133,7 +174,10 @@ def causal_without_mask(model: torch.nn.Module) -> Iterator[None]:
     That is what the model does in training with no padding (on torch_xla too): Hugging Face sees
     that the sequences are not packed and skips the mask. On JAX tracers it cannot see that, and
     builds a ``batch x seq x seq`` mask (which splash attention cannot take). Other models are
-    left as they are."""
+    left as they are.
+
+    A layer with a sliding window keeps it: ``window_as_mask`` (``dot`` attention) masks the
+    scores to the window; otherwise the window reaches the splash kernel (`route_attention`)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa":
         yield
@@ -141,7 +185,19 @@ def causal_without_mask(model: torch.nn.Module) -> Iterator[None]:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    AttentionInterface.register(_NO_MASK, sdpa_attention_forward)
+    def attend(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN202
+        window = kwargs.get("sliding_window")
+        if window is not None and window >= key.shape[-2]:
+            window = None  # the window holds the whole sequence: plain causal attention
+        if window is not None and window_as_mask:
+            attention_mask = window_mask(query.shape[-2], key.shape[-2], window, query.device)
+        token = _WINDOW.set(None if window_as_mask else window)
+        try:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        finally:
+            _WINDOW.reset(token)
+
+    AttentionInterface.register(_NO_MASK, attend)
     config._attn_implementation = _NO_MASK
     try:
         yield
@@ -185,12 +241,17 @@ def _splash_sdpa(
             out = context_attention(q, k, v, jax_mesh, batch_axes, context_axis, tensor_axis, block, residual_name)  # type: ignore[arg-type]
             return env.j2t_iso(out.astype(q.dtype))
         spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name)
+        window = _WINDOW.get()  # a model with one is refused on a context axis (`check_no_sliding_window`)
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window)
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)
 
-        out = jax.shard_map(local, mesh=jax_mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
+        scope = jax.named_scope(f"{WINDOW_SCOPE}{window}") if window is not None else contextlib.nullcontext()
+        with scope:
+            out = jax.shard_map(local, mesh=jax_mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
+                q, k, v
+            )
         return env.j2t_iso(out.astype(q.dtype))
 
     return sdpa

@@ -34,6 +34,7 @@ from spmd.plan.errors import PlanError
 __all__ = [
     "axes_spanned",
     "check_context",
+    "check_no_sliding_window",
     "check_takes_positions",
     "context_attention",
     "context_positions",
@@ -188,6 +189,21 @@ def check_takes_positions(model: Any) -> None:
             f"Context parallelism gives the model each token's position (the shards hold the sequence "
             f"load-balanced), as position_ids; {type(model).__name__}.forward takes no position_ids. Plan a model "
             "whose forward does (Hugging Face causal LMs), or plan it without a context axis."
+        )
+
+
+def check_no_sliding_window(model: Any, seq_len: int) -> None:
+    """Raise `PlanError` when ``model`` (a Hugging Face causal LM) has layers attending over a
+    sliding window shorter than ``seq_len``: the context-parallel kernel is causal attention over
+    the whole sequence (module docstring)."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if window is not None and window < seq_len and (kinds is None or "sliding_attention" in kinds):
+        raise PlanError(
+            f"Context parallelism plans causal attention over the whole sequence; {type(model).__name__}'s layers "
+            f"attend over a sliding window of {window} tokens (its config's sliding_window), which the load-balanced "
+            "kernel does not take. Plan it without a context axis (--strategy fsdp or 2d)."
         )
 
 

@@ -1,6 +1,7 @@
 """FLOP counting and MFU arithmetic against published figures and hand calculations."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from spmd.mfu import (
     palm_flops_per_token,
     six_n_flops_per_token,
 )
+from spmd.mfu.flops import forward_matmul_flops_per_token
 
 GPT2_124M = TransformerShape(
     n_layer=12,
@@ -99,6 +101,90 @@ def test_hf_parameter_count_matches_the_model():
     assert TransformerShape.from_hf_config(llama).n_params == sum(
         p.numel() for p in LlamaForCausalLM(llama).parameters()
     )
+
+
+# Gemma 3 12B's text model (google/gemma-3-12b-pt's text_config), as the tpu-recipes run it at 32k.
+GEMMA3_12B = {
+    "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 262208, "sliding_window": 1024,
+}  # fmt: skip
+
+
+def test_gemma3_attention_counts_each_local_layers_window_as_maxtext_does():
+    from transformers import Gemma3TextConfig
+
+    shape = TransformerShape.from_hf_config(Gemma3TextConfig(**GEMMA3_12B))
+    assert (shape.sliding_window, shape.n_sliding_layers) == (1024, 40)  # 5 local layers of every 6
+    seq, heads, head_dim = 32768, 16, 256
+    # MaxText's calculate_gemma3_tflops_training_per_device, per token of forward: a global layer
+    # 4 T H Q, a local one 4 min(W, T) H Q, each halved for the causal mask
+    global_layer, local_layer = 4 * seq * heads * head_dim / 2, 4 * 1024 * heads * head_dim / 2
+    parts = forward_matmul_flops_per_token(shape, seq)
+    assert parts["attention"] == 8 * global_layer + 40 * local_layer
+    # without its windows the same model counts every layer over the whole sequence: 5.6 x the attention
+    whole = forward_matmul_flops_per_token(replace(shape, sliding_window=None, n_sliding_layers=0), seq)
+    assert whole["attention"] == 48 * global_layer
+    assert {k: v for k, v in parts.items() if k != "attention"} == {k: v for k, v in whole.items() if k != "attention"}
+    # a window holding the whole sequence is no window
+    assert forward_matmul_flops_per_token(shape, 1024) == forward_matmul_flops_per_token(
+        replace(shape, sliding_window=None, n_sliding_layers=0), 1024
+    )
+
+
+def test_gemma3_12b_at_32k_is_the_training_flops_maxtext_logged():
+    """tpu-recipes' Gemma3-12B on 2 x v6e-256 (per-device batch 1 x 32,768 tokens) logs "seconds:
+    7.793, TFLOP/s/device: 328.139": 2,557.2 TFLOP a device a step."""
+    from transformers import Gemma3TextConfig
+
+    shape = TransformerShape.from_hf_config(Gemma3TextConfig(**GEMMA3_12B))
+    assert matmul_flops_per_token(shape, 32768) * 32768 == pytest.approx(7.793 * 328.139e12, rel=1e-4)
+
+
+def test_hf_parameter_count_of_gemma_models_matches_the_model():
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GemmaConfig,
+        GemmaForCausalLM,
+    )
+
+    small = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 6, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100, "sliding_window": 8}  # fmt: skip
+    for config, model in ((Gemma2Config(**small), Gemma2ForCausalLM), (Gemma3TextConfig(**small), Gemma3ForCausalLM)):
+        shape = TransformerShape.from_hf_config(config)
+        assert shape.n_params == sum(p.numel() for p in model(config).parameters()), config.model_type
+        assert shape.n_sliding_layers == sum(kind == "sliding_attention" for kind in config.layer_types) > 0
+    gemma = GemmaConfig(**{k: v for k, v in small.items() if k != "sliding_window"})
+    assert TransformerShape.from_hf_config(gemma).n_params == sum(
+        p.numel() for p in GemmaForCausalLM(gemma).parameters()
+    )
+
+
+def test_mistral_s_window_covers_every_layer():
+    from transformers import MistralConfig
+
+    config = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=100, sliding_window=16)  # fmt: skip
+    assert TransformerShape.from_hf_config(config).n_sliding_layers == 3
+    config.sliding_window = None
+    assert TransformerShape.from_hf_config(config).n_sliding_layers == 0
+
+
+@pytest.mark.parametrize(
+    ("window", "sliding", "error", "match"),
+    [
+        (None, 2, MfuError, "needs a sliding_window"),
+        (64, 3, MfuError, "at most n_layer"),
+        (0, 1, MfuError, "sliding_window must be None or a positive int"),
+        (64, -1, MfuError, "n_sliding_layers must be"),
+        (64, 1.5, SpmdTypeError, "n_sliding_layers must be"),
+    ],
+)
+def test_bad_windows_are_refused(window, sliding, error, match):
+    with pytest.raises(error, match=match):
+        replace(GPT2_124M, n_layer=2, sliding_window=window, n_sliding_layers=sliding)
 
 
 @given(st.integers(1, 64), st.sampled_from([64, 128, 256]), st.integers(16, 4096))

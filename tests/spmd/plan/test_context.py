@@ -13,8 +13,14 @@ from spmd.plan.predict.estimate import model_flops
 from spmd.plan.predict.memory import model_shape, plan_memory
 from spmd.plan.predict.published import published_run
 from spmd.plan.request.attention import Attention
-from spmd.plan.request.context import axes_spanned, check_context, load_balanced_order, to_contiguous
-from spmd.plan.request.models import BUILTIN_CONFIGS, _hf_config
+from spmd.plan.request.context import (
+    axes_spanned,
+    check_context,
+    check_no_sliding_window,
+    load_balanced_order,
+    to_contiguous,
+)
+from spmd.plan.request.models import BUILTIN_CONFIGS, _hf_config, build_meta_model
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.topology import parse_slice
 
@@ -128,6 +134,20 @@ def tiny(tmp_path_factory):
 def test_a_context_plan_that_cannot_compile_is_refused_before_compiling(tiny, kwargs, said):
     with pytest.raises(PlanError, match=said):
         plan(tiny, "tpu7x:2x2x1", global_batch=2, **kwargs)
+
+
+def test_a_sliding_window_model_is_refused_on_a_context_axis(tmp_path, tiny):
+    import json
+
+    gemma = {**TINY, "model_type": "gemma3_text", "head_dim": 128, "sliding_window": 128}
+    path = tmp_path / "gemma.json"
+    path.write_text(json.dumps(gemma))
+    with pytest.raises(PlanError, match=r"sliding window of 128 tokens.*--strategy fsdp or 2d"):
+        plan(str(path), "tpu7x:2x2x1", global_batch=2, mesh={"fsdp": 2, "context": 4}, seq_len=512, attention="flash")
+    module, _ = build_meta_model(str(path))
+    check_no_sliding_window(module, 128)  # a window holding the sequence is no window
+    module, _ = build_meta_model(tiny)
+    check_no_sliding_window(module, 512)
 
 
 def test_the_advisor_tries_context_meshes_and_refuses_them_without_flash(tiny):

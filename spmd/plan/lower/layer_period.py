@@ -1,0 +1,55 @@
+"""Layer stacks whose blocks differ in kind: the period the scan runs, and the layers that stand in.
+
+Some models repeat a pattern of layers, not one layer: Gemma 3 five sliding-window layers then one
+global (``config.layer_types``), Gemma 2 and Qwen2's ``max_window_layers`` likewise. Their blocks
+share parameter shapes, but a block's attention module says which kind it is (``layer_type``,
+``sliding_window``), and the model hands each kind its own mask and position embeddings. The
+scan then runs one period of the pattern a trip (MaxText scans Gemma 3's six layers as one
+block): every layer keeps its own window, and the compiler still compiles one period, not L
+layers. Layers left after the last whole period run after the scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["PeriodLayer", "layer_period"]
+
+# A block's attributes that change what it computes without changing its parameters.
+_KIND_ATTRIBUTES = ("layer_type", "attention_type", "sliding_window", "is_sliding", "use_rope")
+
+
+def _kind(block: torch.nn.Module) -> tuple[Any, ...]:
+    return tuple(
+        (path, name, value)
+        for path, module in block.named_modules()
+        for name in _KIND_ATTRIBUTES
+        if isinstance(value := getattr(module, name, None), str | int | bool)
+    )
+
+
+def layer_period(layers: torch.nn.ModuleList) -> int:
+    """The shortest run of blocks whose kinds repeat through ``layers`` (1: all of one kind)."""
+    kinds = [_kind(block) for block in layers]
+    return next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
+
+
+class PeriodLayer(torch.nn.Module):
+    """Stands in for layer ``position`` of a stack scanned by periods (module docstring). The
+    model calls every layer in order: the first period's calls leave their arguments in ``calls``
+    (each kind's mask and position embeddings), the last call runs every layer with them
+    (``run(hidden, calls)``), and the others pass the hidden states through."""
+
+    def __init__(self, position: int, layers: int, period: int, calls: dict[int, Any], run: Callable[..., Any]):
+        super().__init__()
+        self.position, self.last, self.period = position, position == layers - 1, period
+        self.__dict__["calls"] = calls  # shared by the stack's stand-ins, not module state
+        self.__dict__["run"] = run
+
+    def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.position < self.period:
+            self.calls[self.position] = (args, kwargs)
+        return self.run(hidden, self.calls) if self.last else hidden
