@@ -244,6 +244,18 @@ _ONE_SLICE: tuple[Published, ...] = (
         ),
     ),
     Published(
+        "gemma3-12b", "TPU v6e", 512, 0.3575,
+        "MaxText on 2 x v6e-256, FSDP over 256 chips a slice (ici_fsdp_transpose_parallelism) and DCN data "
+        "parallelism, per-device batch 1 x 32768 tokens, splash attention (five sliding-window layers of 1024 "
+        "tokens to one global), remat custom (only the layer input kept), vocabulary tiled 16 ways",
+        "tpu-recipes training/trillium/Gemma3-12B-MaxText/2x-v6e-256 (gemma3_12b_32768_2x_v6e256)", 328.139,
+        Recipe(
+            "v6e-256", FSDP, ((DCN_PREFIX + Role.DATA.value, 2), (FSDP, 256)), 1, 32768,
+            "custom:decoder_layer_input=device,query_proj=remat,key_proj=remat,value_proj=remat",
+            vocab_tiles=16, slices=2,
+        ),
+    ),
+    Published(
         "llama2-70b", "TPU v5p", 256, 0.654,
         "MaxText on v5p-512, FSDP over 256 chips, per-device batch 4 x 4096 tokens, flash attention, remat "
         "save_dot_except_mlpwi",

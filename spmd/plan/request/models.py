@@ -92,6 +92,25 @@ def _maxtext(scale: int) -> dict[str, Any]:
     return {**config, "head_dim": 128}
 
 
+def _gemma3(d: int, layers: int, heads: int, kv: int, head_dim: int, ff: int) -> dict[str, Any]:
+    """Gemma 3's text model: five sliding-window layers of 1,024 tokens then one global layer,
+    MaxText's 262,144-token vocabulary (Hugging Face pads it to 262,208), tied embeddings."""
+    return {
+        "model_type": "gemma3_text",
+        "hidden_size": d,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": ff,
+        "vocab_size": 262144,
+        "sliding_window": 1024,
+        "max_position_embeddings": 131072,
+        "query_pre_attn_scalar": head_dim,
+        "tie_word_embeddings": True,
+    }
+
+
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),
@@ -105,6 +124,7 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3.1-8b": _llama31(4096, 32, 32, 14336),
     "llama3.1-70b": _llama31(8192, 80, 64, 28672),
     "llama3.1-405b": _llama31(16384, 126, 128, 53248),
+    "gemma3-12b": _gemma3(3840, 48, 16, 8, 256, 15360),
     "maxtext-16b": _maxtext(16),
     "maxtext-32b": _maxtext(32),
     "maxtext-64b": _maxtext(64),
