@@ -107,7 +107,9 @@ class TransformerShape:
 
     @classmethod
     def from_hf_config(cls, config: Any, n_params: int | None = None) -> TransformerShape:
-        """From a Hugging Face GPT-2 or Llama-family config (``n_params`` counted if not given).
+        """From a Hugging Face GPT-2, Llama-family or Gemma config (``n_params`` counted if not
+        given); a Gemma 2 or 3 config's local layers and Mistral's ``sliding_window`` give the
+        sliding-window fields.
 
         Raises:
             MfuError: a config of another model type, or one whose sizes are not positive ints

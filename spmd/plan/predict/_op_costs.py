@@ -11,15 +11,15 @@ from spmd.hlo import Instruction
 from spmd.plan.request.attention import WINDOW_SCOPE
 
 __all__ = [
-    "attended_pairs",
-    "splash_window",
     "SLICING",
+    "attended_pairs",
     "dims",
     "fill",
     "in_place_update",
     "source",
     "splash_head_dim_matmuls",
     "splash_matmuls",
+    "splash_window",
     "users_of",
     "uses",
     "window_taps",
