@@ -156,13 +156,13 @@ _GEMMA_NORMS = {"gemma": (0, 0), "gemma2": (2, 0), "gemma3_text": (2, 2)}
 
 def _sliding_layers(config: Any, n_layer: int) -> tuple[int | None, int]:
     """``(sliding_window, n_sliding_layers)`` of a Hugging Face config: its ``layer_types``
-    (``"sliding_attention"`` layers), or every layer when it has a ``sliding_window`` and no
-    layer types (Mistral)."""
+    (``"sliding_attention"`` layers), or Mistral's every layer (its config has a window and no
+    layer types); a window with neither says nothing of the layers."""
     window = getattr(config, "sliding_window", None)
-    if window is None:
+    kinds = getattr(config, "layer_types", None)
+    if window is None or (kinds is None and getattr(config, "model_type", "") != "mistral"):
         return None, 0
     window = _fields(config, "sliding_window")[0]
-    kinds = getattr(config, "layer_types", None)
     sliding = n_layer if kinds is None else sum(kind == "sliding_attention" for kind in kinds[:n_layer])
     return (window, sliding) if sliding else (None, 0)
 

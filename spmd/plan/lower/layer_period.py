@@ -1,12 +1,14 @@
 """Layer stacks whose blocks differ in kind: the period the scan runs, and the layers that stand in.
 
 Some models repeat a pattern of layers, not one layer: Gemma 3 five sliding-window layers then one
-global (``config.layer_types``), Gemma 2 and Qwen2's ``max_window_layers`` likewise. Their blocks
-share parameter shapes, but a block's attention module says which kind it is (``layer_type``,
-``sliding_window``), and the model hands each kind its own mask and position embeddings. The
-scan then runs one period of the pattern a trip (MaxText scans Gemma 3's six layers as one
-block): every layer keeps its own window, and the compiler still compiles one period, not L
-layers. Layers left after the last whole period run after the scan.
+global (``config.layer_types``), Gemma 2 one of each, SmolLM3 and Llama 4 a layer without rotary
+embeddings every fourth (``use_rope``). Their blocks share parameter shapes, but a block's
+attention module says which kind it is (``layer_type``, ``sliding_window``), and the model hands
+each kind its own mask and position embeddings. The scan then runs one period of the pattern a
+trip (MaxText scans Gemma 3's six layers as one block): every layer keeps its own window, and the
+compiler still compiles one period, not L layers. Layers left after the last whole period run
+after the scan. A stack whose kinds do not repeat (Qwen2's ``max_window_layers``: full layers,
+then sliding ones) is one period: correct, but compiled as long as the unrolled stack.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from spmd.plan.errors import TracingError
 
 __all__ = ["PeriodLayer", "layer_period"]
 
@@ -38,18 +42,34 @@ def layer_period(layers: torch.nn.ModuleList) -> int:
 
 
 class PeriodLayer(torch.nn.Module):
-    """Stands in for layer ``position`` of a stack scanned by periods (module docstring). The
-    model calls every layer in order: the first period's calls leave their arguments in ``calls``
-    (each kind's mask and position embeddings), the last call runs every layer with them
-    (``run(hidden, calls)``), and the others pass the hidden states through."""
+    """Stands in for ``layer``, at ``position`` of a stack scanned by periods (module docstring).
+    The model calls every layer in order, each on the last one's output: the first period's calls
+    leave their arguments in ``calls`` (each kind's mask and position embeddings), the last call
+    runs every layer with them (``run(hidden, calls)``), and the others pass the hidden states
+    through. A model that skips, repeats or reorders layers, or changes the hidden states between
+    them, is refused (`TracingError`): the scan would not compute what it does. The stand-in keeps
+    its layer's kind attributes, which some models' loops read."""
 
-    def __init__(self, position: int, layers: int, period: int, calls: dict[int, Any], run: Callable[..., Any]):
+    def __init__(self, layer: torch.nn.Module, position: int, layers: int, period: int, calls: dict[Any, Any],
+                 run: Callable[..., Any]):  # fmt: skip
         super().__init__()
         self.position, self.last, self.period = position, position == layers - 1, period
         self.__dict__["calls"] = calls  # shared by the stack's stand-ins, not module state
         self.__dict__["run"] = run
+        for name in _KIND_ATTRIBUTES:
+            if hasattr(layer, name):
+                setattr(self, name, getattr(layer, name))
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        seen = self.calls.setdefault("order", [])
+        if self.position != len(seen) or (seen and hidden is not self.calls["hidden"]):
+            raise TracingError(
+                "The planner scans this model's layers by periods of their kinds, which needs its forward to call "
+                f"every layer once, in order, each on the last one's output; layer {self.position} was called "
+                f"after {len(seen)} layers{'' if hidden is self.calls.get('hidden') else ' on other hidden states'}."
+            )
+        seen.append(self.position)
+        self.calls["hidden"] = hidden
         if self.position < self.period:
             self.calls[self.position] = (args, kwargs)
         return self.run(hidden, self.calls) if self.last else hidden

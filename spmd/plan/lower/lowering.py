@@ -298,7 +298,7 @@ class _StepBuilder:
             return blocks[j](hidden, params, args, kwargs).astype(hidden.dtype)
 
         def run(hidden: Any, calls: dict[int, Any]) -> Any:
-            jh, jcalls = env.t2j_iso((hidden, calls))
+            jh, jcalls = env.t2j_iso((hidden, {j: calls[j] for j in range(p)}))
 
             def body(carry: Any, period: dict[str, Any]) -> tuple[Any, None]:
                 for j in range(p):
@@ -363,7 +363,7 @@ class _StepBuilder:
             setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], self.scanned(stacked))]))
         else:
             run, calls = self.scanned_by_periods(stacked), {}
-            stand_ins = [PeriodLayer(i, len(layers), self.period, calls, run) for i in range(len(layers))]
+            stand_ins = [PeriodLayer(layer, i, len(layers), self.period, calls, run) for i, layer in enumerate(layers)]
             setattr(owner, attr, torch.nn.ModuleList(stand_ins))
         return (owner, attr, layers)
 
@@ -433,6 +433,12 @@ class _StepBuilder:
         if self.stack is not None:
             self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr, self.trips)
         if self.attention_calls is not None and not self.attention_calls:
+            if getattr(getattr(self.model, "config", None), "attn_logit_softcapping", None):
+                raise TracingError(
+                    f"--attention flash: {type(self.model).__name__} soft-caps its attention scores "
+                    "(attn_logit_softcapping, Gemma 2), which splash attention does not, so Hugging Face keeps it on "
+                    "eager attention. Plan it with --attention dot (its sliding windows are kept)."
+                )
             raise TracingError(
                 f"--attention flash: {type(self.model).__name__} never called scaled_dot_product_attention (it "
                 "computes attention itself, e.g. Hugging Face's attn_implementation='eager'), so no kernel could "

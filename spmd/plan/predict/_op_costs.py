@@ -152,7 +152,7 @@ def splash_window(op_name: str) -> int | None:
     """The sliding window of the splash kernel named ``op_name`` in the HLO's metadata (the
     ``splash_window_<W>`` scope the planner runs a windowed kernel under,
     `spmd.plan.request.attention`); ``None``: causal over every earlier key."""
-    found = re.search(rf"/{WINDOW_SCOPE}(\d+)/", op_name)
+    found = re.search(rf"[/(]{WINDOW_SCOPE}(\d+)[/)]", op_name)  # jvp(splash_window_128)/... too
     return int(found.group(1)) if found else None
 
 

@@ -13,7 +13,7 @@ module calling it (Hugging Face's ``sdpa`` attention, GPT-2, Llama) runs the ker
 a causal or a full mask, no dropout, and grouped K/V heads natively. A model that passes an
 explicit mask tensor cannot be planned with ``flash`` (`TracingError`, naming the fix).
 
-Sliding windows (Gemma 2 and 3's local layers, Mistral's ``sliding_window``): a Hugging Face
+Sliding windows (Gemma 3's local layers, Mistral's ``sliding_window``): a Hugging Face
 attention module hands its window to its attention function (``sliding_window=``). Under
 ``flash`` the kernel takes it as splash's local mask, which skips the blocks outside the window
 (MaxText's ``sliding_window_size``); under ``dot`` the scores are masked to it. Each windowed
@@ -231,6 +231,10 @@ def _splash_sdpa(
         splash_block(seq_len)
         q = q * (scale if scale is not None else 1 / math.sqrt(head_dim))
         if sharded_sequence:  # the sequence split over the context axis: load-balanced causal attention
+            if _WINDOW.get() is not None:  # `plan` refuses such a model first (`check_no_sliding_window`)
+                raise TracingError(
+                    "Context parallelism plans causal attention over the whole sequence, not a sliding window."
+                )
             if not is_causal:
                 raise TracingError(
                     "Context parallelism plans causal attention (a decoder's), whose load-balanced mask it builds; "
@@ -241,7 +245,7 @@ def _splash_sdpa(
             out = context_attention(q, k, v, jax_mesh, batch_axes, context_axis, tensor_axis, block, residual_name)  # type: ignore[arg-type]
             return env.j2t_iso(out.astype(q.dtype))
         spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
-        window = _WINDOW.get()  # a model with one is refused on a context axis (`check_no_sliding_window`)
+        window = _WINDOW.get()
         kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window)
 
         def local(q, k, v):  # noqa: ANN001, ANN202

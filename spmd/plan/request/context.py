@@ -197,13 +197,17 @@ def check_no_sliding_window(model: Any, seq_len: int) -> None:
     sliding window shorter than ``seq_len``: the context-parallel kernel is causal attention over
     the whole sequence (module docstring)."""
     config = getattr(model, "config", None)
-    window = getattr(config, "sliding_window", None)
-    kinds = getattr(config, "layer_types", None)
-    if window is not None and window < seq_len and (kinds is None or "sliding_attention" in kinds):
+    # the windows its attention modules hand on: Gemma's and Qwen2's hold their own, Mistral's read the config
+    windows = [w for m in model.modules() if isinstance(w := getattr(m, "sliding_window", None), int)]
+    if getattr(config, "model_type", "") == "mistral" and getattr(config, "sliding_window", None):
+        windows.append(config.sliding_window)
+    window = min(windows, default=None)
+    if window is not None and window < seq_len:
         raise PlanError(
             f"Context parallelism plans causal attention over the whole sequence; {type(model).__name__}'s layers "
             f"attend over a sliding window of {window} tokens (its config's sliding_window), which the load-balanced "
-            "kernel does not take. Plan it without a context axis (--strategy fsdp or 2d)."
+            "kernel does not take. Plan it without a context axis: drop context from --mesh (e.g. --mesh fsdp=N), and "
+            "--strategy cp."
         )
 
 

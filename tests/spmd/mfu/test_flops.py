@@ -163,13 +163,17 @@ def test_hf_parameter_count_of_gemma_models_matches_the_model():
 
 
 def test_mistral_s_window_covers_every_layer():
-    from transformers import MistralConfig
+    from transformers import LlamaConfig, MistralConfig
 
     config = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=100, sliding_window=16)  # fmt: skip
     assert TransformerShape.from_hf_config(config).n_sliding_layers == 3
     config.sliding_window = None
     assert TransformerShape.from_hf_config(config).n_sliding_layers == 0
+    llama = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                        vocab_size=100)  # fmt: skip
+    llama.sliding_window = 16  # a stray key: Llama's attention takes no window
+    assert TransformerShape.from_hf_config(llama).n_sliding_layers == 0
 
 
 @pytest.mark.parametrize(

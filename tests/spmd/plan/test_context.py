@@ -142,7 +142,7 @@ def test_a_sliding_window_model_is_refused_on_a_context_axis(tmp_path, tiny):
     gemma = {**TINY, "model_type": "gemma3_text", "head_dim": 128, "sliding_window": 128}
     path = tmp_path / "gemma.json"
     path.write_text(json.dumps(gemma))
-    with pytest.raises(PlanError, match=r"sliding window of 128 tokens.*--strategy fsdp or 2d"):
+    with pytest.raises(PlanError, match=r"sliding window of 128 tokens.*drop context from --mesh"):
         plan(str(path), "tpu7x:2x2x1", global_batch=2, mesh={"fsdp": 2, "context": 4}, seq_len=512, attention="flash")
     module, _ = build_meta_model(str(path))
     check_no_sliding_window(module, 128)  # a window holding the sequence is no window

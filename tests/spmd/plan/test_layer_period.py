@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spmd.plan.lower.layer_period import layer_period
+from spmd.plan.errors import TracingError
+from spmd.plan.lower.layer_period import PeriodLayer, layer_period
 from tests.spmd.plan.child_compile import python_code
 
 # 14 layers: two whole periods of Gemma 3's pattern (layers 5 and 11 global), then two more local ones.
@@ -87,3 +88,39 @@ def test_the_period_is_the_shortest_run_that_repeats(pattern, repeats, extra):
     assert all(w == windows[i % period] for i, w in enumerate(windows))
     assert not any(all(w == windows[i % p] for i, w in enumerate(windows)) for p in range(1, period))
     assert period <= len(pattern)
+
+
+def stand_ins(layers: int, period: int, ran: list) -> list[PeriodLayer]:
+    calls: dict = {}
+    run = lambda hidden, calls: ran.append((hidden, sorted(k for k in calls if isinstance(k, int)))) or "out"  # noqa: E731
+    return [PeriodLayer(Block(None), i, layers, period, calls, run) for i in range(layers)]
+
+
+def test_the_last_stand_in_runs_the_stack_with_the_first_period_s_arguments():
+    ran: list = []
+    hidden = object()
+    layers = stand_ins(5, 2, ran)
+    for layer in layers[:-1]:
+        assert layer(hidden, "mask") is hidden and not ran
+    assert layers[-1](hidden) == "out"
+    assert ran == [(hidden, [0, 1])]
+    layer = Block(8)
+    layer.attention_type = "sliding_attention"  # some models' loops read it from the layer
+    stand_in = PeriodLayer(layer, 0, 1, 1, {}, lambda hidden, calls: hidden)
+    assert stand_in.attention_type == "sliding_attention" and not hasattr(stand_in, "attention")
+
+
+@pytest.mark.parametrize("order", [[0, 2], [1], [0, 0]])
+def test_a_model_that_skips_or_reorders_layers_is_refused(order):
+    layers = stand_ins(4, 2, [])
+    hidden = object()
+    with pytest.raises(TracingError, match="call every layer once, in order"):
+        for i in order:
+            layers[i](hidden)
+
+
+def test_hidden_states_changed_between_layers_are_refused():
+    layers = stand_ins(3, 1, [])
+    layers[0](object())
+    with pytest.raises(TracingError, match="on other hidden states"):
+        layers[1](object())

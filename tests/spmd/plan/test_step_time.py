@@ -7,7 +7,7 @@ HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 import pytest
 
 from spmd.plan.errors import PlanError
-from spmd.plan.predict._op_costs import window_taps
+from spmd.plan.predict._op_costs import attended_pairs, splash_window, window_taps
 from spmd.plan.predict._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.request.topology import parse_slice
 
@@ -456,3 +456,24 @@ def test_every_truncation_of_a_module_is_a_time_or_a_plan_error():
         except PlanError:
             continue
         assert t.seconds >= 0 and t.exposed_seconds >= 0
+
+
+@pytest.mark.parametrize(
+    ("op_name", "window"),
+    [
+        ("jit(step)/while/body/scaled_dot_product_attention/splash_window_128/shard_map/pallas_call", 128),
+        ("jit(loss)/jvp(splash_window_1024)/shard_map/pallas_call", 1024),  # JAX writes a transform around it
+        ("jit(loss)/transpose(jvp(splash_window_64))/pallas_call", 64),
+        ("jit(step)/scaled_dot_product_attention/shard_map/pallas_call", None),
+        ("jit(step)/splash_window_12x/pallas_call", None),
+    ],
+)
+def test_a_kernel_s_window_is_read_from_its_scope(op_name, window):
+    assert splash_window(op_name) == window
+
+
+def test_attended_pairs_count_each_query_s_keys():
+    assert attended_pairs(1024, 1024, None) == 1024 * 1024 / 2
+    assert attended_pairs(1024, 1024, 2048) == 1024 * 1024 / 2  # a window holding the sequence
+    # each of 8 queries sees up to its last 3 keys: 1 + 2 + 3 x 6
+    assert attended_pairs(8, 8, 3) == 1 + 2 + 3 * 6
