@@ -207,7 +207,7 @@ def check_no_sliding_window(model: Any, seq_len: int) -> None:
             f"Context parallelism plans causal attention over the whole sequence; {type(model).__name__}'s layers "
             f"attend over a sliding window of {window} tokens (its config's sliding_window), which the load-balanced "
             "kernel does not take. Plan it without a context axis: drop context from --mesh (e.g. --mesh fsdp=N), and "
-            "--strategy cp."
+            "--strategy cp if given."
         )
 
 
