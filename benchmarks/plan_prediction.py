@@ -73,6 +73,7 @@ def _settings(p: Published) -> PlanSettings:
         attention=r.attention,
         moment_dtype=r.moment_dtype,
         vocab_tiles=r.vocab_tiles,
+        splash_blocks=r.splash_blocks,
     )
 
 

@@ -25,6 +25,7 @@ from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.settings import MOMENT_DTYPES
+from spmd.plan.request.splash_blocks import SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import MAX_SLICES
 from spmd.plan.request.vocab_tiling import MAX_TILES
 
@@ -69,6 +70,13 @@ def _remat(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"unknown remat policy {text[:40]!r}; choose from {','.join(REMATS)} (or minimal, MaxText's name for dots)"
         ) from None
+
+
+def _splash_blocks(text: str) -> SplashBlocks:
+    try:
+        return parse_splash_blocks(text)
+    except ShardingError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _remats(text: str) -> list[str]:
@@ -118,6 +126,14 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         type=int_in(1, MAX_TILES),
         default=1,
         help="compute the loss in this many chunks of tokens, never holding all the logits (MaxText's num_vocab_tiling)",
+    )
+    p.add_argument(
+        "--splash-blocks",
+        type=_splash_blocks,
+        default=None,
+        help="with --attention flash, the splash kernel's block sizes by MaxText's sa_block_ names, e.g. "
+        "q=1024,kv=1024,q_dkv=512,kv_dkv=2048, or one size for all (default: 512, or the largest of 256, 128 "
+        "dividing the sequence)",
     )
     p.add_argument(
         "--hbm-gib",
@@ -276,7 +292,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         args.model, args.topology, strategy=args.strategy or Role.FSDP.value, mesh=args.mesh, global_batch=args.batch,
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
-        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling,
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -295,7 +311,8 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         per_device_batches=args.per_device_batches, tensors=args.tensors, datas=args.datas, contexts=args.contexts,
         remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
-        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
+        cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

@@ -31,7 +31,7 @@ from spmd.plan.predict import predict_step
 from spmd.plan.predict.estimate import estimate_step
 from spmd.plan.predict.memory import model_shape
 from spmd.plan.report.plan_report import ContextReport, MemoryReport, PlanReport, summarize
-from spmd.plan.request.attention import Attention, splash_block
+from spmd.plan.request.attention import Attention
 from spmd.plan.request.context import (
     axes_spanned,
     check_context,
@@ -45,6 +45,7 @@ from spmd.plan.request.models import DEFAULT_SEQ_LEN, build_meta_model, default_
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
+from spmd.plan.request.splash_blocks import SplashBlocks, check_no_context_axis
 from spmd.plan.request.topology import TpuSlice
 from spmd.plan.request.vocab_tiling import check_vocab_tiles
 from spmd.sharding import PartitionSpec
@@ -141,6 +142,7 @@ def plan(
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
     vocab_tiles: int = 1,
+    splash_blocks: str | SplashBlocks | None = None,
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -168,12 +170,17 @@ def plan(
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
             vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.request.vocab_tiling`).
+        splash_blocks: under ``flash``, the splash kernel's block sizes by MaxText's names
+            (``"q=1024,kv=1024,q_dkv=512,kv_dkv=2048"``, or one size for all:
+            `spmd.plan.request.splash_blocks`); none given: the largest of 512, 256, 128 dividing the sequence.
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
             with what to change.
     """
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
+    settings = PlanSettings(
+        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks
+    )
     return plan_with(
         model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
         param_spec=param_spec,
@@ -208,8 +215,9 @@ def plan_program(
         check_context(seq, math.prod(req.mesh[a] for a in sequence))
         check_takes_positions(module)
         check_no_sliding_window(module, seq)
+        check_no_context_axis(settings.splash_blocks)  # type: ignore[arg-type]
     if settings.attention is Attention.FLASH:
-        splash_block(seq)
+        settings.splash_blocks.resolved(seq)  # type: ignore[union-attr]
     check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered)
@@ -234,6 +242,7 @@ def _lower(
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
         st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)), vocab_tiles=st.vocab_tiles,
+        splash_blocks=st.splash_blocks,  # type: ignore[arg-type]
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -266,7 +275,7 @@ def _report(
         model=model, topology=target.name, chip=target.chip.name, chips=target.chips, devices=target.devices,
         slices=target.slices, mesh=req.mesh, dcn_mesh=req.dcn, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
-        vocab_tiles=req.settings.vocab_tiles,
+        vocab_tiles=req.settings.vocab_tiles, splash_blocks=req.settings.splash_blocks.given,  # type: ignore[union-attr]
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

@@ -46,7 +46,7 @@ from spmd.plan.lower.lowering import find_layer_stack
 from spmd.plan.predict.ceiling import mfu_ceiling, runs_its_floor
 from spmd.plan.predict.memory import MemoryMath, model_shape, plan_memory
 from spmd.plan.report.plan_report import GIB
-from spmd.plan.request.attention import Attention, splash_block
+from spmd.plan.request.attention import Attention
 from spmd.plan.request.context import check_context, check_takes_positions
 from spmd.plan.request.dcn import DCN_PREFIX, split_dcn
 from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES, build_mesh, tpu_devices
@@ -54,6 +54,7 @@ from spmd.plan.request.models import build_meta_model, resolve_seq_len
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
+from spmd.plan.request.splash_blocks import SplashBlocks, check_no_context_axis, splash_block
 from spmd.plan.request.topology import TpuSlice
 
 __all__ = ["Advice", "Candidate", "Outcome", "advise", "candidates_for", "default_cache_dir"]
@@ -274,15 +275,16 @@ def _meshes(target: TpuSlice, choose: _Choices, hf_config: Any) -> list[tuple[st
     return meshes
 
 
-def _model(
-    model: Any, seq_len: int | None, kernel: Attention, context_parallel: bool = False
-) -> tuple[torch.nn.Module, Any, int]:  # fmt: skip
+def _model(model: Any, settings: PlanSettings, context_parallel: bool = False) -> tuple[torch.nn.Module, Any, int]:
     """The model on ``meta``, its config, and the sequence length (checked for the kernel, and
     for context parallelism when the search has ``cp``)."""
+    kernel = settings.attention
+    if context_parallel:
+        check_no_context_axis(settings.splash_blocks)  # type: ignore[arg-type]
     module, hf_config = build_meta_model(model)
     if context_parallel:
-        _check_context_parallel(module, kernel)
-    seq = resolve_seq_len(seq_len, hf_config)
+        _check_context_parallel(module, kernel)  # type: ignore[arg-type]
+    seq = resolve_seq_len(settings.seq_len, hf_config)
     if kernel is Attention.FLASH:
         splash_block(seq)
     return module, hf_config, seq
@@ -396,12 +398,13 @@ def advise(
     hbm_bytes: int | None = None,
     moment_dtype: str = "float32",
     vocab_tiles: int = 1,
+    splash_blocks: str | SplashBlocks | None = None,
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
     refine: int = 4,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``vocab_tiles``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``splash_blocks``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -422,8 +425,10 @@ def advise(
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
-    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles)
-    module, hf_config, seq_len = _model(model, seq_len, settings.attention, "cp" in choose.strategies)  # type: ignore[arg-type]
+    settings = PlanSettings(
+        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks
+    )
+    module, hf_config, seq_len = _model(model, settings, "cp" in choose.strategies)
     settings = replace(settings, seq_len=seq_len)
     meshes = _meshes(settings.target, choose, hf_config)
     searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)

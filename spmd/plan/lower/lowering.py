@@ -45,6 +45,7 @@ from spmd.plan.lower.residuals import SavedActivation, named_projections, row_ma
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
 from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
+from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks
 from spmd.plan.request.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
 from spmd.sharding import P, PartitionSpec
 
@@ -67,6 +68,7 @@ class TrainStepConfig:
         learning_rate, weight_decay, betas, eps: AdamW's.
         sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.request.context`).
         vocab_tiles: chunks the loss is computed in (`spmd.plan.request.vocab_tiling`; 1: the model's own loss).
+        splash_blocks: the splash kernel's block sizes under ``flash`` (`spmd.plan.request.splash_blocks`).
     """
 
     global_batch: int
@@ -83,6 +85,7 @@ class TrainStepConfig:
     eps: float = 1e-8
     sequence_axes: tuple[str, ...] = ()
     vocab_tiles: int = 1
+    splash_blocks: SplashBlocks = PLANNER_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,14 @@ class _StepBuilder:
         self.jmesh = JaxMesh(devices[mesh.get_logical_mesh()], tuple(mesh.axis_names))
         context = config.sequence_axes[0] if config.sequence_axes else None
         self.attention_calls = (
-            route_attention(self.env, self.jmesh, config.batch_axes, context, kernel_residual_name(config.remat))
+            route_attention(
+                self.env,
+                self.jmesh,
+                config.batch_axes,
+                context,
+                kernel_residual_name(config.remat),
+                config.splash_blocks,
+            )  # fmt: skip
             if config.attention is Attention.FLASH
             else None
         )

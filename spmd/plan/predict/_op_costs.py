@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 from spmd.hlo import Instruction
 from spmd.plan.request.attention import WINDOW_SCOPE
 
 __all__ = [
     "SLICING",
+    "SplashWindow",
     "attended_pairs",
     "dims",
     "fill",
@@ -148,22 +150,58 @@ def splash_matmuls(name: str) -> int:
     return 2 if "fwd" in name or "bwd" not in name else 0
 
 
-def splash_window(op_name: str) -> int | None:
+class SplashWindow(NamedTuple):
+    """A windowed splash kernel's scope (`spmd.plan.request.attention.window_scope`): its window
+    and the (query, key) block sizes of forward, the key gradient and the query gradient (``()``
+    in a scope written before the sizes were)."""
+
+    window: int
+    blocks: tuple[tuple[int, int], ...] = ()
+
+    def blocks_of(self, kernel: str) -> tuple[int, int] | None:
+        """The (query, key) blocks the kernel named ``kernel`` runs (a fused backward's are the
+        key gradient's); ``None``: not recorded."""
+        if not self.blocks:
+            return None
+        return self.blocks[1] if "dkv" in kernel else self.blocks[2] if "dq" in kernel else self.blocks[0]
+
+
+_WINDOW_SCOPE = re.compile(rf"[/(]{WINDOW_SCOPE}(\d+)(?:_blocks_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+))?[/)]")
+
+
+def splash_window(op_name: str) -> SplashWindow | None:
     """The sliding window of the splash kernel named ``op_name`` in the HLO's metadata (the
-    ``splash_window_<W>`` scope the planner runs a windowed kernel under,
+    ``splash_window_<W>_blocks_...`` scope the planner runs a windowed kernel under,
     `spmd.plan.request.attention`); ``None``: causal over every earlier key."""
-    found = re.search(rf"[/(]{WINDOW_SCOPE}(\d+)[/)]", op_name)  # jvp(splash_window_128)/... too
-    return int(found.group(1)) if found else None
+    found = _WINDOW_SCOPE.search(op_name)  # jvp(splash_window_128_blocks_...)/... too
+    if not found:
+        return None
+    sizes = [int(g) for g in found.groups()[1:] if g is not None]
+    return SplashWindow(int(found.group(1)), tuple(zip(sizes[::2], sizes[1::2])))
 
 
-def attended_pairs(queries: int, keys: int, window: int | None) -> float:
+def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[int, int] | None = None) -> float:
     """(query, key) pairs a causal splash kernel computes: half the square (``queries x keys /
     2``), or with a ``window`` each query's last ``window`` keys, itself included (fewer for the
-    first ``window`` queries). Blocks are not rounded: a splash block cut by the mask's edge
-    computes whole, which neither count adds."""
+    first ``window`` queries). With ``blocks``, its (query, key) block sizes, a windowed kernel
+    counts each pair of blocks the window reaches whole, as the kernel runs it: Gemma 3's window of
+    1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs. A
+    causal kernel's count is not rounded: over ``n`` blocks a side it runs ``n (n + 1) / 2`` pairs of
+    blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % at Gemma 3's 64 blocks of 512, 6.3 %
+    at 8,192 tokens), which the attention efficiency fitted on causal runs holds
+    (`spmd.plan.predict._calibration`); a window's edge blocks are another matter (twice its pairs
+    and more), which no fitted constant could hold."""
     if window is None or window >= keys:
         return queries * keys / 2
-    return queries * window - window * (window - 1) / 2
+    if blocks is None:
+        return queries * window - window * (window - 1) / 2
+    block_q, block_kv = blocks
+    touched = 0
+    for start in range(0, queries, block_q):
+        last = min(start + block_q, keys) - 1  # the block's last query sees keys up to itself
+        first = max(0, start - window + 1)  # and its first query none before this
+        touched += last // block_kv - first // block_kv + 1
+    return float(touched * block_q * block_kv)
 
 
 def splash_head_dim_matmuls(name: str) -> int:

@@ -241,8 +241,8 @@ class _Program:
     def _kernel(self, inst: Instruction) -> tuple[float, float]:
         """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
         gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
-        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window
-        (`attended_pairs`); other kernels are costed by their bytes only. A splash kernel's
+        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window,
+        each pair of blocks the window reaches run whole (`attended_pairs`); other kernels are costed by their bytes only. A splash kernel's
         matmuls that contract over the head dim (q k^T, and dO v^T in backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of TPU7x's and
         v6e's 256 for a head of 128); the others contract over a block of the sequence and can fill
         it (`splash_head_dim_matmuls`)."""
@@ -261,7 +261,9 @@ class _Program:
         heads = math.prod(q[:-2])
         deep = splash_head_dim_matmuls(inst.name)
         fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
-        pairs = attended_pairs(q[-2], k[-2], splash_window(inst.metadata.get("op_name", "")))
+        scope = splash_window(inst.metadata.get("op_name", ""))
+        window, blocks = (scope.window, scope.blocks_of(inst.name)) if scope else (None, None)
+        pairs = attended_pairs(q[-2], k[-2], window, blocks)
         return matmuls * 2.0 * heads * pairs * q[-1], fill
 
     def _fusion_bytes(self, inst: Instruction, computation: str) -> float:

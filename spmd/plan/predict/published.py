@@ -17,6 +17,7 @@ from mesh import Role
 from spmd.plan.predict._calibration import SliceScaling
 from spmd.plan.request.dcn import DCN_PREFIX, whole_sizes
 from spmd.plan.request.meshes import batch_axes
+from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import CHIP_SPECS
 
 __all__ = ["PUBLISHED", "Published", "Recipe", "published_for", "published_run", "run_name", "slice_scaling"]
@@ -46,6 +47,9 @@ class Recipe:
             `spmd.plan.request.vocab_tiling`); 1: untiled.
         slices: slices joined over DCN (MaxText's ``num_slices``); the mesh names the axes that
             span them as ``dcn_<axis>`` sizes (`spmd.plan.request.dcn`: ``(("dcn_fsdp", 2), ("fsdp", 256))``).
+        splash_blocks: the splash kernel's block sizes the recipe sets (MaxText's ``sa_block_*``,
+            `spmd.plan.request.splash_blocks`); none: the planner's own. Only the windowed kernels'
+            are costed by them; they are given for the runs with windows.
     """
 
     topology: str
@@ -58,6 +62,7 @@ class Recipe:
     moment_dtype: str = "float32"
     vocab_tiles: int = 1
     slices: int = 1
+    splash_blocks: SplashBlocks = PLANNER_BLOCKS
 
     @property
     def global_batch(self) -> int:
@@ -138,6 +143,10 @@ _QKV_PROJ_OFFLOADED = "custom:query_proj=offload,key_proj=offload,value_proj=off
 # at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
 # of the head's matmul (docs/plan.md, "Calibration").
 _V6E_VOCAB_TILES = 8
+# tpu-recipes' Gemma3-12B configs (maxtext_trillium_model_configs.py at tpu-recipes-v0.1.5): sa_block_*
+_GEMMA3_SPLASH_BLOCKS = parse_splash_blocks(
+    "q=1024,kv=1024,kv_compute=1024,q_dkv=512,kv_dkv=2048,kv_dkv_compute=512,q_dq=1024,kv_dq=1024"
+)
 
 
 def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
@@ -243,17 +252,25 @@ _ONE_SLICE: tuple[Published, ...] = (
             vocab_tiles=_V6E_VOCAB_TILES, slices=2,
         ),
     ),
-    Published(
-        "gemma3-12b", "TPU v6e", 512, 0.3575,
-        "MaxText on 2 x v6e-256, FSDP over 256 chips a slice (ici_fsdp_transpose_parallelism) and DCN data "
-        "parallelism, per-device batch 1 x 32768 tokens, splash attention (five sliding-window layers of 1024 "
-        "tokens to one global), remat custom (only the layer input kept), vocabulary tiled 16 ways",
-        "tpu-recipes training/trillium/Gemma3-12B-MaxText/2x-v6e-256 (gemma3_12b_32768_2x_v6e256)", 328.139,
-        Recipe(
-            "v6e-256", FSDP, ((DCN_PREFIX + Role.DATA.value, 2), (FSDP, 256)), 1, 32768,
-            "custom:decoder_layer_input=device,query_proj=remat,key_proj=remat,value_proj=remat",
-            vocab_tiles=16, slices=2,
-        ),
+    *(
+        Published(
+            "gemma3-12b", "TPU v6e", 256 * slices, round(tflops * 1e12 / CHIP_SPECS["v6e"].peak_flops, 4),
+            f"MaxText on {f'{slices} x ' if slices > 1 else ''}v6e-256, FSDP over 256 chips a slice"
+            + (" (ici_fsdp_transpose_parallelism) and DCN data parallelism" if slices > 1 else "")
+            + ", per-device batch 1 x 32768 tokens, splash attention (five sliding-window layers of 1024 tokens to "
+            "one global; MaxText's splash blocks), remat custom (only the layer input kept), vocabulary tiled 16 ways",
+            f"tpu-recipes training/trillium/Gemma3-12B-MaxText/{folder} ({config})", tflops,
+            Recipe(
+                "v6e-256", FSDP, ((DCN_PREFIX + Role.DATA.value, slices), (FSDP, 256)) if slices > 1 else ((FSDP, 256),),
+                1, 32768, "custom:decoder_layer_input=device,query_proj=remat,key_proj=remat,value_proj=remat",
+                vocab_tiles=16, slices=slices, splash_blocks=_GEMMA3_SPLASH_BLOCKS,
+            ),
+        )
+        for slices, folder, config, tflops in (
+            (1, "v6e-256", "gemma3_12b_32768_v6e256", 349.442),
+            (2, "2x-v6e-256", "gemma3_12b_32768_2x_v6e256", 328.139),
+            (4, "4x-v6e-256", "gemma3_12b_32768_4x_v6e256", 304.788),
+        )
     ),
     Published(
         "llama2-70b", "TPU v5p", 256, 0.654,

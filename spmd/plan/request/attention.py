@@ -17,8 +17,10 @@ Sliding windows (Gemma 3's local layers, Mistral's ``sliding_window``): a Huggin
 attention module hands its window to its attention function (``sliding_window=``). Under
 ``flash`` the kernel takes it as splash's local mask, which skips the blocks outside the window
 (MaxText's ``sliding_window_size``); under ``dot`` the scores are masked to it. Each windowed
-kernel runs under the name scope ``splash_window_<W>`` so the step-time model costs the window's
-blocks, not the causal triangle (`spmd.plan.predict._op_costs.splash_window`).
+kernel runs under the name scope ``splash_window_<W>_blocks_...`` (`window_scope`, with its block
+sizes) so the step-time model costs the blocks the window reaches, not the causal triangle
+(`spmd.plan.predict._op_costs.splash_window`). The block sizes are MaxText's ``sa_block_*``
+(`spmd.plan.request.splash_blocks`).
 
 Measured with jax 0.10.2 and libtpu 0.0.52 on ``tpu7x:2x2x1`` at batch 8, 16 heads, seq 2048,
 head dim 128, forward and backward: the kernel compiles in 0.8 s with 24 MiB of temporaries;
@@ -40,6 +42,7 @@ import torch
 from mesh import Role
 from spmd.plan._jax_compat import override_function
 from spmd.plan.errors import PlanError, TracingError
+from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, splash_block
 
 __all__ = [
     "WINDOW_SCOPE",
@@ -49,9 +52,10 @@ __all__ = [
     "splash_block",
     "splash_mask",
     "window_mask",
+    "window_scope",
 ]
 
-# The name scope a windowed kernel runs under: ``splash_window_1024`` (module docstring).
+# The name scope a windowed kernel runs under: ``splash_window_1024_blocks_...`` (`window_scope`).
 WINDOW_SCOPE = "splash_window_"
 # The sliding window of the attention call being traced (None: every earlier key), from the model's
 # attention module to the kernel (`causal_without_mask`, `route_attention`).
@@ -74,39 +78,32 @@ class Attention(enum.Enum):
             raise PlanError(f"attention must be one of {[a.value for a in cls]}, got {value!r}.") from None
 
 
-def splash_block(seq_len: int) -> int:
-    """The splash kernel's block along the sequence: the largest of 512, 256, 128 dividing it.
-
-    Raises:
-        PlanError: the sequence is not a multiple of 128 (the TPU's lane width).
-    """
-    for block in (512, 256, 128):
-        if seq_len % block == 0:
-            return block
-    raise PlanError(
-        f"--attention flash needs a sequence length divisible by 128 (the splash kernel's blocks); got {seq_len}. "
-        "Give --seq a multiple of 128, or --attention dot."
-    )
-
-
 @functools.lru_cache(maxsize=16)
-def _kernel(heads: int, seq_len: int, causal: bool, residual_name: str | None = None, window: int | None = None) -> Any:
+def _kernel(
+    heads: int, seq_len: int, causal: bool, residual_name: str | None = None, window: int | None = None,
+    blocks: SplashBlocks = PLANNER_BLOCKS,
+) -> Any:  # fmt: skip
     """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
     ``residual_name`` names its residuals for a remat policy (``None``: unnamed); ``window``: each
-    query sees that many keys, itself included (splash's local mask), ``None``: all before it."""
+    query sees that many keys, itself included (splash's local mask), ``None``: all before it;
+    ``blocks``: its block sizes (`SplashBlocks`, checked against ``seq_len`` at the boundary)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
-    b = splash_block(seq_len)
     one = splash_mask(seq_len, causal, window)
-    sizes = splash.BlockSizes(
-        block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,
-        block_q_dq=b, block_kv_dq=b,
-    )  # fmt: skip
+    sizes = splash.BlockSizes(**{f"block_{name}": size for name, size in blocks.resolved(seq_len).items()})
     return splash.make_splash_mha(
         masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1, q_seq_shards=1,
         residual_checkpoint_name=residual_name,
     )  # fmt: skip
+
+
+def window_scope(window: int, sizes: dict[str, int]) -> str:
+    """The name scope a kernel over a ``window`` runs under, with its resolved block sizes
+    (`SplashBlocks.resolved`): ``splash_window_1024_blocks_512x512_512x512_512x512``, the query
+    and key blocks of forward, the key gradient and the query gradient."""
+    pairs = ("q", "kv"), ("q_dkv", "kv_dkv"), ("q_dq", "kv_dq")
+    return f"{WINDOW_SCOPE}{window}_blocks_" + "_".join(f"{sizes[q]}x{sizes[k]}" for q, k in pairs)
 
 
 def splash_mask(seq_len: int, causal: bool, window: int | None) -> Any:
@@ -148,16 +145,18 @@ def _check_call(query: Any, key: Any, attn_mask: Any, dropout_p: float) -> None:
 
 def route_attention(
     env: Any, jax_mesh: Any, batch_axes: tuple[str, ...], context_axis: str | None = None,
-    residual_name: str | None = None,
+    residual_name: str | None = None, blocks: SplashBlocks = PLANNER_BLOCKS,
 ) -> list[tuple[int, ...]]:  # fmt: skip
     """Make ``env`` (a torchax ``Environment``) run ``scaled_dot_product_attention`` as splash
     attention under ``shard_map`` on ``jax_mesh``: batch over ``batch_axes``, heads over
     ``tensor`` when the mesh has it, and with a ``context_axis`` the sequence over it
-    (`spmd.plan.request.context.context_attention`). ``residual_name`` names the kernel's residuals (its
-    output and log-sum-exp) for a remat policy that keeps them. Returns the list each call appends
-    its query shape to (a model that never calls it gets no kernel)."""
+    (`spmd.plan.request.context.context_attention`). ``residual_name`` names the kernel's
+    residuals (its output and log-sum-exp) for a remat policy that keeps them; ``blocks``: the
+    kernel's block sizes (`spmd.plan.request.splash_blocks`; a context axis's kernel keeps its
+    own). Returns the list each call appends its query shape to (a model that never calls it gets
+    no kernel)."""
     calls: list[tuple[int, ...]] = []
-    sdpa = _splash_sdpa(env, jax_mesh, batch_axes, calls, context_axis, residual_name)
+    sdpa = _splash_sdpa(env, jax_mesh, batch_axes, calls, context_axis, residual_name, blocks)
     override_function(env, torch.nn.functional.scaled_dot_product_attention, sdpa)
     return calls
 
@@ -207,7 +206,7 @@ def causal_without_mask(model: torch.nn.Module, window_as_mask: bool) -> Iterato
 
 def _splash_sdpa(
     env: Any, jax_mesh: Any, batch_axes: tuple[str, ...], calls: list[tuple[int, ...]], context_axis: str | None,
-    residual_name: str | None,
+    residual_name: str | None, blocks: SplashBlocks,
 ) -> Callable[..., Any]:  # fmt: skip
     import jax
     from jax.sharding import PartitionSpec as JaxSpec
@@ -246,12 +245,13 @@ def _splash_sdpa(
             return env.j2t_iso(out.astype(q.dtype))
         spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
         window = _WINDOW.get()
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window)
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, blocks)
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)
 
-        scope = jax.named_scope(f"{WINDOW_SCOPE}{window}") if window is not None else contextlib.nullcontext()
+        sizes = blocks.resolved(seq_len)
+        scope = jax.named_scope(window_scope(window, sizes)) if window is not None else contextlib.nullcontext()
         with scope:
             out = jax.shard_map(local, mesh=jax_mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
                 q, k, v

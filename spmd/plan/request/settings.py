@@ -15,6 +15,7 @@ from typing import Any
 
 from spmd.plan.errors import PlanError
 from spmd.plan.request.attention import Attention
+from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import TpuSlice, parse_slice
 from spmd.plan.request.vocab_tiling import check_vocab_tiles
 
@@ -43,6 +44,8 @@ class PlanSettings:
             which its Ironwood recipes set to bf16); the second moment stays fp32.
         vocab_tiles: chunks of tokens the loss is computed in (MaxText's ``num_vocab_tiling``,
             `spmd.plan.request.vocab_tiling`); 1: the model's own loss, over all the logits at once.
+        splash_blocks: the splash kernel's block sizes under ``flash`` (MaxText's ``sa_block_*``:
+            `SplashBlocks`, or its text, ``q=1024,kv=1024``); ``None``: the planner's own.
     """
 
     topology: str
@@ -53,9 +56,22 @@ class PlanSettings:
     hbm_bytes: int | None = None
     moment_dtype: str = "float32"
     vocab_tiles: int = 1
+    splash_blocks: SplashBlocks | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", Attention.parse(self.attention))
+        if self.splash_blocks is None:
+            object.__setattr__(self, "splash_blocks", PLANNER_BLOCKS)
+        if isinstance(self.splash_blocks, str):
+            object.__setattr__(self, "splash_blocks", parse_splash_blocks(self.splash_blocks))
+        if not isinstance(self.splash_blocks, SplashBlocks):
+            raise PlanError(
+                f"splash_blocks must be SplashBlocks or its text (q=1024,kv=1024), got {self.splash_blocks!r:.60}."
+            )
+        if self.splash_blocks.given and self.attention is not Attention.FLASH:
+            raise PlanError(
+                "splash_blocks sets the splash kernel's blocks, which only --attention flash runs: plan with flash."
+            )
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise PlanError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r:.60}.")
         if self.moment_dtype not in MOMENT_DTYPES:
@@ -67,6 +83,8 @@ class PlanSettings:
         if self.seq_len is not None and not _positive_int(self.seq_len):
             raise PlanError(f"seq_len must be a positive int (tokens per sequence) or None, got {self.seq_len!r:.60}.")
         check_vocab_tiles(self.vocab_tiles, self.seq_len)
+        if self.splash_blocks.given and self.seq_len is not None:  # the planner's own: checked with the plan's mesh
+            self.splash_blocks.resolved(self.seq_len)
         self.target  # noqa: B018 - parses (and so checks) the topology and slices now, not at first use
 
     @functools.cached_property
@@ -90,4 +108,6 @@ class PlanSettings:
             "topology": self.topology, "slices": self.slices, "seq_len": self.seq_len,
             "compute_dtype": self.compute_dtype, "attention": self.attention.value,  # type: ignore[union-attr]
             "moment_dtype": self.moment_dtype,
-        } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {})  # fmt: skip
+        } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {}) | (
+            {"splash_blocks": self.splash_blocks.given} if self.splash_blocks.given else {}  # type: ignore[union-attr]
+        )  # fmt: skip

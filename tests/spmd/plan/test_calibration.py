@@ -53,7 +53,11 @@ SOURCES = {
     ("llama3.1-8b", "TPU v6e", 128, 1): (412.319, 0.4491),
     ("llama3.1-70b", "TPU v6e", 256, 1): (462.3, 0.503),  # 462.297
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
-    ("gemma3-12b", "TPU v6e", 512, 2): (328.139, 0.3575),  # 2 x v6e-256 at 32,768 tokens: its step log
+    # tpu-recipes' Gemma3-12B on 1, 2 and 4 v6e-256 at 32,768 tokens: each README's step log (MFU
+    # against v6e's 918 TFLOP/s; the 2-slice row said 0.3575 until the three were written alike)
+    ("gemma3-12b", "TPU v6e", 256, 1): (349.442, 0.3807),
+    ("gemma3-12b", "TPU v6e", 512, 2): (328.139, 0.3574),
+    ("gemma3-12b", "TPU v6e", 1024, 4): (304.788, 0.332),
     # held out: MaxText's v5p README's larger slices, and its rows on 2 slices
     ("maxtext-128b", "TPU v5p", 128, 1): (315, 0.6868),  # 1x v5p-256
     ("maxtext-128b", "TPU v5p", 256, 1): (316, 0.6883),  # 1x v5p-512

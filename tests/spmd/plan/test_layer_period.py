@@ -1,6 +1,7 @@
 """Layer stacks of several kinds (`spmd.plan.lower.layer_period`): Gemma 3's five sliding-window
 layers then one global layer scan one period a trip, each layer keeping its own window, and the
-step-time model costs a windowed kernel over its window. The compile runs in a process of its own
+step-time model costs a windowed kernel over the blocks its window reaches, with the block sizes
+given (``--splash-blocks``). The compile runs in a process of its own
 (libtpu and torchax stay out of the test session)."""
 
 import pytest
@@ -10,6 +11,9 @@ from hypothesis import strategies as st
 
 from spmd.plan.errors import TracingError
 from spmd.plan.lower.layer_period import PeriodLayer, layer_period
+from spmd.plan.predict._op_costs import attended_pairs
+from spmd.plan.request.attention import window_scope
+from spmd.plan.request.splash_blocks import SplashBlocks
 from tests.spmd.plan.child_compile import python_code
 
 # 14 layers: two whole periods of Gemma 3's pattern (layers 5 and 11 global), then two more local ones.
@@ -21,8 +25,8 @@ GEMMA3 = {
 }  # fmt: skip
 SEQ, WINDOW = 1024, 128
 
-COMPILE = """
-import json, sys
+COMPILE = r"""
+import json, re, sys
 from spmd.hlo import HloModuleText
 from spmd.plan.api import _lower, _request
 from spmd.plan.compile.step import compile_step
@@ -30,36 +34,67 @@ from spmd.plan.predict import predict_step
 from spmd.plan.request.models import build_meta_model
 from spmd.plan.request.settings import PlanSettings
 
-settings = PlanSettings("v5e:2x2", 1, 1024, "bfloat16", "flash", None, "float32", 1)
+settings = PlanSettings("v5e:2x2", 1, 1024, "bfloat16", "flash", None, "float32", 1, sys.argv[2])
 module, hf_config = build_meta_model(sys.argv[1])
 request = _request(settings, "fsdp", None, 4, "dots", 4)
 lowered, _, _ = _lower(request, module, hf_config, 1024, None)
 hlo = compile_step(lowered.lowered).hlo_text
-scopes = {
-    inst.name: inst.metadata.get("op_name", "")
+kernels = {
+    inst.name: {
+        "scope": inst.metadata.get("op_name", ""),
+        "grid": re.search(r"s(?:8|16|32)\[([\d,]+)\]", inst.attribute("operand_layout_constraints") or "").group(1),
+    }
     for instructions in HloModuleText.parse(hlo).computations.values()
     for inst in instructions
-    if inst.name.startswith("splash_mha_fwd")
+    if inst.name.startswith("splash_mha")
 }
-flops = {e.op: e.flops_per_run for e in predict_step(hlo, request.target).flops_by_op if e.op in scopes}
-print(json.dumps({"scanned": lowered.scanned_layers, "scopes": scopes, "flops": flops}))
+flops = {e.op: e.flops_per_run for e in predict_step(hlo, request.target).flops_by_op if e.op in kernels}
+print(json.dumps({"scanned": lowered.scanned_layers, "kernels": kernels, "flops": flops}))
 """
 
-COMPILED = python_code(COMPILE, GEMMA3, timeout=1200)
+# Each kernel's blocks unlike the others' (MaxText's sa_block_ names), so a size that reached the
+# wrong kernel, or no kernel, shows in its grid and its cost.
+BLOCKS = {"q": 256, "kv": 128, "q_dkv": 128, "kv_dkv": 256, "q_dq": 512, "kv_dq": 128}
+COMPILED = python_code(COMPILE, GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()), timeout=1200)
+
+
+def _kind(kernel: str) -> str:
+    return "dkv" if "dkv" in kernel else "dq" if "dq" in kernel else "fwd"
 
 
 def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
     result = COMPILED.result()
     assert result["scanned"] == 12  # two periods of six; layers 12 and 13 run after the scan
-    windowed = [name for name, scope in result["scopes"].items() if f"/splash_window_{WINDOW}/" in scope]
-    whole = [name for name in result["scopes"] if name not in windowed]
+    scope = window_scope(WINDOW, SplashBlocks(**BLOCKS).resolved(SEQ))
+    kernels = result["kernels"]
+    windowed = {name for name, k in kernels.items() if f"/{scope}/" in k["scope"]}
+    forward = {name for name in kernels if _kind(name) == "fwd"}
+    whole = forward - windowed
     # forward kernels in the program: one period's six layers in the scan and the two after it; 7 of
     # those 8 layers are local (dots remat runs each layer's forward kernel again in backward)
-    assert whole and len(windowed) == 7 * len(whole), result["scopes"]
-    # a local kernel does each query's 128 keys, not the causal half of 1,024
-    ratio = (WINDOW * SEQ - WINDOW * (WINDOW - 1) / 2) / (SEQ * SEQ / 2)
-    for name in windowed:
-        assert result["flops"][name] == pytest.approx(result["flops"][whole[0]] * ratio), name
+    assert whole and len(forward & windowed) == 7 * len(whole), kernels
+
+
+def test_each_splash_kernel_runs_the_blocks_given_and_is_costed_by_them():
+    result = COMPILED.result()
+    kernels, flops = result["kernels"], result["flops"]
+    # the kernel's block tables: forward's and dq's a row a query block, dkv's a column a key block
+    rows = {"fwd": SEQ // BLOCKS["q"], "dq": SEQ // BLOCKS["q_dq"]}
+    for name, kernel in kernels.items():
+        grid = [int(n) for n in kernel["grid"].split(",")]
+        kind = _kind(name)
+        assert (grid[2] == SEQ // BLOCKS["kv_dkv"]) if kind == "dkv" else (grid[1] == rows[kind]), (name, grid)
+    # a local kernel runs the pairs of blocks its 128 keys reach, against the causal half of 1,024
+    blocks = {"fwd": (BLOCKS["q"], BLOCKS["kv"]), "dkv": (BLOCKS["q_dkv"], BLOCKS["kv_dkv"])}
+    blocks["dq"] = (BLOCKS["q_dq"], BLOCKS["kv_dq"])
+    for kind, pair in blocks.items():
+        ratio = attended_pairs(SEQ, SEQ, WINDOW, pair) / (SEQ * SEQ / 2)
+        local = [n for n in flops if _kind(n) == kind and "splash_window" in kernels[n]["scope"]]
+        causal = [n for n in flops if _kind(n) == kind and "splash_window" not in kernels[n]["scope"]]
+        assert local and causal, (kind, sorted(flops))
+        for name in local:
+            assert flops[name] == pytest.approx(flops[causal[0]] * ratio), name
+    assert attended_pairs(SEQ, SEQ, WINDOW, blocks["fwd"]) > attended_pairs(SEQ, SEQ, WINDOW)
 
 
 def test_gemma3_s_period_is_its_pattern_of_six_and_llama_s_is_one():

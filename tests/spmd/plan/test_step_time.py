@@ -4,16 +4,22 @@ a sliced operand of a stacked array, a splash kernel. Each expected time is the 
 comment states, on tpu7x:2x2x1: 4 chips of 2 devices; per device 1153.5 TFLOP/s bf16, 3.69 TB/s
 HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spmd.plan.errors import PlanError
 from spmd.plan.predict._op_costs import attended_pairs, splash_window, window_taps
 from spmd.plan.predict._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
+from spmd.plan.request.attention import window_scope
 from spmd.plan.request.topology import parse_slice
 
 TARGET = parse_slice("tpu7x:2x2x1")
 PEAK, HBM, ICI = 2307e12 / 2, 7380e9 / 2, 600e9 / 2
 CAL = Calibration(matmul_efficiency=0.5, attention_efficiency=0.25, ring_step_seconds=1e-6)
+
+SIZE_NAMES = ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
 
 HEADER = "HloModule jit_step, is_scheduled=true, num_partitions=8\n\n"
 
@@ -466,10 +472,52 @@ def test_every_truncation_of_a_module_is_a_time_or_a_plan_error():
         ("jit(loss)/transpose(jvp(splash_window_64))/pallas_call", 64),
         ("jit(step)/scaled_dot_product_attention/shard_map/pallas_call", None),
         ("jit(step)/splash_window_12x/pallas_call", None),
+        ("jit(step)/splash_window_12_blocks_512x512/pallas_call", None),  # three pairs of blocks or none
     ],
 )
 def test_a_kernel_s_window_is_read_from_its_scope(op_name, window):
-    assert splash_window(op_name) == window
+    found = splash_window(op_name)
+    assert (found.window if found else None) == window
+    assert found is None or found.blocks == () and found.blocks_of("splash_mha_fwd") is None
+
+
+@given(
+    window=st.integers(1, 1 << 20),
+    sizes=st.fixed_dictionaries({name: st.integers(1, 64).map(lambda n: 128 * n) for name in SIZE_NAMES}),
+)
+def test_a_window_scope_reads_back_as_written(window, sizes):
+    found = splash_window(f"jit(step)/transpose(jvp({window_scope(window, sizes)}))/shard_map/pallas_call")
+    assert found is not None and found.window == window
+    assert found.blocks_of("splash_mha_fwd_residuals.3") == (sizes["q"], sizes["kv"])
+    assert found.blocks_of("splash_mha_dkv_no_residuals.3") == (sizes["q_dkv"], sizes["kv_dkv"])
+    assert found.blocks_of("splash_mha_fused_bwd_dkv.1") == (sizes["q_dkv"], sizes["kv_dkv"])
+    assert found.blocks_of("splash_mha_dq_no_residuals.3") == (sizes["q_dq"], sizes["kv_dq"])
+
+
+@given(
+    blocks=st.integers(1, 12),
+    block_q=st.sampled_from((1, 2, 4, 8)),
+    block_kv=st.sampled_from((1, 2, 4, 8)),
+    window=st.integers(1, 40),
+)
+def test_blocked_pairs_are_the_blocks_a_window_reaches_run_whole(blocks, block_q, block_kv, window):
+    seq = blocks * block_q * block_kv  # both block sizes divide it
+    seen = np.tril(np.ones((seq, seq), bool)) & ~np.tril(np.ones((seq, seq), bool), -window)
+    run = seen.reshape(seq // block_q, block_q, seq // block_kv, block_kv).any(axis=(1, 3))
+    counted = attended_pairs(seq, seq, window, (block_q, block_kv))
+    if window >= seq:  # the window holds the sequence: causal, not rounded
+        assert counted == seq * seq / 2
+    else:
+        assert counted == run.sum() * block_q * block_kv
+        assert counted >= attended_pairs(seq, seq, window) == seen.sum()
+
+
+def test_gemma3_s_window_over_maxtext_s_blocks_runs_two_to_three_times_its_pairs():
+    seq, window = 32768, 1024
+    exact = attended_pairs(seq, seq, window)
+    assert attended_pairs(seq, seq, window, (1024, 1024)) / exact == pytest.approx(2.0, abs=1e-3)  # forward, dq
+    assert attended_pairs(seq, seq, window, (512, 2048)) / exact == pytest.approx(2.984, abs=1e-3)  # dkv
+    assert attended_pairs(seq, seq, window, (512, 512)) / exact == pytest.approx(1.5, abs=1e-3)  # the planner's
 
 
 def test_attended_pairs_count_each_query_s_keys():

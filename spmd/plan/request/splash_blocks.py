@@ -1,0 +1,137 @@
+"""``--splash-blocks``: the splash attention kernel's block sizes, by MaxText's names.
+
+Splash attention (`spmd.plan.request.attention`) tiles the sequence into blocks of queries and
+keys and skips a pair of blocks that the mask leaves wholly empty; a block the mask cuts runs
+whole. MaxText's recipes tune the eight sizes (``sa_block_q``, ``sa_block_kv``,
+``sa_block_kv_compute``, ``sa_block_q_dkv``, ``sa_block_kv_dkv``, ``sa_block_kv_dkv_compute``,
+``sa_block_q_dq``, ``sa_block_kv_dq``); ``--splash-blocks q=1024,kv=1024,q_dkv=512,...`` takes the
+same names without ``sa_block_``, or one number for all eight. A block left out is the planner's
+own (`splash_block`: the largest of 512, 256 and 128 dividing the sequence); a ``*_compute`` left
+out is its block's size.
+
+The sizes matter most with a sliding window: Gemma 3's 1,024-token window over blocks of 1,024
+queries and keys runs two key blocks a query block, twice the pairs the window holds; with
+``kv_dkv=2048`` and ``q_dkv=512`` the key gradient runs 3.5 times. A windowed kernel's name scope
+carries its sizes (`spmd.plan.request.attention.window_scope`), from which the step-time model
+costs the blocks it runs (`spmd.plan.predict._op_costs.attended_pairs`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from spmd.plan.errors import PlanError
+
+__all__ = ["PLANNER_BLOCKS", "SplashBlocks", "check_no_context_axis", "parse_splash_blocks", "splash_block"]
+
+_LANE = 128  # the TPU's lane width: every block is a multiple of it
+
+
+def splash_block(seq_len: int) -> int:
+    """The splash kernel's block along the sequence: the largest of 512, 256, 128 dividing it.
+
+    Raises:
+        PlanError: the sequence is not a multiple of 128 (the TPU's lane width).
+    """
+    for block in (512, 256, _LANE):
+        if seq_len % block == 0:
+            return block
+    raise PlanError(
+        f"--attention flash needs a sequence length divisible by 128 (the splash kernel's blocks); got {seq_len}. "
+        "Give --seq a multiple of 128, or --attention dot."
+    )
+
+
+@dataclass(frozen=True)
+class SplashBlocks:
+    """Splash attention's block sizes in tokens, by MaxText's names without ``sa_block_``;
+    ``None``: the planner's own (module docstring). Each is a multiple of 128; a ``*_compute``
+    size divides its block."""
+
+    q: int | None = None
+    kv: int | None = None
+    kv_compute: int | None = None
+    q_dkv: int | None = None
+    kv_dkv: int | None = None
+    kv_dkv_compute: int | None = None
+    q_dq: int | None = None
+    kv_dq: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            size = getattr(self, f.name)
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1 or size % _LANE):
+                raise PlanError(
+                    f"splash block {f.name}={size!r:.40} is not a positive multiple of {_LANE} (the TPU's lane width)."
+                )
+
+    def resolved(self, seq_len: int) -> dict[str, int]:
+        """The eight sizes for a kernel over ``seq_len`` tokens: each given one, else the planner's.
+
+        Raises:
+            PlanError: a block does not divide ``seq_len``, or a compute size its block.
+        """
+        default = splash_block(seq_len)
+        out = {f.name: getattr(self, f.name) or default for f in fields(self) if not f.name.endswith("_compute")}
+        out["kv_compute"] = self.kv_compute or out["kv"]
+        out["kv_dkv_compute"] = self.kv_dkv_compute or out["kv_dkv"]
+        for name, size in out.items():
+            whole = out[name.removesuffix("_compute")] if name.endswith("_compute") else seq_len
+            if whole % size:
+                of = (
+                    f"its block {name.removesuffix('_compute')}={whole}"
+                    if name.endswith("_compute")
+                    else f"the {seq_len}-token sequence"
+                )
+                raise PlanError(f"splash block {name}={size} does not divide {of}. Give a divisor.")
+        return out
+
+    @property
+    def given(self) -> dict[str, int]:
+        """The sizes given, by name (what a report and the compile cache record)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+_NAMES = tuple(f.name for f in fields(SplashBlocks))
+PLANNER_BLOCKS = SplashBlocks()  # none given: the planner's own sizes
+
+
+def parse_splash_blocks(text: str) -> SplashBlocks:
+    """``"1024"`` (all eight) or ``"q=1024,kv=1024,q_dkv=512"`` (MaxText's names; ``sa_block_``
+    may prefix them) as `SplashBlocks`.
+
+    Raises:
+        PlanError: an unknown name, a repeated one, or a size that is not a whole number.
+    """
+    text = text.strip()
+    if re.fullmatch(r"\d{1,9}", text):
+        return SplashBlocks(**dict.fromkeys(_NAMES, int(text)))
+    sizes: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, value = (s.strip() for s in item.partition("="))
+        name = name.removeprefix("sa_block_")
+        if not eq or name not in _NAMES or name in sizes or not re.fullmatch(r"\d{1,9}", value):
+            raise PlanError(
+                f"--splash-blocks: cannot read {item!r:.60}. Give one size for all, or name=size pairs from "
+                f"{', '.join(_NAMES)} (MaxText's sa_block_ names), each once, e.g. q=1024,kv=1024,q_dkv=512."
+            )
+        sizes[name] = int(value)
+    if not sizes:
+        raise PlanError("--splash-blocks is empty: give one size for all, or name=size pairs (q=1024,kv=1024).")
+    return SplashBlocks(**sizes)
+
+
+def check_no_context_axis(blocks: SplashBlocks) -> None:
+    """Refuse sizes given for a plan that splits the sequence over a context axis: context
+    parallelism runs its own kernel (`spmd.plan.request.context`), one block a shard.
+
+    Raises:
+        PlanError: ``blocks`` gives a size.
+    """
+    if blocks.given:
+        raise PlanError(
+            "--splash-blocks sets the kernel of a mesh without a context axis; context parallelism runs its own "
+            "kernel with one block a shard. Plan without --splash-blocks, or on a mesh without context."
+        )
