@@ -54,7 +54,7 @@ from spmd.plan.request.models import build_meta_model, resolve_seq_len
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.specs import param_bytes, param_spec_for, state_bytes, uneven_splits
-from spmd.plan.request.splash_blocks import SplashBlocks, check_no_context_axis, splash_block
+from spmd.plan.request.splash_blocks import SplashBlocks, check_no_context_axis
 from spmd.plan.request.topology import TpuSlice
 
 __all__ = ["Advice", "Candidate", "Outcome", "advise", "candidates_for", "default_cache_dir"]
@@ -286,7 +286,7 @@ def _model(model: Any, settings: PlanSettings, context_parallel: bool = False) -
         _check_context_parallel(module, kernel)  # type: ignore[arg-type]
     seq = resolve_seq_len(settings.seq_len, hf_config)
     if kernel is Attention.FLASH:
-        splash_block(seq)
+        settings.splash_blocks.resolved(seq)  # type: ignore[union-attr]
     return module, hf_config, seq
 
 

@@ -29,8 +29,9 @@ __all__ = ["CACHE_FORMAT", "Settings", "cached_outcome", "compile_candidate", "d
 _MAX_ENTRY_BYTES = 64 * 2**20  # an entry is a few KiB of JSON
 # Bump when PlanReport's JSON or the compiled program changes (2: remat, attention, devices,
 # toolchain; 3: device order; 4: remat by MaxText's names, the first moment's dtype; 5: the
-# predicted step; 6: the predicted step across slices, the slices' waits).
-CACHE_FORMAT = 6
+# predicted step; 6: the predicted step across slices, the slices' waits; 7: splash block sizes, a
+# windowed kernel costed by its blocks, a forward kernel named with its block sizes costed as one).
+CACHE_FORMAT = 7
 
 
 def default_cache_dir() -> Path:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spmd.plan._jax_compat import compile_with_hlo
+from spmd.plan.errors import PlanError
 
-__all__ = ["CompiledStep", "compile_step", "largest_buffers", "oom_used_bytes", "report_buffers"]
+__all__ = ["CompiledStep", "compile_step", "largest_buffers", "oom_used_bytes", "report_buffers", "vmem_refusal"]
 
 _UNITS = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -48,6 +49,22 @@ def oom_used_bytes(message: str) -> int | None:
         r"required for HLO temporaries \(([\d.]+)([BKMGT])\) exceeds available HBM", message
     )
     return None if found is None else int(float(found[1]) * _UNITS[found[2]])
+
+
+def vmem_refusal(message: str) -> PlanError | None:
+    """libtpu's refusal of a Pallas kernel whose tiles do not fit the core's vector memory ("Ran
+    out of memory in memory space vmem. Used 287.21M of 128.00M vmem", the kernel named on an "XLA
+    label" line) as a `PlanError` naming the fix; ``None`` for any other error. The planner's
+    Pallas kernels are splash attention's, whose tiles are its block sizes (``--splash-blocks``)."""
+    found = re.search(r"Used ([\d.]+[BKMGT]) of ([\d.]+[BKMGT]) vmem", message)
+    if found is None:
+        return None
+    kernel = re.search(r"XLA label: (\S+) = ", message)
+    return PlanError(
+        f"libtpu cannot fit {kernel[1] if kernel else 'a Pallas kernel'} in the core's vector memory (VMEM): its "
+        f"tiles need {found[1]}B of {found[2]}B. The splash kernel's tiles are its block sizes: give smaller "
+        "--splash-blocks (MaxText's recipes use 512 to 2048), or leave them out."
+    )
 
 
 def oom_counts_temporaries_only(message: str) -> bool:
@@ -91,6 +108,9 @@ def compile_step(lowered: Any) -> CompiledStep:
         compiled, hlo, report = compile_with_hlo(lowered)
     except Exception as e:  # jaxlib's XlaRuntimeError; only the compiler's own OOM is a result
         used = oom_used_bytes(str(e))
+        refusal = vmem_refusal(str(e))
+        if refusal is not None:
+            raise refusal from None
         if "RESOURCE_EXHAUSTED" not in str(e) or used is None:
             raise
         seconds, text = time.perf_counter() - start, str(e)

@@ -21,6 +21,7 @@ __all__ = [
     "source",
     "splash_head_dim_matmuls",
     "splash_matmuls",
+    "splash_phase",
     "splash_window",
     "users_of",
     "uses",
@@ -137,17 +138,27 @@ def users_of(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
     return users
 
 
+# A splash kernel's name: ``splash_mha_fwd_residuals`` (jax 0.12); jax 0.7 appends its block
+# sizes (``splash_mha_fwd_residuals_block_kv_512_..._block_kv_dkv_512_..._use_fused_bwd_kernel_False``),
+# so a forward kernel's name holds "dkv" and "fused": the phase is the word after the attention type.
+_SPLASH_PHASE = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)(?![a-z])")
+_FUSED_BACKWARD = re.compile(r"use_fused_bwd_kernel[=_]True")
+
+
+def splash_phase(name: str) -> str | None:
+    """``fwd``, ``dq`` or ``dkv``: the pass of the splash kernel named ``name``; ``None``: not one."""
+    found = _SPLASH_PHASE.match(name)
+    return found.group(1) if found else None
+
+
 def splash_matmuls(name: str) -> int:
     """The matmuls of a splash attention kernel, by its name: forward 2 (q k^T, p v); the
     backward's dq kernel 3 (q k^T again, dO v^T, dS k), its dkv kernel 4 (q k^T, dO v^T, p^T dO,
-    dS^T q), a fused backward (dkv computing dq too) 5; 0: not a splash kernel."""
-    if not name.startswith("splash"):
-        return 0
-    if "dkv" in name:
-        return 5 if "fused" in name else 4
-    if "dq" in name:
-        return 3
-    return 2 if "fwd" in name or "bwd" not in name else 0
+    dS^T q), a fused backward (dkv computing dq too; jax 0.7 names it) 5; 0: not a splash kernel."""
+    phase = splash_phase(name)
+    if phase == "dkv":
+        return 5 if _FUSED_BACKWARD.search(name) else 4
+    return {"fwd": 2, "dq": 3}.get(phase or "", 0)
 
 
 class SplashWindow(NamedTuple):
@@ -161,9 +172,10 @@ class SplashWindow(NamedTuple):
     def blocks_of(self, kernel: str) -> tuple[int, int] | None:
         """The (query, key) blocks the kernel named ``kernel`` runs (a fused backward's are the
         key gradient's); ``None``: not recorded."""
-        if not self.blocks:
+        phase = splash_phase(kernel)
+        if not self.blocks or phase is None:
             return None
-        return self.blocks[1] if "dkv" in kernel else self.blocks[2] if "dq" in kernel else self.blocks[0]
+        return self.blocks[{"fwd": 0, "dkv": 1, "dq": 2}[phase]]
 
 
 _WINDOW_SCOPE = re.compile(rf"[/(]{WINDOW_SCOPE}(\d+)(?:_blocks_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+))?[/)]")
@@ -187,8 +199,7 @@ def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[in
     counts each pair of blocks the window reaches whole, as the kernel runs it: Gemma 3's window of
     1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs. A
     causal kernel's count is not rounded: over ``n`` blocks a side it runs ``n (n + 1) / 2`` pairs of
-    blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % at Gemma 3's 64 blocks of 512, 6.3 %
-    at 8,192 tokens), which the attention efficiency fitted on causal runs holds
+    blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % over 64 blocks, 6.3 % over 16), which the attention efficiency fitted on causal runs holds
     (`spmd.plan.predict._calibration`); a window's edge blocks are another matter (twice its pairs
     and more), which no fitted constant could hold."""
     if window is None or window >= keys:

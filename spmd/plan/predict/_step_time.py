@@ -241,11 +241,12 @@ class _Program:
     def _kernel(self, inst: Instruction) -> tuple[float, float]:
         """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
         gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
-        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window,
-        each pair of blocks the window reaches run whole (`attended_pairs`); other kernels are costed by their bytes only. A splash kernel's
-        matmuls that contract over the head dim (q k^T, and dO v^T in backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of TPU7x's and
-        v6e's 256 for a head of 128); the others contract over a block of the sequence and can fill
-        it (`splash_head_dim_matmuls`)."""
+        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window, each
+        pair of blocks the window reaches run whole (`attended_pairs`); other kernels are costed
+        by their bytes only. A splash kernel's matmuls that contract over the head dim (q k^T, and
+        dO v^T in backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of
+        TPU7x's and v6e's 256 for a head of 128); the others contract over a block of the sequence
+        and can fill it (`splash_head_dim_matmuls`)."""
         found = re.search(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)', inst.attributes)
         if found:
             return float(found.group(1)), 1.0

@@ -80,20 +80,20 @@ class Attention(enum.Enum):
 
 @functools.lru_cache(maxsize=16)
 def _kernel(
-    heads: int, seq_len: int, causal: bool, residual_name: str | None = None, window: int | None = None,
-    blocks: SplashBlocks = PLANNER_BLOCKS,
+    heads: int, seq_len: int, causal: bool, residual_name: str | None, window: int | None,
+    sizes: tuple[tuple[str, int], ...],
 ) -> Any:  # fmt: skip
     """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
     ``residual_name`` names its residuals for a remat policy (``None``: unnamed); ``window``: each
     query sees that many keys, itself included (splash's local mask), ``None``: all before it;
-    ``blocks``: its block sizes (`SplashBlocks`, checked against ``seq_len`` at the boundary)."""
+    ``sizes``: its eight block sizes by name (`SplashBlocks.resolved`)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     one = splash_mask(seq_len, causal, window)
-    sizes = splash.BlockSizes(**{f"block_{name}": size for name, size in blocks.resolved(seq_len).items()})
+    block_sizes = splash.BlockSizes(**{f"block_{name}": size for name, size in sizes})
     return splash.make_splash_mha(
-        masks.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1, q_seq_shards=1,
+        masks.MultiHeadMask([one] * heads), block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
         residual_checkpoint_name=residual_name,
     )  # fmt: skip
 
@@ -245,12 +245,12 @@ def _splash_sdpa(
             return env.j2t_iso(out.astype(q.dtype))
         spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
         window = _WINDOW.get()
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, blocks)
+        sizes = blocks.resolved(seq_len)
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, tuple(sizes.items()))
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)
 
-        sizes = blocks.resolved(seq_len)
         scope = jax.named_scope(window_scope(window, sizes)) if window is not None else contextlib.nullcontext()
         with scope:
             out = jax.shard_map(local, mesh=jax_mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(

@@ -11,7 +11,7 @@ out is its block's size.
 
 The sizes matter most with a sliding window: Gemma 3's 1,024-token window over blocks of 1,024
 queries and keys runs two key blocks a query block, twice the pairs the window holds; with
-``kv_dkv=2048`` and ``q_dkv=512`` the key gradient runs 3.5 times. A windowed kernel's name scope
+``kv_dkv=2048`` and ``q_dkv=512`` the key gradient runs 2.98 times. A windowed kernel's name scope
 carries its sizes (`spmd.plan.request.attention.window_scope`), from which the step-time model
 costs the blocks it runs (`spmd.plan.predict._op_costs.attended_pairs`).
 """
@@ -62,9 +62,15 @@ class SplashBlocks:
     def __post_init__(self) -> None:
         for f in fields(self):
             size = getattr(self, f.name)
-            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1 or size % _LANE):
+            if size is None:
+                continue
+            if not isinstance(size, int) or isinstance(size, bool):
                 raise PlanError(
-                    f"splash block {f.name}={size!r:.40} is not a positive multiple of {_LANE} (the TPU's lane width)."
+                    f"splash block {f.name} must be an int (tokens), got {type(size).__name__} {size!r:.40}."
+                )
+            if size < 1 or size % _LANE:
+                raise PlanError(
+                    f"splash block {f.name}={size} is not a positive multiple of {_LANE} (the TPU's lane width)."
                 )
 
     def resolved(self, seq_len: int) -> dict[str, int]:
@@ -114,18 +120,19 @@ def parse_splash_blocks(text: str) -> SplashBlocks:
         name = name.removeprefix("sa_block_")
         if not eq or name not in _NAMES or name in sizes or not re.fullmatch(r"\d{1,9}", value):
             raise PlanError(
-                f"--splash-blocks: cannot read {item!r:.60}. Give one size for all, or name=size pairs from "
+                f"cannot read splash block {item!r:.60}. Give one size for all, or name=size pairs from "
                 f"{', '.join(_NAMES)} (MaxText's sa_block_ names), each once, e.g. q=1024,kv=1024,q_dkv=512."
             )
         sizes[name] = int(value)
     if not sizes:
-        raise PlanError("--splash-blocks is empty: give one size for all, or name=size pairs (q=1024,kv=1024).")
+        raise PlanError("the splash blocks are empty: give one size for all, or name=size pairs (q=1024,kv=1024).")
     return SplashBlocks(**sizes)
 
 
 def check_no_context_axis(blocks: SplashBlocks) -> None:
     """Refuse sizes given for a plan that splits the sequence over a context axis: context
-    parallelism runs its own kernel (`spmd.plan.request.context`), one block a shard.
+    parallelism runs its own kernel (`spmd.plan.request.context`), all eight blocks the largest of
+    512, 256 and 128 dividing a shard's queries.
 
     Raises:
         PlanError: ``blocks`` gives a size.
@@ -133,5 +140,6 @@ def check_no_context_axis(blocks: SplashBlocks) -> None:
     if blocks.given:
         raise PlanError(
             "--splash-blocks sets the kernel of a mesh without a context axis; context parallelism runs its own "
-            "kernel with one block a shard. Plan without --splash-blocks, or on a mesh without context."
+            "kernel, its blocks the largest of 512, 256 and 128 dividing a shard's queries. Plan without "
+            "--splash-blocks, or on a mesh without context."
         )

@@ -4,6 +4,7 @@ step-time model costs a windowed kernel over the blocks its window reaches, with
 given (``--splash-blocks``). The compile runs in a process of its own
 (libtpu and torchax stay out of the test session)."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from spmd.plan.errors import TracingError
 from spmd.plan.lower.layer_period import PeriodLayer, layer_period
-from spmd.plan.predict._op_costs import attended_pairs
+from spmd.plan.predict._op_costs import attended_pairs, splash_phase
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.splash_blocks import SplashBlocks
 from tests.spmd.plan.child_compile import python_code
@@ -59,7 +60,14 @@ COMPILED = python_code(COMPILE, GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.i
 
 
 def _kind(kernel: str) -> str:
-    return "dkv" if "dkv" in kernel else "dq" if "dq" in kernel else "fwd"
+    return splash_phase(kernel)  # jax 0.7 names a forward kernel with its sizes, "block_kv_dkv" among them
+
+
+def _reach(block_q: int, block_kv: int) -> tuple[int, int]:
+    """The most key blocks one query block of a local layer reaches, and query blocks one key block."""
+    seen = np.tril(np.ones((SEQ, SEQ), bool)) & ~np.tril(np.ones((SEQ, SEQ), bool), -WINDOW)
+    run = seen.reshape(SEQ // block_q, block_q, SEQ // block_kv, block_kv).any(axis=(1, 3))
+    return int(run.sum(axis=1).max()), int(run.sum(axis=0).max())
 
 
 def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
@@ -78,12 +86,19 @@ def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
 def test_each_splash_kernel_runs_the_blocks_given_and_is_costed_by_them():
     result = COMPILED.result()
     kernels, flops = result["kernels"], result["flops"]
-    # the kernel's block tables: forward's and dq's a row a query block, dkv's a column a key block
-    rows = {"fwd": SEQ // BLOCKS["q"], "dq": SEQ // BLOCKS["q_dq"]}
+    # the kernel's block tables: forward's and dq's a row a query block, dkv's a column a key block;
+    # a local layer's table keeps only as many of the other blocks as its window reaches
+    tables = {
+        "fwd": (1, SEQ // BLOCKS["q"], _reach(BLOCKS["q"], BLOCKS["kv"])[0]),
+        "dq": (1, SEQ // BLOCKS["q_dq"], _reach(BLOCKS["q_dq"], BLOCKS["kv_dq"])[0]),
+        "dkv": (1, _reach(BLOCKS["q_dkv"], BLOCKS["kv_dkv"])[1], SEQ // BLOCKS["kv_dkv"]),
+    }
     for name, kernel in kernels.items():
-        grid = [int(n) for n in kernel["grid"].split(",")]
-        kind = _kind(name)
-        assert (grid[2] == SEQ // BLOCKS["kv_dkv"]) if kind == "dkv" else (grid[1] == rows[kind]), (name, grid)
+        grid, want = tuple(int(n) for n in kernel["grid"].split(",")), tables[_kind(name)]
+        if "splash_window" in kernel["scope"]:
+            assert grid == want, (name, grid, want)
+        else:  # causal: the whole table, a row (a column for dkv) a block
+            assert grid[2 if _kind(name) == "dkv" else 1] == want[2 if _kind(name) == "dkv" else 1], (name, grid)
     # a local kernel runs the pairs of blocks its 128 keys reach, against the causal half of 1,024
     blocks = {"fwd": (BLOCKS["q"], BLOCKS["kv"]), "dkv": (BLOCKS["q_dkv"], BLOCKS["kv_dkv"])}
     blocks["dq"] = (BLOCKS["q_dq"], BLOCKS["kv_dq"])

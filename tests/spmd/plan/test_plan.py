@@ -15,7 +15,7 @@ from spmd.plan import ModelSpecError, PlanError, PlanReport, TopologyError, advi
 from spmd.plan.__main__ import main as cli
 from spmd.plan.api import DEFAULT_SEQ_LEN, check_even_splits, default_seq_len, param_spec_for, uneven_splits
 from spmd.plan.compile.step import largest_buffers as _largest
-from spmd.plan.compile.step import oom_counts_temporaries_only
+from spmd.plan.compile.step import oom_counts_temporaries_only, vmem_refusal
 from spmd.plan.compile.step import oom_used_bytes as _oom_used_bytes
 from spmd.plan.report.plan_report import MemoryReport
 from spmd.plan.request.models import build_meta_model
@@ -188,6 +188,23 @@ def test_the_compiler_s_oom_is_read_as_a_verdict():
     )
     assert _oom_used_bytes(new) == int(111.13 * 2**30) and oom_counts_temporaries_only(new)
     assert not oom_counts_temporaries_only(OOM)
+
+
+# libtpu 0.0.52's refusal of splash blocks of 8,192 at 8,192 tokens on v5e:2x2 (a 2-layer Llama,
+# `--splash-blocks 8192`, compiled here in 5 min 48 s), cut to its lines that name the kernel
+VMEM = """INTERNAL: Mosaic failed to compile TPU kernel: RESOURCE_EXHAUSTED
+     XLA label: splash_mha_fwd_residuals.3 = custom-call(get-tuple-element.1622.data_next_ref, ...(+2)), custom_call_target="tpu_custom_call"
+     Allocation type: scoped
+ [type.googleapis.com/tensorflow.tpu.CompilationResultProto='\x08\x08\x12\xba\'Ran out of memory in memory space vmem. Used 287.21M of 128.00M vmem. Exceeded vmem capacity by 159.21M.\n\nProgram vmem requ...[truncated]']"""
+
+
+def test_a_kernel_the_core_s_vector_memory_cannot_hold_is_refused_naming_the_blocks():
+    refusal = vmem_refusal(VMEM)
+    assert isinstance(refusal, PlanError)
+    assert str(refusal).startswith("libtpu cannot fit splash_mha_fwd_residuals.3 in the core's vector memory (VMEM)")
+    assert "need 287.21MB of 128.00MB" in str(refusal) and "give smaller --splash-blocks" in str(refusal)
+    assert _oom_used_bytes(VMEM) is None  # not the plan's HBM: no verdict
+    assert vmem_refusal(OOM) is None and vmem_refusal("RESOURCE_EXHAUSTED: something else") is None
 
 
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):

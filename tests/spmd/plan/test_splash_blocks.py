@@ -41,12 +41,12 @@ def test_one_size_sets_all_eight():
     ("text", "says"),
     [
         ("q=100", "splash block q=100 is not a positive multiple of 128"),
-        ("block_q=512", "cannot read 'block_q=512'"),
+        ("block_q=512", "cannot read splash block 'block_q=512'"),
         ("q=512,q=1024", "each once"),
-        ("q=abc", "cannot read 'q=abc'"),
+        ("q=abc", "cannot read splash block 'q=abc'"),
         ("q=1" + "0" * 12, "cannot read"),
-        ("q", "cannot read 'q'"),
-        (" , ", "--splash-blocks is empty"),
+        ("q", "cannot read splash block 'q'"),
+        (" , ", "the splash blocks are empty"),
     ],
 )
 def test_unreadable_sizes_are_refused_naming_the_fix(text, says):
@@ -72,6 +72,8 @@ def test_the_settings_check_blocks_once_the_sequence_is_known_and_only_under_fla
         PlanSettings("v5e:2x2", attention="dot", splash_blocks="q=1024")
     with pytest.raises(PlanError, match="does not divide the 1536-token sequence"):
         PlanSettings("v5e:2x2", seq_len=1536, attention="flash", splash_blocks="q=1024")
+    with pytest.raises(PlanError, match="splash block q must be an int"):
+        SplashBlocks(q=1024.0)  # type: ignore[arg-type]
     with pytest.raises(PlanError, match="splash_blocks must be SplashBlocks"):
         PlanSettings("v5e:2x2", attention="flash", splash_blocks={"q": 1024})  # type: ignore[arg-type]
     given = PlanSettings("v5e:2x2", seq_len=2048, attention="flash", splash_blocks="q=1024")
@@ -84,7 +86,7 @@ def test_the_settings_check_blocks_once_the_sequence_is_known_and_only_under_fla
     ("argv", "says"),
     [
         (["--splash-blocks", "q=100"], "--splash-blocks: splash block q=100 is not a positive multiple of 128"),
-        (["--splash-blocks", "x=512"], "--splash-blocks: --splash-blocks: cannot read 'x=512'"),
+        (["--splash-blocks", "x=512"], "--splash-blocks: cannot read splash block 'x=512'"),
     ],
 )
 def test_the_cli_reads_the_flag_when_parsing(argv, says, capsys):

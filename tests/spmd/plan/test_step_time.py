@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spmd.plan.errors import PlanError
-from spmd.plan.predict._op_costs import attended_pairs, splash_window, window_taps
+from spmd.plan.predict._op_costs import attended_pairs, splash_phase, splash_window, window_taps
 from spmd.plan.predict._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.topology import parse_slice
@@ -19,6 +19,12 @@ TARGET = parse_slice("tpu7x:2x2x1")
 PEAK, HBM, ICI = 2307e12 / 2, 7380e9 / 2, 600e9 / 2
 CAL = Calibration(matmul_efficiency=0.5, attention_efficiency=0.25, ring_step_seconds=1e-6)
 
+# jax 0.7 names a kernel with its block sizes: a forward kernel's name holds "dkv" and "fused"
+JAX07_FORWARD = (
+    "splash_mha_fwd_residuals_block_kv_128_block_kv_compute_128_block_kv_dkv_256_block_kv_dkv_compute_256_block_kv_dq_"
+    "128_block_q_256_block_q_dkv_128_block_q_dq_512_k_layout_1_q_layout_1_use_fused_bwd_kernel_False_v_layout_1.20"
+)
+FUSED = "_block_kv_dkv_512_block_q_dkv_512_use_fused_bwd_kernel_True.3"
 SIZE_NAMES = ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
 
 HEADER = "HloModule jit_step, is_scheduled=true, num_partitions=8\n\n"
@@ -427,7 +433,8 @@ def test_a_splash_forward_kernel_runs_two_causal_matmuls():
     # matmul takes twice its FLOPs' time; p v contracts over keys and fills it
     assert t.seconds == pytest.approx((flops / 2 + flops / 2 / 0.5) / (PEAK * 0.25))
     assert [splash_matmuls(n) for n in ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "fusion")] == [2, 3, 4, 0]
-    names = ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "splash_mha_fused_dkv", "fusion")
+    names = ("splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv", "splash_mha_dkv" + FUSED, "fusion")
+    assert [splash_matmuls(n) for n in names] == [2, 3, 4, 5, 0]
     assert [splash_head_dim_matmuls(n) for n in names] == [1, 2, 2, 2, 0]
     # a 128-wide matrix unit (v5e) is filled by a head of 128: the kernel at its FLOPs' time
     v5e = predict_step(SPLASH.replace("num_partitions=8", "num_partitions=4"), parse_slice("v5e:2x2"), CAL)
@@ -490,7 +497,9 @@ def test_a_window_scope_reads_back_as_written(window, sizes):
     assert found is not None and found.window == window
     assert found.blocks_of("splash_mha_fwd_residuals.3") == (sizes["q"], sizes["kv"])
     assert found.blocks_of("splash_mha_dkv_no_residuals.3") == (sizes["q_dkv"], sizes["kv_dkv"])
-    assert found.blocks_of("splash_mha_fused_bwd_dkv.1") == (sizes["q_dkv"], sizes["kv_dkv"])
+    assert found.blocks_of("splash_mha_dkv" + FUSED) == (sizes["q_dkv"], sizes["kv_dkv"])
+    assert found.blocks_of(JAX07_FORWARD) == (sizes["q"], sizes["kv"])
+    assert found.blocks_of("fusion.3") is None
     assert found.blocks_of("splash_mha_dq_no_residuals.3") == (sizes["q_dq"], sizes["kv_dq"])
 
 
@@ -518,6 +527,14 @@ def test_gemma3_s_window_over_maxtext_s_blocks_runs_two_to_three_times_its_pairs
     assert attended_pairs(seq, seq, window, (1024, 1024)) / exact == pytest.approx(2.0, abs=1e-3)  # forward, dq
     assert attended_pairs(seq, seq, window, (512, 2048)) / exact == pytest.approx(2.984, abs=1e-3)  # dkv
     assert attended_pairs(seq, seq, window, (512, 512)) / exact == pytest.approx(1.5, abs=1e-3)  # the planner's
+
+
+def test_a_kernel_named_with_its_block_sizes_is_costed_by_its_pass():
+    assert splash_phase(JAX07_FORWARD) == "fwd" and splash_matmuls(JAX07_FORWARD) == 2
+    assert splash_head_dim_matmuls(JAX07_FORWARD) == 1
+    assert splash_phase("splash_mha_dq_block_kv_dq_128_block_q_dq_512.4") == "dq"
+    assert splash_phase("splash_mqa_dkv_segmented_block_kv_dkv_256.1") == "dkv"
+    assert splash_phase("splash_mha_fwdx") is None and splash_phase("fusion.splash_mha_fwd") is None
 
 
 def test_attended_pairs_count_each_query_s_keys():
