@@ -197,10 +197,12 @@ def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[in
     2``), or with a ``window`` each query's last ``window`` keys, itself included (fewer for the
     first ``window`` queries). With ``blocks``, its (query, key) block sizes, a windowed kernel
     counts each pair of blocks the window reaches whole, as the kernel runs it: Gemma 3's window of
-    1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs. A
-    causal kernel's count is not rounded: over ``n`` blocks a side it runs ``n (n + 1) / 2`` pairs of
-    blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % over 64 blocks, 6.3 % over 16), which the attention efficiency fitted on causal runs holds
-    (`spmd.plan.predict._calibration`); a window's edge blocks are another matter (twice its pairs
+    1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs.
+
+    A causal kernel's count is not rounded: over ``n`` blocks a side it runs ``n (n + 1) / 2``
+    pairs of blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % over 64 blocks, 6.3 % over
+    16), which the attention efficiency fitted on causal runs holds
+    (`spmd.plan.predict._calibration`). A window's edge blocks are another matter (twice its pairs
     and more), which no fitted constant could hold."""
     if window is None or window >= keys:
         return queries * keys / 2
