@@ -31,6 +31,7 @@ __all__ = [
     "palm_flops_per_token",
     "matmul_flops_per_token",
     "forward_matmul_flops_per_token",
+    "sliding_layers",
 ]
 
 
@@ -144,7 +145,7 @@ class TransformerShape:
             tied = getattr(config, "tie_word_embeddings", False)
             total = V * d * (1 if tied else 2) + L * per_layer + d
             embedding = 0 if tied else V * d
-            return cls(L, d, H, Q, F, V, Hkv, True, n_params or total, embedding, *_sliding_layers(config, L))
+            return cls(L, d, H, Q, F, V, Hkv, True, n_params or total, embedding, *sliding_layers(config, L))
         known = ", ".join(("gpt2", "llama", "mistral", "qwen2", *_GEMMA_NORMS))
         raise MfuError(f"No FLOP model for model_type {model_type!r}; known: {known}.")
 
@@ -154,10 +155,15 @@ class TransformerShape:
 _GEMMA_NORMS = {"gemma": (0, 0), "gemma2": (2, 0), "gemma3_text": (2, 2)}
 
 
-def _sliding_layers(config: Any, n_layer: int) -> tuple[int | None, int]:
+def sliding_layers(config: Any, n_layer: int) -> tuple[int | None, int]:
     """``(sliding_window, n_sliding_layers)`` of a Hugging Face config: its ``layer_types``
     (``"sliding_attention"`` layers), or Mistral's every layer (its config has a window and no
-    layer types); a window with neither says nothing of the layers."""
+    layer types); a window with neither says nothing of the layers. The one reading of a config's
+    windows (the planner's context check reads it too).
+
+    Raises:
+        MfuError: the window is not a positive int.
+    """
     window = getattr(config, "sliding_window", None)
     kinds = getattr(config, "layer_types", None)
     if window is None or (kinds is None and getattr(config, "model_type", "") != "mistral"):

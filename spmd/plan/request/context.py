@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from spmd.mfu.flops import sliding_layers
 from spmd.plan.errors import PlanError
 
 __all__ = [
@@ -199,9 +200,8 @@ def check_no_sliding_window(model: Any, seq_len: int) -> None:
     config = getattr(model, "config", None)
     # the windows its attention modules hand on: Gemma's and Qwen2's hold their own, Mistral's read the config
     windows = [w for m in model.modules() if isinstance(w := getattr(m, "sliding_window", None), int)]
-    if getattr(config, "model_type", "") == "mistral" and getattr(config, "sliding_window", None):
-        windows.append(config.sliding_window)
-    window = min(windows, default=None)
+    from_config = sliding_layers(config, getattr(config, "num_hidden_layers", 0) or 0)[0] if config else None
+    window = min([*windows, *([from_config] if from_config else [])], default=None)
     if window is not None and window < seq_len:
         raise PlanError(
             f"Context parallelism plans causal attention over the whole sequence; {type(model).__name__}'s layers "

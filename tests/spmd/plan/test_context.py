@@ -148,6 +148,17 @@ def test_a_sliding_window_model_is_refused_on_a_context_axis(tmp_path, tiny):
     check_no_sliding_window(module, 128)  # a window holding the sequence is no window
     module, _ = build_meta_model(tiny)
     check_no_sliding_window(module, 512)
+    # Mistral's attention modules read the window from the config (`spmd.mfu.flops.sliding_layers`);
+    # a stray sliding_window in another model's config is not read as one
+    for model_type, refused in (("mistral", True), ("llama", False)):
+        path = tmp_path / f"{model_type}.json"
+        path.write_text(json.dumps({**TINY, "model_type": model_type, "sliding_window": 128}))
+        module, _ = build_meta_model(str(path))
+        if refused:
+            with pytest.raises(PlanError, match="sliding window of 128 tokens"):
+                check_no_sliding_window(module, 512)
+        else:
+            check_no_sliding_window(module, 512)
 
 
 def test_the_advisor_tries_context_meshes_and_refuses_them_without_flash(tiny):
