@@ -212,7 +212,7 @@ class _StepBuilder:
                 context,
                 kernel_residual_name(config.remat),
                 config.splash_blocks,
-            )  # fmt: skip
+            )
             if config.attention is Attention.FLASH
             else None
         )

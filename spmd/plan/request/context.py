@@ -200,8 +200,9 @@ def check_no_sliding_window(model: Any, seq_len: int) -> None:
     config = getattr(model, "config", None)
     # the windows its attention modules hand on: Gemma's and Qwen2's hold their own, Mistral's read the config
     windows = [w for m in model.modules() if isinstance(w := getattr(m, "sliding_window", None), int)]
-    from_config = sliding_layers(config, getattr(config, "num_hidden_layers", 0) or 0)[0] if config else None
-    window = min([*windows, *([from_config] if from_config else [])], default=None)
+    if config is not None and (configured := sliding_layers(config, getattr(config, "num_hidden_layers", 0))[0]):
+        windows.append(configured)
+    window = min(windows, default=None)
     if window is not None and window < seq_len:
         raise PlanError(
             f"Context parallelism plans causal attention over the whole sequence; {type(model).__name__}'s layers "

@@ -59,10 +59,6 @@ BLOCKS = {"q": 256, "kv": 128, "q_dkv": 128, "kv_dkv": 256, "q_dq": 512, "kv_dq"
 COMPILED = python_code(COMPILE, GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()), timeout=1200)
 
 
-def _kind(kernel: str) -> str:
-    return splash_phase(kernel)  # jax 0.7 names a forward kernel with its sizes, "block_kv_dkv" among them
-
-
 def _reach(block_q: int, block_kv: int) -> tuple[int, int]:
     """The most key blocks one query block of a local layer reaches, and query blocks one key block."""
     seen = np.tril(np.ones((SEQ, SEQ), bool)) & ~np.tril(np.ones((SEQ, SEQ), bool), -WINDOW)
@@ -76,7 +72,7 @@ def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
     scope = window_scope(WINDOW, SplashBlocks(**BLOCKS).resolved(SEQ))
     kernels = result["kernels"]
     windowed = {name for name, k in kernels.items() if f"/{scope}/" in k["scope"]}
-    forward = {name for name in kernels if _kind(name) == "fwd"}
+    forward = {name for name in kernels if splash_phase(name) == "fwd"}
     whole = forward - windowed
     # forward kernels in the program: one period's six layers in the scan and the two after it; 7 of
     # those 8 layers are local (dots remat runs each layer's forward kernel again in backward)
@@ -94,18 +90,20 @@ def test_each_splash_kernel_runs_the_blocks_given_and_is_costed_by_them():
         "dkv": (1, _reach(BLOCKS["q_dkv"], BLOCKS["kv_dkv"])[1], SEQ // BLOCKS["kv_dkv"]),
     }
     for name, kernel in kernels.items():
-        grid, want = tuple(int(n) for n in kernel["grid"].split(",")), tables[_kind(name)]
+        phase = splash_phase(name)  # jax 0.7 names a forward kernel with its sizes, "block_kv_dkv" among them
+        grid, want = tuple(int(n) for n in kernel["grid"].split(",")), tables[phase]
         if "splash_window" in kernel["scope"]:
             assert grid == want, (name, grid, want)
         else:  # causal: the whole table, a row (a column for dkv) a block
-            assert grid[2 if _kind(name) == "dkv" else 1] == want[2 if _kind(name) == "dkv" else 1], (name, grid)
+            axis = 2 if phase == "dkv" else 1
+            assert grid[axis] == want[axis], (name, grid)
     # a local kernel runs the pairs of blocks its 128 keys reach, against the causal half of 1,024
     blocks = {"fwd": (BLOCKS["q"], BLOCKS["kv"]), "dkv": (BLOCKS["q_dkv"], BLOCKS["kv_dkv"])}
     blocks["dq"] = (BLOCKS["q_dq"], BLOCKS["kv_dq"])
     for kind, pair in blocks.items():
         ratio = attended_pairs(SEQ, SEQ, WINDOW, pair) / (SEQ * SEQ / 2)
-        local = [n for n in flops if _kind(n) == kind and "splash_window" in kernels[n]["scope"]]
-        causal = [n for n in flops if _kind(n) == kind and "splash_window" not in kernels[n]["scope"]]
+        local = [n for n in flops if splash_phase(n) == kind and "splash_window" in kernels[n]["scope"]]
+        causal = [n for n in flops if splash_phase(n) == kind and "splash_window" not in kernels[n]["scope"]]
         assert local and causal, (kind, sorted(flops))
         for name in local:
             assert flops[name] == pytest.approx(flops[causal[0]] * ratio), name
