@@ -74,6 +74,7 @@ def _settings(p: Published) -> PlanSettings:
         moment_dtype=r.moment_dtype,
         vocab_tiles=r.vocab_tiles,
         splash_blocks=r.splash_blocks,
+        scoped_vmem_kib=r.scoped_vmem_kib,
     )
 
 
@@ -111,18 +112,11 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
         calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=())
         seconds.append(predict_step(hlo, target, calibration).seconds)
     flops = report.estimate.model_flops_per_step / report.chips
-    return CalibrationPoint(run_name(p), published_tflops(p), flops, GRID, tuple(seconds))
+    return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds))
 
 
 def _peak_tflops(chip: str) -> float:
     return next(c.peak_flops for c in CHIP_SPECS.values() if c.name == chip) / 1e12
-
-
-def published_tflops(p: Published) -> float:
-    """The TFLOP/s per chip the run published, or its MFU times the chip's peak (a source that gives MFU only)."""
-    if p.tflops_per_chip:
-        return p.tflops_per_chip
-    return p.mfu * _peak_tflops(p.chip)
 
 
 def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
@@ -134,7 +128,7 @@ def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint)
         "recipe": dataclasses.asdict(p.recipe),  # type: ignore[arg-type]
         "role": _role(point.run),
         "published_tflops_per_chip": point.published_tflops, "published_mfu": p.mfu,
-        "published_from_mfu": not p.tflops_per_chip,
+        "published_from_mfu": not p.tflops_per_chip, "published_counts_attention_whole": p.counts_attention_whole,
         "predicted_tflops_per_chip": predicted, "predicted_mfu": predicted / _peak_tflops(p.chip),
         "error": predicted / point.published_tflops - 1,
         "predicted_seconds": step.seconds, "op_seconds": step.op_seconds, "exposed_seconds": step.exposed_seconds,
@@ -199,7 +193,8 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any], slices: dict[s
     print(f"{'run':28s} {'chips':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  {'role':11s} program/model")
     for r in rows:
         err = f"{r['error']:+.1%}"
-        pub = f"{r['published_tflops_per_chip']:.0f}" + ("*" if r["published_from_mfu"] else "")
+        marks = ("*" if r["published_from_mfu"] else "") + ("+" if r["published_counts_attention_whole"] else "")
+        pub = f"{r['published_tflops_per_chip']:.0f}{marks}"
         print(
             f"{r['run']:28s} {r['chips']:5d} {pub:>9s} {r['predicted_tflops_per_chip']:9.0f} {err:>7s}  "
             f"{r['role']:11s} {r['program_flops_over_model']:.2f}"
@@ -257,6 +252,8 @@ def main() -> None:
     print_table(rows, fits, slices)
     if any(r["published_from_mfu"] for r in rows):
         print("* the source gives MFU only: published TFLOP/s per chip = MFU x the chip's peak")
+    if any(r["published_counts_attention_whole"] for r in rows):
+        print("+ the source counts causal attention whole: its figure in the planner's count (halved), the same step")
     if missing:
         print(f"not compiled (not in the cache): {', '.join(missing)}")
     for name, gib in refused.items():

@@ -136,6 +136,13 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "dividing the sequence)",
     )
     p.add_argument(
+        "--scoped-vmem-kib",
+        type=int_in(1, 128 * 1024),
+        default=None,
+        help="the vector memory (VMEM) one kernel may take, in KiB: libtpu's xla_tpu_scoped_vmem_limit_kib "
+        "(MaxText's Trillium recipes give 98304; default libtpu's, 32 MiB on v6e)",
+    )
+    p.add_argument(
         "--hbm-gib",
         type=finite_float(0, 2**20, open_low=True),
         default=None,
@@ -293,6 +300,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
+        scoped_vmem_kib=args.scoped_vmem_kib,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -312,7 +320,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        scoped_vmem_kib=args.scoped_vmem_kib, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

@@ -58,7 +58,7 @@ import importlib.metadata
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -375,12 +375,13 @@ def topology_devices(libtpu_topology: str, slices: int, chip_family: str) -> lis
         raise TopologyError(f"libtpu refuses the topology {libtpu_topology!r}: {message}") from None
 
 
-def compile_with_hlo(lowered: Any) -> tuple[Any, str, str]:
-    """``(compiled, optimized HLO text, memory-usage report)``: compile ``lowered`` with XLA's dump
-    of the optimized module and read it (module docstring). The report (libtpu's buffer list,
-    largest last) is empty when the compiler writes none. Compile errors propagate as jax raises them."""
+def compile_with_hlo(lowered: Any, options: Mapping[str, Any] | None = None) -> tuple[Any, str, str]:
+    """``(compiled, optimized HLO text, memory-usage report)``: compile ``lowered`` with
+    ``options`` (libtpu's, by name) and XLA's dump of the optimized module, and read it (module
+    docstring). The report (libtpu's buffer list, largest last) is empty when the compiler writes
+    none. Compile errors propagate as jax raises them."""
     with tempfile.TemporaryDirectory(prefix="xla-spmd-plan-hlo-") as dump:
-        options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+        options = {**(options or {}), "xla_dump_to": dump, "xla_dump_hlo_as_text": True}
         compiled = lowered.compile(compiler_options=options)
         found = sorted(Path(dump).glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size)
         if not found:

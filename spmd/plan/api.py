@@ -143,6 +143,7 @@ def plan(
     moment_dtype: str = "float32",
     vocab_tiles: int = 1,
     splash_blocks: str | SplashBlocks | None = None,
+    scoped_vmem_kib: int | None = None,
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -173,14 +174,17 @@ def plan(
         splash_blocks: under ``flash``, the splash kernel's block sizes by MaxText's names
             (``"q=1024,kv=1024,q_dkv=512,kv_dkv=2048"``, or one size for all:
             `spmd.plan.request.splash_blocks`); none given: the largest of 512, 256, 128 dividing the sequence.
+        scoped_vmem_kib: the vector memory one kernel may take, in KiB (libtpu's
+            ``xla_tpu_scoped_vmem_limit_kib``; MaxText's Trillium recipes give 98304); none: libtpu's default.
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
             with what to change.
     """
     settings = PlanSettings(
-        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks
-    )
+        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
+        scoped_vmem_kib,
+    )  # fmt: skip
     return plan_with(
         model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
         param_spec=param_spec,
@@ -220,7 +224,7 @@ def plan_program(
         settings.splash_blocks.resolved(seq)  # type: ignore[union-attr]
     check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
-    compiled = compile_step(lowered.lowered)
+    compiled = compile_step(lowered.lowered, settings.compiler_options)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
     moments = settings.moment_bytes
     predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments, sequence)
@@ -276,6 +280,7 @@ def _report(
         slices=target.slices, mesh=req.mesh, dcn_mesh=req.dcn, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
         vocab_tiles=req.settings.vocab_tiles, splash_blocks=req.settings.splash_blocks.given,  # type: ignore[union-attr]
+        scoped_vmem_kib=req.settings.scoped_vmem_kib,
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

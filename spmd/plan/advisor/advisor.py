@@ -399,12 +399,13 @@ def advise(
     moment_dtype: str = "float32",
     vocab_tiles: int = 1,
     splash_blocks: str | SplashBlocks | None = None,
+    scoped_vmem_kib: int | None = None,
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
     refine: int = 4,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``splash_blocks``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``scoped_vmem_kib``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -426,8 +427,9 @@ def advise(
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
     settings = PlanSettings(
-        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks
-    )
+        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
+        scoped_vmem_kib,
+    )  # fmt: skip
     module, hf_config, seq_len = _model(model, settings, "cp" in choose.strategies)
     settings = replace(settings, seq_len=seq_len)
     meshes = _meshes(settings.target, choose, hf_config)

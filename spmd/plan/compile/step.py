@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +55,18 @@ def oom_used_bytes(message: str) -> int | None:
 def vmem_refusal(message: str) -> PlanError | None:
     """libtpu's refusal of a Pallas kernel whose tiles do not fit the core's vector memory ("Ran
     out of memory in memory space vmem. Used 287.21M of 128.00M vmem", the kernel named on an "XLA
-    label" line) as a `PlanError` naming the fix; ``None`` for any other error. The planner's
-    Pallas kernels are splash attention's, whose tiles are its block sizes (``--splash-blocks``)."""
+    label" line), or the scoped part of it a kernel may take ("Scoped allocation with size 33.74M
+    and limit 32.00M exceeded scoped vmem limit"), as a `PlanError` naming the fix; ``None`` for
+    any other error. The planner's Pallas kernels are splash attention's, whose tiles are its block
+    sizes (``--splash-blocks``)."""
+    scoped = re.search(r"Scoped allocation with size ([\d.]+[BKMGT]) and limit ([\d.]+[BKMGT]) exceeded", message)
+    if scoped is not None:
+        kernel = re.search(r"allocating on stack for %(\S+) = ", message)
+        return PlanError(
+            f"libtpu cannot fit {kernel[1] if kernel else 'a Pallas kernel'} in the scoped vector memory (VMEM) a "
+            f"kernel may take: it needs {scoped[1]}B of {scoped[2]}B. Raise the limit with --scoped-vmem-kib "
+            "(MaxText's Trillium recipes give 98304), or give smaller --splash-blocks."
+        )
     found = re.search(r"Used ([\d.]+[BKMGT]) of ([\d.]+[BKMGT]) vmem", message)
     if found is None:
         return None
@@ -101,11 +112,11 @@ def _memory_fields(stats: Any) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in dir(stats) if k.endswith("_in_bytes") and not k.startswith("_")}
 
 
-def compile_step(lowered: Any) -> CompiledStep:
-    """Compile ``lowered`` (module docstring)."""
+def compile_step(lowered: Any, options: Mapping[str, Any] | None = None) -> CompiledStep:
+    """Compile ``lowered`` with libtpu's ``options`` (`PlanSettings.compiler_options`; module docstring)."""
     start = time.perf_counter()
     try:
-        compiled, hlo, report = compile_with_hlo(lowered)
+        compiled, hlo, report = compile_with_hlo(lowered, options)
     except Exception as e:  # jaxlib's XlaRuntimeError; only the compiler's own OOM is a result
         used = oom_used_bytes(str(e))
         refusal = vmem_refusal(str(e))

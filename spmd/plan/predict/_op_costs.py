@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from spmd.hlo import Instruction
 from spmd.plan.request.attention import WINDOW_SCOPE
+from spmd.plan.request.splash_blocks import FUSED_BACKWARD_SCOPE
 
 __all__ = [
     "SLICING",
@@ -142,7 +143,9 @@ def users_of(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
 # sizes (``splash_mha_fwd_residuals_block_kv_512_..._block_kv_dkv_512_..._use_fused_bwd_kernel_False``),
 # so a forward kernel's name holds "dkv" and "fused": the phase is the word after the attention type.
 _SPLASH_PHASE = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)(?![a-z])")
-_FUSED_BACKWARD = re.compile(r"use_fused_bwd_kernel[=_]True")
+# jax 0.7 writes the flag into the kernel's name; jax 0.12 does not, and the planner runs a fused
+# backward under FUSED_BACKWARD_SCOPE (`spmd.plan.request.splash_blocks`), read from the op's name
+_FUSED_BACKWARD = re.compile(rf"use_fused_bwd_kernel[=_]True|[/(]{FUSED_BACKWARD_SCOPE}[/)]")
 
 
 def splash_phase(name: str) -> str | None:
@@ -151,13 +154,14 @@ def splash_phase(name: str) -> str | None:
     return found.group(1) if found else None
 
 
-def splash_matmuls(name: str) -> int:
+def splash_matmuls(name: str, op_name: str = "") -> int:
     """The matmuls of a splash attention kernel, by its name: forward 2 (q k^T, p v); the
     backward's dq kernel 3 (q k^T again, dO v^T, dS k), its dkv kernel 4 (q k^T, dO v^T, p^T dO,
-    dS^T q), a fused backward (dkv computing dq too; jax 0.7 names it) 5; 0: not a splash kernel."""
+    dS^T q), a fused backward (dkv computing dq too: jax 0.7's name says so, or the kernel's
+    ``op_name`` metadata holds the planner's fused scope) 5; 0: not a splash kernel."""
     phase = splash_phase(name)
     if phase == "dkv":
-        return 5 if _FUSED_BACKWARD.search(name) else 4
+        return 5 if _FUSED_BACKWARD.search(name) or _FUSED_BACKWARD.search(op_name) else 4
     return {"fwd": 2, "dq": 3}.get(phase or "", 0)
 
 
@@ -217,9 +221,9 @@ def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[in
     return float(touched * block_q * block_kv)
 
 
-def splash_head_dim_matmuls(name: str) -> int:
+def splash_head_dim_matmuls(name: str, op_name: str = "") -> int:
     """Of `splash_matmuls`, those contracting over the head dim: q k^T in every kernel, and dO v^T
     in backward's (forward 1, dq 2, dkv 2, fused dkv 2); the rest contract over a block of queries
     or keys (p v, dS k, p^T dO, dS^T q)."""
-    matmuls = splash_matmuls(name)
+    matmuls = splash_matmuls(name, op_name)
     return 0 if not matmuls else 1 if matmuls == 2 else 2

@@ -255,14 +255,15 @@ class _Program:
         # of keys on (131,072 tokens in blocks of 512), where a byte-size rule took one for q
         declared = inst.attribute("operand_layout_constraints") or ""
         qkv = [_dims(m.group(1)) for m in _FLOAT_ARRAY.finditer(declared) if len(_dims(m.group(1))) >= 3]
-        matmuls = splash_matmuls(inst.name)
+        op_name = inst.metadata.get("op_name", "")
+        matmuls = splash_matmuls(inst.name, op_name)
         if len(qkv) < 2 or not matmuls:
             return 0.0, 1.0
         q, k = qkv[0], qkv[1]
         heads = math.prod(q[:-2])
-        deep = splash_head_dim_matmuls(inst.name)
+        deep = splash_head_dim_matmuls(inst.name, op_name)
         fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
-        scope = splash_window(inst.metadata.get("op_name", ""))
+        scope = splash_window(op_name)
         window, blocks = (scope.window, scope.blocks_of(inst.name)) if scope else (None, None)
         pairs = attended_pairs(q[-2], k[-2], window, blocks)
         return matmuls * 2.0 * heads * pairs * q[-1], fill

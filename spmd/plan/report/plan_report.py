@@ -146,7 +146,8 @@ class PlanReport:
     ``vocab_tiles``: chunks the loss was computed in (`spmd.plan.request.vocab_tiling`; 1: untiled).
     ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.request.dcn`; ``{}``: one slice).
     ``splash_blocks``: the splash kernel's block sizes given (`spmd.plan.request.splash_blocks`;
-    ``{}``: the planner's own).
+    ``{}``: the planner's own). ``scoped_vmem_kib``: the VMEM a kernel may take, given
+    (`spmd.plan.request.settings.PlanSettings`; ``None``: libtpu's default).
     """
 
     model: str
@@ -177,6 +178,7 @@ class PlanReport:
     vocab_tiles: int = 1
     dcn_mesh: dict[str, int] = field(default_factory=dict)
     splash_blocks: dict[str, int] = field(default_factory=dict)
+    scoped_vmem_kib: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -308,7 +310,8 @@ def _heading(r: PlanReport) -> list[str]:
         f"batch {r.global_batch} x {r.seq_len}; {r.compute_dtype}; remat {r.remat}; attention {r.attention}"
         + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else "")
         + (f" (blocks {','.join(f'{k}={v}' for k, v in r.splash_blocks.items())})" if r.splash_blocks else "")
-        + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else ""),
+        + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else "")
+        + (f"; scoped VMEM {r.scoped_vmem_kib} KiB" if r.scoped_vmem_kib else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
         f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",

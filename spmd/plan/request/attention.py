@@ -42,7 +42,7 @@ import torch
 from mesh import Role
 from spmd.plan._jax_compat import override_function
 from spmd.plan.errors import PlanError, TracingError
-from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, splash_block
+from spmd.plan.request.splash_blocks import FUSED_BACKWARD_SCOPE, PLANNER_BLOCKS, SplashBlocks, splash_block
 
 __all__ = [
     "WINDOW_SCOPE",
@@ -81,17 +81,21 @@ class Attention(enum.Enum):
 @functools.lru_cache(maxsize=16)
 def _kernel(
     heads: int, seq_len: int, causal: bool, residual_name: str | None, window: int | None,
-    sizes: tuple[tuple[str, int], ...],
+    sizes: tuple[tuple[str, int], ...], fused_backward: bool = False,
 ) -> Any:  # fmt: skip
     """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
     ``residual_name`` names its residuals for a remat policy (``None``: unnamed); ``window``: each
     query sees that many keys, itself included (splash's local mask), ``None``: all before it;
-    ``sizes``: its eight block sizes by name (`SplashBlocks.resolved`)."""
+    ``sizes``: its eight block sizes by name (`SplashBlocks.resolved`); ``fused_backward``: one
+    backward kernel, which takes no query-gradient sizes."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     one = splash_mask(seq_len, causal, window)
-    block_sizes = splash.BlockSizes(**{f"block_{name}": size for name, size in sizes})
+    unused = ("q_dq", "kv_dq") if fused_backward else ()
+    block_sizes = splash.BlockSizes(
+        **{f"block_{name}": size for name, size in sizes if name not in unused}, use_fused_bwd_kernel=fused_backward
+    )
     return splash.make_splash_mha(
         masks.MultiHeadMask([one] * heads), block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
         residual_checkpoint_name=residual_name,
@@ -104,6 +108,21 @@ def window_scope(window: int, sizes: dict[str, int]) -> str:
     and key blocks of forward, the key gradient and the query gradient."""
     pairs = ("q", "kv"), ("q_dkv", "kv_dkv"), ("q_dq", "kv_dq")
     return f"{WINDOW_SCOPE}{window}_blocks_" + "_".join(f"{sizes[q]}x{sizes[k]}" for q, k in pairs)
+
+
+@contextlib.contextmanager
+def _kernel_scopes(window: int | None, sizes: dict[str, int], fused_backward: bool) -> Iterator[None]:
+    """The name scopes a kernel's cost is read from (`spmd.plan.predict._op_costs`): its window
+    with its blocks (`window_scope`), and a fused backward (jax 0.12 names it as the unfused key
+    gradient's kernel)."""
+    import jax
+
+    with contextlib.ExitStack() as scopes:
+        if window is not None:
+            scopes.enter_context(jax.named_scope(window_scope(window, sizes)))
+        if fused_backward:
+            scopes.enter_context(jax.named_scope(FUSED_BACKWARD_SCOPE))
+        yield
 
 
 def splash_mask(seq_len: int, causal: bool, window: int | None) -> Any:
@@ -246,13 +265,13 @@ def _splash_sdpa(
         spec = JaxSpec(batch_axes or None, tensor_axis, None, None)
         window = _WINDOW.get()
         sizes = blocks.resolved(seq_len)
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, tuple(sizes.items()))
+        fused = blocks.use_fused_bwd_kernel
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, tuple(sizes.items()), fused)
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)
 
-        scope = jax.named_scope(window_scope(window, sizes)) if window is not None else contextlib.nullcontext()
-        with scope:
+        with _kernel_scopes(window, sizes, fused):
             out = jax.shard_map(local, mesh=jax_mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
                 q, k, v
             )

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_SEQ_LEN",
     "ModelSpecError",
     "build_meta_model",
+    "builtin_config",
     "default_seq_len",
     "parameters_on_meta",
     "resolve_seq_len",
@@ -80,6 +81,16 @@ def _llama31(d: int, layers: int, heads: int, ff: int) -> dict[str, Any]:
     return {**_llama(d, layers, heads, 8, ff, 128256, 131072, 500000.0), "rope_scaling": rope}
 
 
+def _mistral(d: int, layers: int, heads: int, kv: int, ff: int) -> dict[str, Any]:
+    """Mistral 7B as MaxText's ``mistral-7b.yml`` and Mistral's v0.2 and later checkpoints: no
+    sliding window (Hugging Face's config defaults to v0.1's 4,096, so it is set to none)."""
+    return {
+        **_llama(d, layers, heads, kv, ff, 32000, 32768, 1000000.0),
+        "model_type": "mistral",
+        "sliding_window": None,
+    }
+
+
 def _maxtext(scale: int) -> dict[str, Any]:
     """MaxText's ``global_parameter_scale`` models (``MaxText/configs/base.yml``, ``pyconfig.py``
     ``get_individual_scales``): a Llama-2 decoder of width 2048, 16 heads of 128 (no grouped K/V),
@@ -125,6 +136,7 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3.1-70b": _llama31(8192, 80, 64, 28672),
     "llama3.1-405b": _llama31(16384, 126, 128, 53248),
     "gemma3-12b": _gemma3(3840, 48, 16, 8, 256, 15360),
+    "mistral-7b": _mistral(4096, 32, 32, 8, 14336),
     "maxtext-16b": _maxtext(16),
     "maxtext-32b": _maxtext(32),
     "maxtext-64b": _maxtext(64),
@@ -194,6 +206,17 @@ def _check_heads(config: Any) -> None:
             f"The config's {heads} attention heads do not split into {kv_heads} key/value heads; give a "
             "num_key_value_heads that divides num_attention_heads."
         )
+
+
+def builtin_config(name: str) -> Any:
+    """The Hugging Face config of the built-in model ``name`` (`BUILTIN_CONFIGS`), no model built.
+
+    Raises:
+        ModelSpecError: ``name`` is not a built-in model.
+    """
+    if name not in BUILTIN_CONFIGS:
+        raise ModelSpecError(f"Unknown built-in model {name!r:.80}; known: {sorted(BUILTIN_CONFIGS)}.")
+    return _hf_config(BUILTIN_CONFIGS[name])
 
 
 def build_meta_model(model: str | Path | torch.nn.Module) -> tuple[torch.nn.Module, Any]:

@@ -25,6 +25,10 @@ COMPUTE_DTYPES = ("bfloat16", "float32")
 MOMENT_DTYPES = ("float32", "bfloat16")
 
 
+# A core's whole VMEM, the most a kernel could take (v5e's 128 MiB, the largest libtpu has reported here)
+_MAX_SCOPED_VMEM_KIB = 128 * 1024
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -46,6 +50,9 @@ class PlanSettings:
             `spmd.plan.request.vocab_tiling`); 1: the model's own loss, over all the logits at once.
         splash_blocks: the splash kernel's block sizes under ``flash`` (MaxText's ``sa_block_*``:
             `SplashBlocks`, or its text, ``q=1024,kv=1024``); ``None``: the planner's own.
+        scoped_vmem_kib: the vector memory (VMEM) one kernel may take, in KiB: libtpu's
+            ``xla_tpu_scoped_vmem_limit_kib``, which MaxText's Trillium recipes raise to 98304 for
+            splash's larger blocks; ``None``: libtpu's default (32 MiB on v6e).
     """
 
     topology: str
@@ -57,6 +64,7 @@ class PlanSettings:
     moment_dtype: str = "float32"
     vocab_tiles: int = 1
     splash_blocks: SplashBlocks | str | None = None
+    scoped_vmem_kib: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", Attention.parse(self.attention))
@@ -82,6 +90,13 @@ class PlanSettings:
             raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {self.hbm_bytes!r:.60}.")
         if self.seq_len is not None and not _positive_int(self.seq_len):
             raise PlanError(f"seq_len must be a positive int (tokens per sequence) or None, got {self.seq_len!r:.60}.")
+        if self.scoped_vmem_kib is not None and not (
+            _positive_int(self.scoped_vmem_kib) and self.scoped_vmem_kib <= _MAX_SCOPED_VMEM_KIB
+        ):
+            raise PlanError(
+                f"scoped_vmem_kib must be a whole number of KiB from 1 to {_MAX_SCOPED_VMEM_KIB} (128 MiB) "
+                f"or None, got {self.scoped_vmem_kib!r:.60}. MaxText's recipes give 98304."
+            )
         check_vocab_tiles(self.vocab_tiles, self.seq_len)
         if self.splash_blocks.given and self.seq_len is not None:  # the planner's own: checked with the plan's mesh
             self.splash_blocks.resolved(self.seq_len)
@@ -102,6 +117,11 @@ class PlanSettings:
         """Bytes per parameter of AdamW's state: the fp32 second moment and the first moment."""
         return 4 + (2 if self.moment_dtype == "bfloat16" else 4)
 
+    @property
+    def compiler_options(self) -> dict[str, Any]:
+        """The libtpu options these settings set (none by default)."""
+        return {} if self.scoped_vmem_kib is None else {"xla_tpu_scoped_vmem_limit_kib": self.scoped_vmem_kib}
+
     def cache_key(self) -> dict[str, Any]:
         """What of these settings determines a compile (the compile cache's key)."""
         return {
@@ -110,4 +130,4 @@ class PlanSettings:
             "moment_dtype": self.moment_dtype,
         } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {}) | (
             {"splash_blocks": self.splash_blocks.given} if self.splash_blocks.given else {}  # type: ignore[union-attr]
-        )  # fmt: skip
+        ) | self.compiler_options  # fmt: skip

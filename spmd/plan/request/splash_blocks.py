@@ -5,9 +5,15 @@ keys and skips a pair of blocks that the mask leaves wholly empty; a block the m
 whole. MaxText's recipes tune the eight sizes (``sa_block_q``, ``sa_block_kv``,
 ``sa_block_kv_compute``, ``sa_block_q_dkv``, ``sa_block_kv_dkv``, ``sa_block_kv_dkv_compute``,
 ``sa_block_q_dq``, ``sa_block_kv_dq``); ``--splash-blocks q=1024,kv=1024,q_dkv=512,...`` takes the
-same names without ``sa_block_``, or one number for all eight. A block left out is the planner's
-own (`splash_block`: the largest of 512, 256 and 128 dividing the sequence); a ``*_compute`` left
-out is its block's size.
+same names without ``sa_block_``, or one number for all eight (``2048,q_dkv=1024``: all 2048 but
+one). A block left out is the planner's own (`splash_block`: the largest of 512, 256 and 128
+dividing the sequence); a ``*_compute`` left out is its block's size.
+
+``use_fused_bwd_kernel=true`` (MaxText's ``sa_use_fused_bwd_kernel``) runs the backward as one
+kernel over the key gradient's blocks that computes the query gradient too (5 matmuls a block pair
+where the two kernels run 4 and 3), as tuned recipes do; the query gradient's sizes are then
+unused, as in MaxText. The fused kernel runs under the name scope `FUSED_BACKWARD_SCOPE`, from which
+the step-time model costs it (jax 0.12 names it as the unfused key-gradient kernel).
 
 The sizes matter most with a sliding window: Gemma 3's 1,024-token window over blocks of 1,024
 queries and keys runs two key blocks a query block, twice the pairs the window holds; with
@@ -24,9 +30,17 @@ from typing import Any
 
 from spmd.plan.errors import PlanError
 
-__all__ = ["PLANNER_BLOCKS", "SplashBlocks", "check_no_context_axis", "parse_splash_blocks", "splash_block"]
+__all__ = [
+    "FUSED_BACKWARD_SCOPE",
+    "PLANNER_BLOCKS",
+    "SplashBlocks",
+    "check_no_context_axis",
+    "parse_splash_blocks",
+    "splash_block",
+]
 
 _LANE = 128  # the TPU's lane width: every block is a multiple of it
+FUSED_BACKWARD_SCOPE = "splash_fused_bwd"
 
 
 def splash_block(seq_len: int) -> int:
@@ -48,7 +62,7 @@ def splash_block(seq_len: int) -> int:
 class SplashBlocks:
     """Splash attention's block sizes in tokens, by MaxText's names without ``sa_block_``;
     ``None``: the planner's own (module docstring). Each is a multiple of 128; a ``*_compute``
-    size divides its block."""
+    size divides its block. ``use_fused_bwd_kernel``: one backward kernel (module docstring)."""
 
     q: int | None = None
     kv: int | None = None
@@ -58,9 +72,15 @@ class SplashBlocks:
     kv_dkv_compute: int | None = None
     q_dq: int | None = None
     kv_dq: int | None = None
+    use_fused_bwd_kernel: bool = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        if not isinstance(self.use_fused_bwd_kernel, bool):
+            raise PlanError(
+                f"splash use_fused_bwd_kernel must be a bool, got {type(self.use_fused_bwd_kernel).__name__} "
+                f"{self.use_fused_bwd_kernel!r:.40}."
+            )
+        for f in _size_fields():
             size = getattr(self, f.name)
             if size is None:
                 continue
@@ -80,9 +100,11 @@ class SplashBlocks:
             PlanError: a block does not divide ``seq_len``, or a compute size its block.
         """
         default = splash_block(seq_len)
-        out = {f.name: getattr(self, f.name) or default for f in fields(self) if not f.name.endswith("_compute")}
+        out = {f.name: getattr(self, f.name) or default for f in _size_fields() if not f.name.endswith("_compute")}
         out["kv_compute"] = self.kv_compute or out["kv"]
         out["kv_dkv_compute"] = self.kv_dkv_compute or out["kv_dkv"]
+        if self.use_fused_bwd_kernel:  # the query gradient runs in the key gradient's kernel, on its blocks
+            out["q_dq"], out["kv_dq"] = out["q_dkv"], out["kv_dkv"]
         for name, size in out.items():
             whole = out[name.removesuffix("_compute")] if name.endswith("_compute") else seq_len
             if whole % size:
@@ -96,37 +118,55 @@ class SplashBlocks:
 
     @property
     def given(self) -> dict[str, int]:
-        """The sizes given, by name (what a report and the compile cache record)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The sizes given, by name, and ``use_fused_bwd_kernel: True`` if set (what a report and
+        the compile cache record)."""
+        given = {f.name: getattr(self, f.name) for f in _size_fields() if getattr(self, f.name) is not None}
+        return {**given, "use_fused_bwd_kernel": True} if self.use_fused_bwd_kernel else given
 
 
-_NAMES = tuple(f.name for f in fields(SplashBlocks))
+def _size_fields() -> tuple[Any, ...]:
+    return tuple(f for f in fields(SplashBlocks) if f.name != "use_fused_bwd_kernel")
+
+
+_NAMES = tuple(f.name for f in _size_fields())
 PLANNER_BLOCKS = SplashBlocks()  # none given: the planner's own sizes
 
 
+_FUSED = "use_fused_bwd_kernel"
+_BOOLS = {"true": True, "false": False}
+
+
 def parse_splash_blocks(text: str) -> SplashBlocks:
-    """``"1024"`` (all eight) or ``"q=1024,kv=1024,q_dkv=512"`` (MaxText's names; ``sa_block_``
-    may prefix them) as `SplashBlocks`.
+    """``"1024"`` (all eight), ``"q=1024,kv=1024,q_dkv=512"`` (MaxText's names; ``sa_block_``
+    may prefix them), both (``"2048,q_dkv=1024"``: the number first), and
+    ``use_fused_bwd_kernel=true`` (``sa_`` may prefix it) as `SplashBlocks`.
 
     Raises:
-        PlanError: an unknown name, a repeated one, or a size that is not a whole number.
+        PlanError: an unknown name, a repeated one, or a value that is not a whole number (a
+            size) or true / false (the fused kernel).
     """
-    text = text.strip()
-    if re.fullmatch(r"\d{1,9}", text):
-        return SplashBlocks(**dict.fromkeys(_NAMES, int(text)))
-    sizes: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    items = [part.strip() for part in text.split(",")]
+    values: dict[str, Any] = {}
+    if items and re.fullmatch(r"\d{1,9}", items[0]):
+        values = dict.fromkeys(_NAMES, int(items.pop(0)))
+    named: set[str] = set()
+    for item in filter(None, items):
         name, eq, value = (s.strip() for s in item.partition("="))
-        name = name.removeprefix("sa_block_")
-        if not eq or name not in _NAMES or name in sizes or not re.fullmatch(r"\d{1,9}", value):
+        name = _FUSED if name == f"sa_{_FUSED}" else name.removeprefix("sa_block_")
+        if name == _FUSED and eq and value.lower() in _BOOLS and name not in named:
+            values[name] = _BOOLS[value.lower()]
+        elif eq and name in _NAMES and name not in named and re.fullmatch(r"\d{1,9}", value):
+            values[name] = int(value)
+        else:
             raise PlanError(
-                f"cannot read splash block {item!r:.60}. Give one size for all, or name=size pairs from "
-                f"{', '.join(_NAMES)} (MaxText's sa_block_ names), each once, e.g. q=1024,kv=1024,q_dkv=512."
+                f"cannot read splash block {item!r:.60}. Give one size for all first, then name=size pairs from "
+                f"{', '.join(_NAMES)} (MaxText's sa_block_ names), each once, and {_FUSED}=true|false, e.g. "
+                "q=1024,kv=1024,q_dkv=512 or 2048,use_fused_bwd_kernel=true."
             )
-        sizes[name] = int(value)
-    if not sizes:
+        named.add(name)
+    if not values:
         raise PlanError("the splash blocks are empty: give one size for all, or name=size pairs (q=1024,kv=1024).")
-    return SplashBlocks(**sizes)
+    return SplashBlocks(**values)
 
 
 def check_no_context_axis(blocks: SplashBlocks) -> None:

@@ -82,6 +82,42 @@ def python_code(code: str, config: dict, *args: str, timeout: float) -> Backgrou
     return BackgroundRun(("-c", code), config, *args, timeout=timeout)
 
 
+# One flash step of the model in CONFIG on v5e:2x2 (fsdp 4, batch 4 x 1024, remat dots) with the
+# splash blocks in ARGS (`spmd.plan.request.splash_blocks`): its layers scanned, and each splash
+# kernel's name scope, block table and cost in the step-time model.
+_SPLASH_STEP = r"""
+import json, re, sys
+from spmd.hlo import HloModuleText
+from spmd.plan.api import _lower, _request
+from spmd.plan.compile.step import compile_step
+from spmd.plan.predict import predict_step
+from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.settings import PlanSettings
+
+settings = PlanSettings("v5e:2x2", 1, 1024, "bfloat16", "flash", None, "float32", 1, sys.argv[2])
+module, hf_config = build_meta_model(sys.argv[1])
+request = _request(settings, "fsdp", None, 4, "dots", 4)
+lowered, _, _ = _lower(request, module, hf_config, 1024, None)
+hlo = compile_step(lowered.lowered).hlo_text
+kernels = {
+    inst.name: {
+        "scope": inst.metadata.get("op_name", ""),
+        "grid": re.search(r"s(?:8|16|32)\[([\d,]+)\]", inst.attribute("operand_layout_constraints") or "").group(1),
+    }
+    for instructions in HloModuleText.parse(hlo).computations.values()
+    for inst in instructions
+    if inst.name.startswith("splash_mha")
+}
+flops = {e.op: e.flops_per_run for e in predict_step(hlo, request.target).flops_by_op if e.op in kernels}
+print(json.dumps({"scanned": lowered.scanned_layers, "kernels": kernels, "flops": flops}))
+"""
+
+
+def splash_step(config: dict, blocks: str) -> BackgroundRun:
+    """A flash step of ``config`` with ``--splash-blocks blocks`` (`_SPLASH_STEP`), in the background."""
+    return python_code(_SPLASH_STEP, config, blocks, timeout=1200)
+
+
 def runs_of(module: object) -> list[BackgroundRun]:
     return [value for value in vars(module).values() if isinstance(value, BackgroundRun)]
 

@@ -15,7 +15,7 @@ from spmd.plan.lower.layer_period import PeriodLayer, layer_period
 from spmd.plan.predict._op_costs import attended_pairs, splash_phase
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.splash_blocks import SplashBlocks
-from tests.spmd.plan.child_compile import python_code
+from tests.spmd.plan.child_compile import splash_step
 
 # 14 layers: two whole periods of Gemma 3's pattern (layers 5 and 11 global), then two more local ones.
 GEMMA3 = {
@@ -26,37 +26,11 @@ GEMMA3 = {
 }  # fmt: skip
 SEQ, WINDOW = 1024, 128
 
-COMPILE = r"""
-import json, re, sys
-from spmd.hlo import HloModuleText
-from spmd.plan.api import _lower, _request
-from spmd.plan.compile.step import compile_step
-from spmd.plan.predict import predict_step
-from spmd.plan.request.models import build_meta_model
-from spmd.plan.request.settings import PlanSettings
-
-settings = PlanSettings("v5e:2x2", 1, 1024, "bfloat16", "flash", None, "float32", 1, sys.argv[2])
-module, hf_config = build_meta_model(sys.argv[1])
-request = _request(settings, "fsdp", None, 4, "dots", 4)
-lowered, _, _ = _lower(request, module, hf_config, 1024, None)
-hlo = compile_step(lowered.lowered).hlo_text
-kernels = {
-    inst.name: {
-        "scope": inst.metadata.get("op_name", ""),
-        "grid": re.search(r"s(?:8|16|32)\[([\d,]+)\]", inst.attribute("operand_layout_constraints") or "").group(1),
-    }
-    for instructions in HloModuleText.parse(hlo).computations.values()
-    for inst in instructions
-    if inst.name.startswith("splash_mha")
-}
-flops = {e.op: e.flops_per_run for e in predict_step(hlo, request.target).flops_by_op if e.op in kernels}
-print(json.dumps({"scanned": lowered.scanned_layers, "kernels": kernels, "flops": flops}))
-"""
 
 # Each kernel's blocks unlike the others' (MaxText's sa_block_ names), so a size that reached the
 # wrong kernel, or no kernel, shows in its grid and its cost.
 BLOCKS = {"q": 256, "kv": 128, "q_dkv": 128, "kv_dkv": 256, "q_dq": 512, "kv_dq": 128}
-COMPILED = python_code(COMPILE, GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()), timeout=1200)
+COMPILED = splash_step(GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()))
 
 
 def _reach(block_q: int, block_kv: int) -> tuple[int, int]:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from spmd.plan.errors import ModelSpecError
-from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.models import build_meta_model, builtin_config
 
 GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2, "vocab_size": 256, "n_positions": 64}
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
@@ -35,6 +35,13 @@ def test_bad_configs_are_refused_before_building(tmp_path, config, says):
 def test_a_good_config_builds():
     module, config = build_meta_model("gpt2")
     assert config.n_layer == 12 and all(p.device.type == "meta" for p in module.parameters())
+
+
+def test_a_builtin_config_is_the_one_its_model_is_built_from():
+    _, built = build_meta_model("llama3.1-8b")
+    assert builtin_config("llama3.1-8b").to_dict() == built.to_dict()
+    with pytest.raises(ModelSpecError, match="Unknown built-in model 'llama9'; known: "):
+        builtin_config("llama9")
 
 
 @pytest.mark.parametrize(

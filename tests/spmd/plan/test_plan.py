@@ -19,6 +19,7 @@ from spmd.plan.compile.step import oom_counts_temporaries_only, vmem_refusal
 from spmd.plan.compile.step import oom_used_bytes as _oom_used_bytes
 from spmd.plan.report.plan_report import MemoryReport
 from spmd.plan.request.models import build_meta_model
+from spmd.plan.request.settings import PlanSettings
 from tests.spmd.plan import plan_results
 
 CHIPS = 4
@@ -205,6 +206,38 @@ def test_a_kernel_the_core_s_vector_memory_cannot_hold_is_refused_naming_the_blo
     assert "need 287.21MB of 128.00MB" in str(refusal) and "give smaller --splash-blocks" in str(refusal)
     assert _oom_used_bytes(VMEM) is None  # not the plan's HBM: no verdict
     assert vmem_refusal(OOM) is None and vmem_refusal("RESOURCE_EXHAUSTED: something else") is None
+
+
+# libtpu 0.0.52's refusal of tpu-recipes' Mistral-7B on v6e-8 (splash blocks of 2,048 with the fused
+# backward, 6 x 8192 tokens a chip) at libtpu's default scoped VMEM, cut to its first and last lines
+SCOPED_VMEM = """jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:
+Ran out of memory in memory space vmem while allocating on stack for %splash_mha_dkv_no_residuals.2 = (bf16[6,4,32,8192,128]{4,3,2,1,0:T(8,128)(2,1)}) custom-call(%copy-done.155), custom_call_target="tpu_custom_call"
+}}, metadata={op_name="jit(step)/transpose(jvp())/while/body/splash_fused_bwd/shard_map/pallas_call"}. Scoped allocation with size 33.74M and limit 32.00M exceeded scoped vmem limit by 1.74M. It should not be possible to run out of scoped vmem -
+See https://openxla.org/xla/errors/error_1001 for more details."""
+
+
+def test_a_kernel_over_the_scoped_vector_memory_is_refused_naming_the_limit():
+    refusal = vmem_refusal(SCOPED_VMEM)
+    assert isinstance(refusal, PlanError)
+    assert str(refusal).startswith(
+        "libtpu cannot fit splash_mha_dkv_no_residuals.2 in the scoped vector memory (VMEM) a kernel may take: "
+        "it needs 33.74MB of 32.00MB. Raise the limit with --scoped-vmem-kib"
+    )
+    assert _oom_used_bytes(SCOPED_VMEM) is None
+
+
+@pytest.mark.parametrize("bad", [0, 128 * 1024 + 1, True, 1.5, "98304"])
+def test_the_scoped_vmem_limit_is_a_whole_number_of_kib_a_core_can_hold(bad):
+    with pytest.raises(PlanError, match="scoped_vmem_kib must be a whole number of KiB from 1 to 131072"):
+        PlanSettings("v6e-8", scoped_vmem_kib=bad)
+
+
+def test_the_scoped_vmem_limit_reaches_libtpu_and_keys_the_cache():
+    given = PlanSettings("v6e-8", scoped_vmem_kib=98304)
+    assert given.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": 98304}
+    assert given.cache_key()["xla_tpu_scoped_vmem_limit_kib"] == 98304
+    default = PlanSettings("v6e-8")
+    assert default.compiler_options == {} and "xla_tpu_scoped_vmem_limit_kib" not in default.cache_key()
 
 
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):

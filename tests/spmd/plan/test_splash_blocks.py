@@ -13,7 +13,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.splash_blocks import SplashBlocks, parse_splash_blocks
 
-NAMES = tuple(f.name for f in dataclasses.fields(SplashBlocks))
+NAMES = tuple(f.name for f in dataclasses.fields(SplashBlocks) if f.name != "use_fused_bwd_kernel")
 
 
 @given(st.dictionaries(st.sampled_from(NAMES), st.integers(1, 10**6).map(lambda n: 128 * n), min_size=1))
@@ -37,6 +37,18 @@ def test_one_size_sets_all_eight():
     assert parse_splash_blocks("1024").given == dict.fromkeys(NAMES, 1024)
 
 
+def test_the_fused_backward_is_read_by_maxtexts_name_beside_the_sizes():
+    blocks = parse_splash_blocks("2048,q_dkv=1024,sa_use_fused_bwd_kernel=True")
+    assert blocks.given == {**dict.fromkeys(NAMES, 2048), "q_dkv": 1024, "use_fused_bwd_kernel": True}
+    # the query gradient runs in the key gradient's kernel, on its blocks: its own sizes are unused
+    sizes = blocks.resolved(8192)
+    assert (sizes["q_dq"], sizes["kv_dq"]) == (sizes["q_dkv"], sizes["kv_dkv"]) == (1024, 2048)
+    assert parse_splash_blocks("use_fused_bwd_kernel=false") == SplashBlocks()
+    assert not parse_splash_blocks("use_fused_bwd_kernel=false").given
+    with pytest.raises(PlanError, match="use_fused_bwd_kernel must be a bool, got int 1"):
+        SplashBlocks(use_fused_bwd_kernel=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -47,6 +59,9 @@ def test_one_size_sets_all_eight():
         ("q=1" + "0" * 12, "cannot read"),
         ("q", "cannot read splash block 'q'"),
         (" , ", "the splash blocks are empty"),
+        ("use_fused_bwd_kernel=yes", "cannot read splash block 'use_fused_bwd_kernel=yes'"),
+        ("q=512,1024", "cannot read splash block '1024'. Give one size for all first"),
+        ("use_fused_bwd_kernel=true,use_fused_bwd_kernel=true", "each once"),
     ],
 )
 def test_unreadable_sizes_are_refused_naming_the_fix(text, says):
@@ -87,6 +102,9 @@ def test_the_settings_check_blocks_once_the_sequence_is_known_and_only_under_fla
     [
         (["--splash-blocks", "q=100"], "--splash-blocks: splash block q=100 is not a positive multiple of 128"),
         (["--splash-blocks", "x=512"], "--splash-blocks: cannot read splash block 'x=512'"),
+        (["--splash-blocks", "use_fused_bwd_kernel=1"], "cannot read splash block 'use_fused_bwd_kernel=1'"),
+        (["--scoped-vmem-kib", "0"], "--scoped-vmem-kib"),
+        (["--scoped-vmem-kib", "131073"], "--scoped-vmem-kib"),
     ],
 )
 def test_the_cli_reads_the_flag_when_parsing(argv, says, capsys):
