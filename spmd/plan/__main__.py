@@ -24,7 +24,7 @@ from spmd.plan.request.custom_remat import CUSTOM_PREFIX, CustomRemat
 from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.request.remat import Remat
-from spmd.plan.request.settings import MOMENT_DTYPES
+from spmd.plan.request.settings import MAX_SCOPED_VMEM_KIB, MOMENT_DTYPES
 from spmd.plan.request.splash_blocks import SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import MAX_SLICES
 from spmd.plan.request.vocab_tiling import MAX_TILES
@@ -132,12 +132,13 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         type=_splash_blocks,
         default=None,
         help="with --attention flash, the splash kernel's block sizes by MaxText's sa_block_ names, e.g. "
-        "q=1024,kv=1024,q_dkv=512,kv_dkv=2048, or one size for all (default: 512, or the largest of 256, 128 "
-        "dividing the sequence)",
+        "q=1024,kv=1024,q_dkv=512,kv_dkv=2048, or one size for all first (2048,q_dkv=1024), and "
+        "use_fused_bwd_kernel=true for the fused backward (default: 512, or the largest of 256, 128 dividing the "
+        "sequence)",
     )
     p.add_argument(
         "--scoped-vmem-kib",
-        type=int_in(1, 128 * 1024),
+        type=int_in(1, MAX_SCOPED_VMEM_KIB),
         default=None,
         help="the vector memory (VMEM) one kernel may take, in KiB: libtpu's xla_tpu_scoped_vmem_limit_kib "
         "(MaxText's Trillium recipes give 98304; default libtpu's, 32 MiB on v6e)",

@@ -158,8 +158,7 @@ def plan(
             default `auto_mesh_shape`. Across slices, ``dcn_<axis>`` entries say how many slices an
             axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.request.dcn`).
         global_batch: sequences per step; default one per batch shard.
-        seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter learned
-            position table: 1024 for GPT-2).
+        seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter position table: GPT-2's 1024).
         compute_dtype: ``bfloat16`` (fp32 master weights and AdamW state) or ``float32``.
         remat: what each block keeps for backward, by MaxText's names: ``none``, ``dots``
             (``minimal``), ``save_dot_except_mlp``, ``save_qkv_proj``, ``full``, ``offload`` (`spmd.plan.request.remat`).
@@ -171,15 +170,12 @@ def plan(
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
         vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
             vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.request.vocab_tiling`).
-        splash_blocks: under ``flash``, the splash kernel's block sizes by MaxText's names
-            (``"q=1024,kv=1024,q_dkv=512,kv_dkv=2048"``, or one size for all:
+        splash_blocks: under ``flash``, the splash kernel's block sizes by MaxText's names (``q=1024,kv=1024``,
             `spmd.plan.request.splash_blocks`); none given: the largest of 512, 256, 128 dividing the sequence.
-        scoped_vmem_kib: the vector memory one kernel may take, in KiB (libtpu's
-            ``xla_tpu_scoped_vmem_limit_kib``; MaxText's Trillium recipes give 98304); none: libtpu's default.
+        scoped_vmem_kib: the VMEM one kernel may take, in KiB (`PlanSettings`); none: libtpu's default.
 
     Raises:
-        PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input,
-            with what to change.
+        PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input, with what to change.
     """
     settings = PlanSettings(
         topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,

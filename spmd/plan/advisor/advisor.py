@@ -415,24 +415,22 @@ def advise(
         datas: ``data`` axis sizes within a slice for ``fsdp`` (``data`` x ``fsdp``); 1: none.
         contexts: ``context`` axis sizes for ``cp`` (``fsdp`` x ``context``).
         remats: remat policies to try (`spmd.plan.request.remat`); default all, least recomputation first.
-        jobs: compiles at once, in spawned worker processes (docs/plan.md); ``None``: as many as the
-            cores and free memory allow (`spmd.plan.advisor.compile_pool.default_jobs`); 1: here.
+        jobs: compiles at once, in worker processes; ``None``: as the cores and memory allow (`default_jobs`); 1: here.
         cache_dir: where compiles are cached; ``None`` turns caching off.
         log: receives the progress lines (default: stderr).
-        refine: per-tensor variants of the winner's policy to search after the presets, at most
-            (`spmd.plan.advisor.refine`: MaxText's ``custom`` choices one tensor away); 0: none.
+        refine: variants of the winner's policy one tensor away to search after the presets, at most
+            (`spmd.plan.advisor.refine`: MaxText's ``custom`` choices); 0: none.
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError: bad input, with what to change.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
-    settings = PlanSettings(
+    given = PlanSettings(
         topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
         scoped_vmem_kib,
     )  # fmt: skip
-    module, hf_config, seq_len = _model(model, settings, "cp" in choose.strategies)
-    settings = replace(settings, seq_len=seq_len)
-    meshes = _meshes(settings.target, choose, hf_config)
+    module, hf_config, seq_len = _model(model, given, "cp" in choose.strategies)
+    settings, meshes = replace(given, seq_len=seq_len), _meshes(given.target, choose, hf_config)
     searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     workers = _workers(model, jobs, searches, choose.batches, log)
     run = Settings(settings, cache_dir, model_key(model))

@@ -9,8 +9,7 @@ import re
 from typing import NamedTuple
 
 from spmd.hlo import Instruction
-from spmd.plan.request.attention import WINDOW_SCOPE
-from spmd.plan.request.splash_blocks import FUSED_BACKWARD_SCOPE
+from spmd.plan.request.attention import FUSED_BACKWARD_SCOPE, WINDOW_SCOPE
 
 __all__ = [
     "SLICING",

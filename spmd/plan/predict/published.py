@@ -1,19 +1,22 @@
 """Published training runs the planner's predictions go beside, and the shapes to plan them with.
 
 Each `Published` run is a figure a source measured (MFU against the chip's bf16 peak, and the
-TFLOP/s per chip it gives, both as the source's MaxText counted FLOPs) and, where its recipe is public, a `Recipe`: the plan that runs the same model shape on the same slice (batch,
-mesh, remat policy, attention). ``benchmarks/plan_prediction.py`` plans each recipe and compares
+TFLOP/s per chip it gives, both as the source's MaxText counted FLOPs) and, where its recipe is
+public, a `Recipe`: the plan that runs the same model shape on the same slice (batch, mesh, remat
+policy, attention). ``benchmarks/plan_prediction.py`` plans each recipe and compares
 the predicted TFLOP/s per chip with the published one; `spmd.plan.predict._calibration` names the runs
 the step-time model was fitted on (the others are held out).
 
-**Two FLOP counts.** The planner counts causal attention once (half the square), as MaxText has since
-2025-10 (tpu-recipes-v0.1.5). Before that MaxText counted it whole (its ``maxtext_utils``: "megatron
-tflops calculation does not account for causality in attention"), so a figure published then is
-higher than the same step as the planner counts it: 12.5 % for Llama 3.1-8B at 8,192 tokens, 1.7 %
-for MaxText's 32B at 2,048. Such a run is marked `Published.counts_attention_whole`, and
-`Published.planner_tflops` gives its figure in the planner's count: the same step time. Where a
-source gives the step time or tokens a second beside its TFLOP/s, they decide the count
-(tests/spmd/plan/test_calibration.py); otherwise MaxText's version at the time does.
+**Two FLOP counts.** The planner counts causal attention once (half the square), as MaxText did
+when it wrote its v5e and v5p READMEs (2023-12: ``train.py``'s "due to causality in attention")
+and does again since mid-2025 (tpu-recipes-v0.1.5). From 2024-05 (tpu-recipes-v0.1.4, 2025-07-10,
+still) it counted the whole square, Megatron's count ("megatron tflops calculation does not
+account for causality in attention"), so a figure published then, tpu-recipes' Trillium runs, is
+higher than the same step as the planner counts it: 12.5 % for Llama 3.1-8B at 8,192 tokens.
+Such a run is marked `Published.counts_attention_whole`, and `Published.planner_tflops` gives its
+figure in the planner's count: the same step time. Where a source gives the step time or tokens a
+second beside its TFLOP/s, they decide the count (tests/spmd/plan/test_calibration.py); otherwise
+MaxText's version at the time does.
 """
 
 from __future__ import annotations
@@ -243,11 +246,11 @@ _ONE_SLICE: tuple[Published, ...] = (
         # read mlpwo) on device: save_qkv_context; opt_type=adam_pax with mu_dtype unset, so fp32 moments
         Recipe("tpu7x-512", "cp", ((FSDP, 64), (CONTEXT, 8)), 0.125, 131072, "save_qkv_context", vocab_tiles=4),
     ),
-    # MaxText's READMEs (2023-12 to 2024) and tpu-recipes' Trillium runs (tpu-recipes-v0.1.4 and
-    # older) count causal attention whole; the Ironwood and Gemma 3 runs (v0.1.5 on) halve it
-    Published("maxtext-16b", "TPU v5e", 256, 0.6110, _V5E.format(6), _MAXTEXT_V5E, 120.0, _v5e(6), True),
-    Published("maxtext-32b", "TPU v5e", 256, 0.6686, _V5E.format(4), _MAXTEXT_V5E, 132.0, _v5e(4), True),
-    Published("maxtext-64b", "TPU v5e", 256, 0.5990, _V5E.format(2), _MAXTEXT_V5E, 118.0, _v5e(2), True),
+    # MaxText's v5e and v5p READMEs (2023-12) halve causal attention, as the Ironwood and Gemma 3
+    # runs do; tpu-recipes' Trillium runs (MaxText of 2024-05 to 2025-07) count it whole
+    Published("maxtext-16b", "TPU v5e", 256, 0.6110, _V5E.format(6), _MAXTEXT_V5E, 120.0, _v5e(6)),
+    Published("maxtext-32b", "TPU v5e", 256, 0.6686, _V5E.format(4), _MAXTEXT_V5E, 132.0, _v5e(4)),
+    Published("maxtext-64b", "TPU v5e", 256, 0.5990, _V5E.format(2), _MAXTEXT_V5E, 118.0, _v5e(2)),
     Published(
         "maxtext-128b", "TPU v5e", 256, 0.5606,
         "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat qkv_proj_offloaded (q, k "
@@ -256,21 +259,20 @@ _ONE_SLICE: tuple[Published, ...] = (
         # in 2023-12, minimal_offloaded from 2024-02); its fused q/k/v and MLP projections are the
         # planner's separate ones, offloaded alike (the same bytes)
         Recipe("v5e-256", "2d", ((FSDP, 16), (TENSOR, 16)), 1, 2048, _QKV_PROJ_OFFLOADED),
-        counts_attention_whole=True,
     ),
-    Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(6), _MAXTEXT_V5P, 328.0, _v5p(6), True),
-    Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3), True),
+    Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(6), _MAXTEXT_V5P, 328.0, _v5p(6)),
+    Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),
     Published(
         "maxtext-128b", "TPU v5p", 128, 0.6868, _V5P_T8.format(16), _maxtext_readme(1, "v5p-256"),
-        315.0, _v5p_tensor_8("v5p-256", 16), True,
+        315.0, _v5p_tensor_8("v5p-256", 16),
     ),
     Published(
         "maxtext-128b", "TPU v5p", 256, 0.6883, _V5P_T8.format(32), _maxtext_readme(1, "v5p-512"),
-        316.0, _v5p_tensor_8("v5p-512", 32), True,
+        316.0, _v5p_tensor_8("v5p-512", 32),
     ),
     Published(
         "maxtext-256b", "TPU v5p", 512, 0.6709, _V5P_T8.format(64), _maxtext_readme(1, "v5p-1024"),
-        308.0, _v5p_tensor_8("v5p-1024", 64), True,
+        308.0, _v5p_tensor_8("v5p-1024", 64),
     ),
     Published(
         "llama3.1-8b", "TPU v6e", 256, 0.455,

@@ -177,7 +177,7 @@ class PlanReport:
     context_parallel: ContextReport | None = None
     vocab_tiles: int = 1
     dcn_mesh: dict[str, int] = field(default_factory=dict)
-    splash_blocks: dict[str, int] = field(default_factory=dict)
+    splash_blocks: dict[str, int | bool] = field(default_factory=dict)
     scoped_vmem_kib: int | None = None
 
     @property

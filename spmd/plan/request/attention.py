@@ -42,9 +42,10 @@ import torch
 from mesh import Role
 from spmd.plan._jax_compat import override_function
 from spmd.plan.errors import PlanError, TracingError
-from spmd.plan.request.splash_blocks import FUSED_BACKWARD_SCOPE, PLANNER_BLOCKS, SplashBlocks, splash_block
+from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, splash_block
 
 __all__ = [
+    "FUSED_BACKWARD_SCOPE",
     "WINDOW_SCOPE",
     "Attention",
     "causal_without_mask",
@@ -57,6 +58,9 @@ __all__ = [
 
 # The name scope a windowed kernel runs under: ``splash_window_1024_blocks_...`` (`window_scope`).
 WINDOW_SCOPE = "splash_window_"
+# The name scope a fused backward kernel runs under (`spmd.plan.request.splash_blocks`): jax 0.12
+# names that kernel as the unfused key gradient's, so the step-time model reads this instead.
+FUSED_BACKWARD_SCOPE = "splash_fused_bwd"
 # The sliding window of the attention call being traced (None: every earlier key), from the model's
 # attention module to the kernel (`causal_without_mask`, `route_attention`).
 _WINDOW: contextvars.ContextVar[int | None] = contextvars.ContextVar("xla_spmd_sdpa_window", default=None)

@@ -19,14 +19,14 @@ from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, parse_
 from spmd.plan.request.topology import TpuSlice, parse_slice
 from spmd.plan.request.vocab_tiling import check_vocab_tiles
 
-__all__ = ["COMPUTE_DTYPES", "MOMENT_DTYPES", "PlanSettings"]
+__all__ = ["COMPUTE_DTYPES", "MAX_SCOPED_VMEM_KIB", "MOMENT_DTYPES", "PlanSettings"]
 
 COMPUTE_DTYPES = ("bfloat16", "float32")
 MOMENT_DTYPES = ("float32", "bfloat16")
 
 
 # A core's whole VMEM, the most a kernel could take (v5e's 128 MiB, the largest libtpu has reported here)
-_MAX_SCOPED_VMEM_KIB = 128 * 1024
+MAX_SCOPED_VMEM_KIB = 128 * 1024
 
 
 def _positive_int(value: Any) -> bool:
@@ -91,10 +91,10 @@ class PlanSettings:
         if self.seq_len is not None and not _positive_int(self.seq_len):
             raise PlanError(f"seq_len must be a positive int (tokens per sequence) or None, got {self.seq_len!r:.60}.")
         if self.scoped_vmem_kib is not None and not (
-            _positive_int(self.scoped_vmem_kib) and self.scoped_vmem_kib <= _MAX_SCOPED_VMEM_KIB
+            _positive_int(self.scoped_vmem_kib) and self.scoped_vmem_kib <= MAX_SCOPED_VMEM_KIB
         ):
             raise PlanError(
-                f"scoped_vmem_kib must be a whole number of KiB from 1 to {_MAX_SCOPED_VMEM_KIB} (128 MiB) "
+                f"scoped_vmem_kib must be a whole number of KiB from 1 to {MAX_SCOPED_VMEM_KIB} (128 MiB) "
                 f"or None, got {self.scoped_vmem_kib!r:.60}. MaxText's recipes give 98304."
             )
         check_vocab_tiles(self.vocab_tiles, self.seq_len)

@@ -12,8 +12,9 @@ dividing the sequence); a ``*_compute`` left out is its block's size.
 ``use_fused_bwd_kernel=true`` (MaxText's ``sa_use_fused_bwd_kernel``) runs the backward as one
 kernel over the key gradient's blocks that computes the query gradient too (5 matmuls a block pair
 where the two kernels run 4 and 3), as tuned recipes do; the query gradient's sizes are then
-unused, as in MaxText. The fused kernel runs under the name scope `FUSED_BACKWARD_SCOPE`, from which
-the step-time model costs it (jax 0.12 names it as the unfused key-gradient kernel).
+unused, as in MaxText, and not recorded. The fused kernel runs under a name scope of its own
+(`spmd.plan.request.attention.FUSED_BACKWARD_SCOPE`), from which the step-time model costs it
+(jax 0.12 names it as the unfused key-gradient kernel).
 
 The sizes matter most with a sliding window: Gemma 3's 1,024-token window over blocks of 1,024
 queries and keys runs two key blocks a query block, twice the pairs the window holds; with
@@ -31,7 +32,6 @@ from typing import Any
 from spmd.plan.errors import PlanError
 
 __all__ = [
-    "FUSED_BACKWARD_SCOPE",
     "PLANNER_BLOCKS",
     "SplashBlocks",
     "check_no_context_axis",
@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 _LANE = 128  # the TPU's lane width: every block is a multiple of it
-FUSED_BACKWARD_SCOPE = "splash_fused_bwd"
 
 
 def splash_block(seq_len: int) -> int:
@@ -117,10 +116,16 @@ class SplashBlocks:
         return out
 
     @property
-    def given(self) -> dict[str, int]:
-        """The sizes given, by name, and ``use_fused_bwd_kernel: True`` if set (what a report and
-        the compile cache record)."""
-        given = {f.name: getattr(self, f.name) for f in _size_fields() if getattr(self, f.name) is not None}
+    def given(self) -> dict[str, int | bool]:
+        """The sizes given that the kernels use, by name, and ``use_fused_bwd_kernel: True`` if
+        set (what a report and the compile cache record): the fused backward takes no query
+        gradient's sizes."""
+        unused = ("q_dq", "kv_dq") if self.use_fused_bwd_kernel else ()
+        given: dict[str, int | bool] = {
+            f.name: getattr(self, f.name)
+            for f in _size_fields()
+            if getattr(self, f.name) is not None and f.name not in unused
+        }
         return {**given, "use_fused_bwd_kernel": True} if self.use_fused_bwd_kernel else given
 
 

@@ -7,7 +7,7 @@ out of the test session)."""
 import pytest
 
 from spmd.plan.predict._op_costs import splash_matmuls, splash_phase
-from spmd.plan.request.splash_blocks import FUSED_BACKWARD_SCOPE
+from spmd.plan.request.attention import FUSED_BACKWARD_SCOPE
 from tests.spmd.plan.child_compile import splash_step
 
 LLAMA = {

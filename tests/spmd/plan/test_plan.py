@@ -226,6 +226,22 @@ def test_a_kernel_over_the_scoped_vector_memory_is_refused_naming_the_limit():
     assert _oom_used_bytes(SCOPED_VMEM) is None
 
 
+def test_a_compile_passes_libtpu_its_options_and_names_a_scoped_refusal(monkeypatch):
+    import spmd.plan.compile.step as step
+
+    given = {}
+
+    def refuse(lowered, options):
+        given.update(options)
+        raise RuntimeError(SCOPED_VMEM)
+
+    monkeypatch.setattr(step, "compile_with_hlo", refuse)
+    options = PlanSettings("v6e-8", scoped_vmem_kib=98304).compiler_options
+    with pytest.raises(PlanError, match="Raise the limit with --scoped-vmem-kib"):
+        step.compile_step(object(), options)
+    assert given == {"xla_tpu_scoped_vmem_limit_kib": 98304}
+
+
 @pytest.mark.parametrize("bad", [0, 128 * 1024 + 1, True, 1.5, "98304"])
 def test_the_scoped_vmem_limit_is_a_whole_number_of_kib_a_core_can_hold(bad):
     with pytest.raises(PlanError, match="scoped_vmem_kib must be a whole number of KiB from 1 to 131072"):
