@@ -115,10 +115,6 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
     return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds))
 
 
-def _peak_tflops(chip: str) -> float:
-    return next(c.peak_flops for c in CHIP_SPECS.values() if c.name == chip) / 1e12
-
-
 def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
     """One table row: the shipped calibration's prediction, and what the program is."""
     step = predict_step(hlo, _settings(p).target)
@@ -129,7 +125,7 @@ def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint)
         "role": _role(point.run),
         "published_tflops_per_chip": point.published_tflops, "published_mfu": p.mfu,
         "published_from_mfu": not p.tflops_per_chip, "published_counts_attention_whole": p.counts_attention_whole,
-        "predicted_tflops_per_chip": predicted, "predicted_mfu": predicted / _peak_tflops(p.chip),
+        "predicted_tflops_per_chip": predicted, "predicted_mfu": predicted * 1e12 / p.peak_flops,
         "error": predicted / point.published_tflops - 1,
         "predicted_seconds": step.seconds, "op_seconds": step.op_seconds, "exposed_seconds": step.exposed_seconds,
         "program_flops_over_model": step.hardware_flops * report.devices / report.estimate.model_flops_per_step,

@@ -143,7 +143,7 @@ def users_of(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
 # so a forward kernel's name holds "dkv" and "fused": the phase is the word after the attention type.
 _SPLASH_PHASE = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)(?![a-z])")
 # jax 0.7 writes the flag into the kernel's name; jax 0.12 does not, and the planner runs a fused
-# backward under FUSED_BACKWARD_SCOPE (`spmd.plan.request.splash_blocks`), read from the op's name
+# backward under FUSED_BACKWARD_SCOPE (`spmd.plan.request.attention`), read from the op's name
 _FUSED_BACKWARD = re.compile(rf"use_fused_bwd_kernel[=_]True|[/(]{FUSED_BACKWARD_SCOPE}[/)]")
 
 

@@ -117,10 +117,15 @@ class Published:
                 f"{self.model} on {self.chips} chips: a whole attention count needs the recipe's sequence."
             )
 
+    @property
+    def peak_flops(self) -> float:
+        """The chip's bf16 peak FLOP/s, which the run's MFU is over."""
+        return next(c.peak_flops for c in CHIP_SPECS.values() if c.name == self.chip)
+
     def planner_tflops(self) -> float:
         """TFLOP/s per chip in the planner's count (causal attention halved): the source's figure,
         or its MFU times the chip's peak, scaled down for a source that counted attention whole."""
-        published = self.tflops_per_chip or self.mfu * _peak_flops(self.chip) / 1e12
+        published = self.tflops_per_chip or self.mfu * self.peak_flops / 1e12
         if not self.counts_attention_whole:
             return published
         assert self.recipe is not None  # __post_init__
@@ -129,13 +134,9 @@ class Published:
     def line(self) -> str:
         mfu = f"{self.mfu:.1%} MFU"
         if self.counts_attention_whole:
-            planner_mfu = self.planner_tflops() * 1e12 / _peak_flops(self.chip)
+            planner_mfu = self.planner_tflops() * 1e12 / self.peak_flops
             mfu += f" counting causal attention whole, {planner_mfu:.1%} as the planner counts"
         return f"{self.source}: {self.model} on {self.chips} {self.chip} chips, {mfu} ({self.setup})"
-
-
-def _peak_flops(chip: str) -> float:
-    return next(c.peak_flops for c in CHIP_SPECS.values() if c.name == chip)
 
 
 @functools.cache

@@ -90,15 +90,14 @@ def _kernel(
     """A splash MHA kernel for ``heads`` local heads (masks are numpy work: build each once);
     ``residual_name`` names its residuals for a remat policy (``None``: unnamed); ``window``: each
     query sees that many keys, itself included (splash's local mask), ``None``: all before it;
-    ``sizes``: its eight block sizes by name (`SplashBlocks.resolved`); ``fused_backward``: one
-    backward kernel, which takes no query-gradient sizes."""
+    ``sizes``: its block sizes by name (`SplashBlocks.resolved`, without `SplashBlocks.unused`);
+    ``fused_backward``: one backward kernel."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     one = splash_mask(seq_len, causal, window)
-    unused = ("q_dq", "kv_dq") if fused_backward else ()
     block_sizes = splash.BlockSizes(
-        **{f"block_{name}": size for name, size in sizes if name not in unused}, use_fused_bwd_kernel=fused_backward
+        **{f"block_{name}": size for name, size in sizes}, use_fused_bwd_kernel=fused_backward
     )
     return splash.make_splash_mha(
         masks.MultiHeadMask([one] * heads), block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
@@ -270,7 +269,8 @@ def _splash_sdpa(
         window = _WINDOW.get()
         sizes = blocks.resolved(seq_len)
         fused = blocks.use_fused_bwd_kernel
-        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, tuple(sizes.items()), fused)
+        taken = tuple((name, size) for name, size in sizes.items() if name not in blocks.unused)
+        kernel = _kernel(heads // tensor, seq_len, bool(is_causal), residual_name, window, taken, fused)
 
         def local(q, k, v):  # noqa: ANN001, ANN202
             return jax.vmap(kernel)(q, k, v)

@@ -116,15 +116,18 @@ class SplashBlocks:
         return out
 
     @property
+    def unused(self) -> tuple[str, ...]:
+        """The sizes no kernel takes: the query gradient's under the fused backward."""
+        return ("q_dq", "kv_dq") if self.use_fused_bwd_kernel else ()
+
+    @property
     def given(self) -> dict[str, int | bool]:
-        """The sizes given that the kernels use, by name, and ``use_fused_bwd_kernel: True`` if
-        set (what a report and the compile cache record): the fused backward takes no query
-        gradient's sizes."""
-        unused = ("q_dq", "kv_dq") if self.use_fused_bwd_kernel else ()
+        """The sizes given that the kernels use (not `unused`), by name, and
+        ``use_fused_bwd_kernel: True`` if set (what a report and the compile cache record)."""
         given: dict[str, int | bool] = {
             f.name: getattr(self, f.name)
             for f in _size_fields()
-            if getattr(self, f.name) is not None and f.name not in unused
+            if getattr(self, f.name) is not None and f.name not in self.unused
         }
         return {**given, "use_fused_bwd_kernel": True} if self.use_fused_bwd_kernel else given
 
