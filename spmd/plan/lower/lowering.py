@@ -41,7 +41,13 @@ from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.errors import TracingError
 from spmd.plan.lower.layer_period import PeriodLayer, layer_period
-from spmd.plan.lower.residuals import SavedActivation, named_projections, row_major_names, saved_residuals
+from spmd.plan.lower.residuals import (
+    SavedActivation,
+    in_layer_scan,
+    named_projections,
+    row_major_names,
+    saved_residuals,
+)
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
 from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
@@ -290,7 +296,8 @@ class _StepBuilder:
                 # (an RMSNorm's fp32 upcast leaks out), which a scan carry cannot take.
                 return block(carry, layer_params, jargs, jkwargs).astype(carry.dtype), None
 
-            out, _ = jax.lax.scan(body, jh, stacked)
+            with in_layer_scan():
+                out, _ = jax.lax.scan(body, jh, stacked)
             return env.j2t_iso(out)
 
         return run
@@ -316,7 +323,8 @@ class _StepBuilder:
                 return carry, None
 
             periods = {k: v[: trips * p].reshape(trips, p, *v.shape[1:]) for k, v in stacked.items()}
-            out, _ = jax.lax.scan(body, jh, periods)
+            with in_layer_scan():
+                out, _ = jax.lax.scan(body, jh, periods)
             for j in range(len(self.stack[1]) - trips * p):  # type: ignore[index]
                 out = one(j, out, {k: v[trips * p + j] for k, v in stacked.items()}, jcalls)
             return env.j2t_iso(out)
@@ -441,7 +449,7 @@ class _StepBuilder:
             traced = jax.jit(self.step, donate_argnums=(0,)).trace(state, tokens)
             lowered = traced.lower()
         if self.stack is not None:
-            self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr, self.trips)
+            self.saved_per_layer = saved_residuals(traced.jaxpr.jaxpr)
         if self.attention_calls is not None and not self.attention_calls:
             if getattr(getattr(self.model, "config", None), "attn_logit_softcapping", None):
                 raise TracingError(

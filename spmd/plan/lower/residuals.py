@@ -9,6 +9,7 @@ against each policy's MaxText names and against our memory math (`spmd.plan.pred
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,18 @@ from spmd.plan._jax_compat import scan_stacked_outputs
 from spmd.plan.request.custom_remat import MLP_OUT, OUT_PROJ, CustomRemat
 from spmd.plan.request.remat import Remat, host_names, projection_name
 
-__all__ = ["SavedActivation", "named_projections", "row_major_names", "saved_residuals"]
+__all__ = [
+    "LAYER_SCAN_SCOPE",
+    "SavedActivation",
+    "in_layer_scan",
+    "named_projections",
+    "row_major_names",
+    "saved_residuals",
+]
+
+# The name scope the block scan runs under (`in_layer_scan`): the step has other scans (the
+# vocabulary's tiles, a context ring), and one of them may have as many trips as the stack.
+LAYER_SCAN_SCOPE = "layer_scan"
 
 # What a block adds to the residual stream. Offloaded, libtpu lays such a projection's output out
 # sequence minor-most ({1,2,0} of [batch, seq, width]), and the forward scan's carry, the sum,
@@ -48,15 +60,31 @@ class SavedActivation:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-def saved_residuals(jaxpr: Any, layers: int) -> tuple[SavedActivation, ...]:
-    """What the forward scan over ``layers`` blocks stacks for backward, per layer, read from the
-    step's ``jaxpr``: the stacked outputs (``ys``) of every forward ``scan`` of that length (the
-    block returns no ``ys`` of its own, so every one is a residual of the remat policy)."""
+def in_layer_scan() -> contextlib.AbstractContextManager[None]:
+    """A context in which a ``lax.scan`` is the block scan `saved_residuals` reads."""
+    import jax
+
+    return jax.named_scope(LAYER_SCAN_SCOPE)
+
+
+def _is_layer_scan(eqn: Any) -> bool:
+    """A forward ``scan`` run `in_layer_scan`: its name stack (``jvp(layer_scan)`` once
+    differentiated) has the scope as one of its names."""
+    if eqn.primitive.name != "scan" or eqn.params["reverse"]:
+        return False
+    return LAYER_SCAN_SCOPE in re.split(r"[/()]", str(eqn.source_info.name_stack))
+
+
+def saved_residuals(jaxpr: Any) -> tuple[SavedActivation, ...]:
+    """What the forward block scan stacks for backward, per trip, read from the step's ``jaxpr``:
+    the stacked outputs (``ys``) of the forward ``scan`` run `in_layer_scan` (the block returns
+    no ``ys`` of its own, so every one is a residual of the remat policy). Other scans of the
+    step, whatever their length, are not the block's."""
     found: list[SavedActivation] = []
 
     def walk(j: Any) -> None:
         for eqn in j.eqns:
-            if eqn.primitive.name == "scan" and eqn.params["length"] == layers and not eqn.params["reverse"]:
+            if _is_layer_scan(eqn):
                 for var in scan_stacked_outputs(eqn):
                     aval = var.aval
                     host = "host" in str(getattr(aval, "memory_space", "")).lower()

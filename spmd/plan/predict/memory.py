@@ -10,7 +10,7 @@ axis, ``T``: the ``tensor`` axis size):
 - **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
   projections split over ``tensor``, and the block's input (the residual stream, whose width the
   activation rules split over ``tensor``: `spmd.logical_axes.RESIDUAL`), are divided by ``T``.
-  This is JAX's own list of the scan's residuals (`spmd.plan.lower.lowering.saved_residuals`), counted
+  This is JAX's own list of the scan's residuals (`spmd.plan.lower.residuals.saved_residuals`), counted
   from the shape: exact for every policy but ``none``, whose list depends on how the model writes
   its norms (counted for Llama's).
 - **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
