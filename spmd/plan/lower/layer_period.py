@@ -14,13 +14,14 @@ then sliding ones) is one period: correct, but compiled as long as the unrolled 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from spmd.plan.errors import TracingError
 
-__all__ = ["PeriodLayer", "layer_period"]
+__all__ = ["PeriodCalls", "PeriodLayer", "layer_period"]
 
 # A block's attributes that change what it computes without changing its parameters.
 _KIND_ATTRIBUTES = ("layer_type", "attention_type", "sliding_window", "is_sliding", "use_rope")
@@ -41,6 +42,22 @@ def layer_period(layers: torch.nn.ModuleList) -> int:
     return next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
 
 
+@dataclass
+class PeriodCalls:
+    """What a stack's stand-ins record of one forward, shared by all of them (mutable: it fills as
+    the model calls its layers).
+
+    Attributes:
+        order: the positions called so far, in order.
+        hidden: the hidden states the last call was given (the next must be given them too).
+        arguments: each kind's ``(args, kwargs)`` by its position in the first period.
+    """
+
+    order: list[int] = field(default_factory=list)
+    hidden: Any = None
+    arguments: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict)
+
+
 class PeriodLayer(torch.nn.Module):
     """Stands in for ``layer``, at ``position`` of a stack scanned by periods (module docstring).
     The model calls every layer in order, each on the last one's output: the first period's calls
@@ -50,8 +67,8 @@ class PeriodLayer(torch.nn.Module):
     them, is refused (`TracingError`): the scan would not compute what it does. The stand-in keeps
     its layer's kind attributes, which some models' loops read."""
 
-    def __init__(self, layer: torch.nn.Module, position: int, layers: int, period: int, calls: dict[Any, Any],
-                 run: Callable[..., Any]):  # fmt: skip
+    def __init__(self, layer: torch.nn.Module, position: int, layers: int, period: int, calls: PeriodCalls,
+                 run: Callable[[Any, PeriodCalls], Any]):  # fmt: skip
         super().__init__()
         self.position, self.last, self.period = position, position == layers - 1, period
         self.__dict__["calls"] = calls  # shared by the stack's stand-ins, not module state
@@ -61,15 +78,15 @@ class PeriodLayer(torch.nn.Module):
                 setattr(self, name, getattr(layer, name))
 
     def forward(self, hidden: Any, *args: Any, **kwargs: Any) -> Any:
-        seen = self.calls.setdefault("order", [])
-        if self.position != len(seen) or (seen and hidden is not self.calls["hidden"]):
+        calls = self.calls
+        if self.position != len(calls.order) or (calls.order and hidden is not calls.hidden):
             raise TracingError(
                 "The planner scans this model's layers by periods of their kinds, which needs its forward to call "
                 f"every layer once, in order, each on the last one's output; layer {self.position} was called "
-                f"after {len(seen)} layers{'' if hidden is self.calls.get('hidden') else ' on other hidden states'}."
+                f"after {len(calls.order)} layers{'' if hidden is calls.hidden else ' on other hidden states'}."
             )
-        seen.append(self.position)
-        self.calls["hidden"] = hidden
+        calls.order.append(self.position)
+        calls.hidden = hidden
         if self.position < self.period:
-            self.calls[self.position] = (args, kwargs)
+            calls.arguments[self.position] = (args, kwargs)
         return self.run(hidden, self.calls) if self.last else hidden

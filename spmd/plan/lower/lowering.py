@@ -40,7 +40,7 @@ from spmd.errors import ShardingError
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.plan._jax_compat import import_torchax, mosaic_ir_for_libtpu
 from spmd.plan.errors import TracingError
-from spmd.plan.lower.layer_period import PeriodLayer, layer_period
+from spmd.plan.lower.layer_period import PeriodCalls, PeriodLayer, layer_period
 from spmd.plan.lower.residuals import (
     SavedActivation,
     in_layer_scan,
@@ -314,8 +314,8 @@ class _StepBuilder:
             args, kwargs = calls[j]
             return blocks[j](hidden, params, args, kwargs).astype(hidden.dtype)
 
-        def run(hidden: Any, calls: dict[int, Any]) -> Any:
-            jh, jcalls = env.t2j_iso((hidden, {j: calls[j] for j in range(p)}))
+        def run(hidden: Any, calls: PeriodCalls) -> Any:
+            jh, jcalls = env.t2j_iso((hidden, {j: calls.arguments[j] for j in range(p)}))
 
             def body(carry: Any, period: dict[str, Any]) -> tuple[Any, None]:
                 for j in range(p):
@@ -380,7 +380,7 @@ class _StepBuilder:
         if self.period == 1:
             setattr(owner, attr, torch.nn.ModuleList([_ScannedLayers(layers[0], self.scanned(stacked))]))
         else:
-            run, calls = self.scanned_by_periods(stacked), {}
+            run, calls = self.scanned_by_periods(stacked), PeriodCalls()
             stand_ins = [PeriodLayer(layer, i, len(layers), self.period, calls, run) for i, layer in enumerate(layers)]
             setattr(owner, attr, torch.nn.ModuleList(stand_ins))
         return (owner, attr, layers)

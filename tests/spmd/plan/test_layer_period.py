@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spmd.plan.errors import TracingError
-from spmd.plan.lower.layer_period import PeriodLayer, layer_period
+from spmd.plan.lower.layer_period import PeriodCalls, PeriodLayer, layer_period
 from spmd.plan.predict._op_costs import attended_pairs, splash_phase
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.splash_blocks import SplashBlocks
@@ -113,8 +113,8 @@ def test_the_period_is_the_shortest_run_that_repeats(pattern, repeats, extra):
 
 
 def stand_ins(layers: int, period: int, ran: list) -> list[PeriodLayer]:
-    calls: dict = {}
-    run = lambda hidden, calls: ran.append((hidden, sorted(k for k in calls if isinstance(k, int)))) or "out"  # noqa: E731
+    calls = PeriodCalls()
+    run = lambda hidden, calls: ran.append((hidden, sorted(calls.arguments))) or "out"  # noqa: E731
     return [PeriodLayer(Block(None), i, layers, period, calls, run) for i in range(layers)]
 
 
@@ -128,7 +128,7 @@ def test_the_last_stand_in_runs_the_stack_with_the_first_period_s_arguments():
     assert ran == [(hidden, [0, 1])]
     layer = Block(8)
     layer.attention_type = "sliding_attention"  # some models' loops read it from the layer
-    stand_in = PeriodLayer(layer, 0, 1, 1, {}, lambda hidden, calls: hidden)
+    stand_in = PeriodLayer(layer, 0, 1, 1, PeriodCalls(), lambda hidden, calls: hidden)
     assert stand_in.attention_type == "sliding_attention" and not hasattr(stand_in, "attention")
 
 
