@@ -47,7 +47,6 @@ from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.specs import SpecFn, argument_bytes, check_even_splits, param_spec_for, uneven_splits
 from spmd.plan.request.splash_blocks import SplashBlocks, check_no_context_axis
 from spmd.plan.request.topology import TpuSlice
-from spmd.plan.request.vocab_tiling import check_vocab_tiles
 from spmd.sharding import PartitionSpec
 
 __all__ = [
@@ -216,9 +215,7 @@ def plan_program(
         check_takes_positions(module)
         check_no_sliding_window(module, seq)
         check_no_context_axis(settings.splash_blocks)  # type: ignore[arg-type]
-    if settings.attention is Attention.FLASH:
-        settings.splash_blocks.resolved(seq)  # type: ignore[union-attr]
-    check_vocab_tiles(settings.vocab_tiles, seq)  # the model's default sequence, checked now it is known
+    settings.check_model_sequence(seq)
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered, settings.compiler_options)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)

@@ -285,8 +285,7 @@ def _model(model: Any, settings: PlanSettings, context_parallel: bool = False) -
     if context_parallel:
         _check_context_parallel(module, kernel)  # type: ignore[arg-type]
     seq = resolve_seq_len(settings.seq_len, hf_config)
-    if kernel is Attention.FLASH:
-        settings.splash_blocks.resolved(seq)  # type: ignore[union-attr]
+    settings.check_model_sequence(seq)
     return module, hf_config, seq
 
 

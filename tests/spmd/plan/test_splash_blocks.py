@@ -98,6 +98,22 @@ def test_the_settings_check_blocks_once_the_sequence_is_known_and_only_under_fla
     assert "splash_blocks" not in PlanSettings("v5e:2x2", attention="flash").cache_key()  # old entries still hit
 
 
+def test_the_models_default_sequence_is_checked_once_it_is_known_and_a_given_one_on_construction():
+    unknown = PlanSettings("v5e:2x2", attention="flash", splash_blocks="q=1024", vocab_tiles=4)
+    unknown.check_model_sequence(2048)  # 1024-token blocks and 4 tiles divide the model's 2,048
+    with pytest.raises(PlanError, match="does not divide the 1536-token sequence"):
+        unknown.check_model_sequence(1536)
+    with pytest.raises(PlanError, match="vocab_tiles=3 does not divide the sequence"):
+        PlanSettings("v5e:2x2", vocab_tiles=3).check_model_sequence(1024)
+    with pytest.raises(PlanError, match="divisible by 128"):  # the planner's own blocks need 128 | seq
+        PlanSettings("v5e:2x2", attention="flash").check_model_sequence(1000)
+    PlanSettings("v5e:2x2", attention="dot").check_model_sequence(1000)  # no kernel, no blocks
+    given = PlanSettings("v5e:2x2", seq_len=2048, attention="flash", splash_blocks="q=1024")
+    given.check_model_sequence(1536)  # the plan runs the given 2,048 tokens, checked on construction
+    with pytest.raises(PlanError, match="divisible by 128"):
+        PlanSettings("v5e:2x2", seq_len=1000, attention="flash")
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
