@@ -166,22 +166,20 @@ def splash_matmuls(name: str, op_name: str = "") -> int:
 
 class SplashWindow(NamedTuple):
     """A windowed splash kernel's scope (`spmd.plan.request.attention.window_scope`): its window
-    and the (query, key) block sizes of forward, the key gradient and the query gradient (``()``
-    in a scope written before the sizes were)."""
+    and the (query, key) block sizes of forward, the key gradient and the query gradient."""
 
     window: int
-    blocks: tuple[tuple[int, int], ...] = ()
+    blocks: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 
     def blocks_of(self, kernel: str) -> tuple[int, int] | None:
         """The (query, key) blocks the kernel named ``kernel`` runs (a fused backward's are the
-        key gradient's); ``None``: not recorded."""
+        key gradient's); ``None``: not a splash kernel."""
         phase = splash_phase(kernel)
-        if not self.blocks or phase is None:
-            return None
-        return self.blocks[{"fwd": 0, "dkv": 1, "dq": 2}[phase]]
+        return None if phase is None else self.blocks[{"fwd": 0, "dkv": 1, "dq": 2}[phase]]
 
 
-_WINDOW_SCOPE = re.compile(rf"[/(]{WINDOW_SCOPE}(\d+)(?:_blocks_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+))?[/)]")
+# every scope the planner writes holds its blocks (compile cache format 7 and later)
+_WINDOW_SCOPE = re.compile(rf"[/(]{WINDOW_SCOPE}(\d+)_blocks_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+)[/)]")
 
 
 def splash_window(op_name: str) -> SplashWindow | None:
@@ -191,8 +189,8 @@ def splash_window(op_name: str) -> SplashWindow | None:
     found = _WINDOW_SCOPE.search(op_name)  # jvp(splash_window_128_blocks_...)/... too
     if not found:
         return None
-    sizes = [int(g) for g in found.groups()[1:] if g is not None]
-    return SplashWindow(int(found.group(1)), tuple(zip(sizes[::2], sizes[1::2])))
+    q, kv, q_dkv, kv_dkv, q_dq, kv_dq = (int(g) for g in found.groups()[1:])
+    return SplashWindow(int(found.group(1)), ((q, kv), (q_dkv, kv_dkv), (q_dq, kv_dq)))
 
 
 def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[int, int] | None = None) -> float:

@@ -471,21 +471,26 @@ def test_every_truncation_of_a_module_is_a_time_or_a_plan_error():
         assert t.seconds >= 0 and t.exposed_seconds >= 0
 
 
+_B = "_blocks_512x1024_256x2048_128x512"
+
+
 @pytest.mark.parametrize(
     ("op_name", "window"),
     [
-        ("jit(step)/while/body/scaled_dot_product_attention/splash_window_128/shard_map/pallas_call", 128),
-        ("jit(loss)/jvp(splash_window_1024)/shard_map/pallas_call", 1024),  # JAX writes a transform around it
-        ("jit(loss)/transpose(jvp(splash_window_64))/pallas_call", 64),
+        (f"jit(step)/while/body/scaled_dot_product_attention/splash_window_128{_B}/shard_map/pallas_call", 128),
+        (f"jit(loss)/jvp(splash_window_1024{_B})/shard_map/pallas_call", 1024),  # JAX writes a transform around it
+        (f"jit(loss)/transpose(jvp(splash_window_64{_B}))/pallas_call", 64),
         ("jit(step)/scaled_dot_product_attention/shard_map/pallas_call", None),
-        ("jit(step)/splash_window_12x/pallas_call", None),
-        ("jit(step)/splash_window_12_blocks_512x512/pallas_call", None),  # three pairs of blocks or none
+        (f"jit(step)/splash_window_12x{_B}/pallas_call", None),
+        ("jit(step)/splash_window_12_blocks_512x512/pallas_call", None),  # three pairs of blocks, always
+        ("jit(step)/splash_window_128/pallas_call", None),  # a scope with no blocks: none the planner writes
     ],
 )
 def test_a_kernel_s_window_is_read_from_its_scope(op_name, window):
     found = splash_window(op_name)
     assert (found.window if found else None) == window
-    assert found is None or found.blocks == () and found.blocks_of("splash_mha_fwd") is None
+    assert found is None or found.blocks == ((512, 1024), (256, 2048), (128, 512))
+    assert found is None or found.blocks_of("fusion.3") is None  # not a splash kernel
 
 
 @given(
