@@ -193,6 +193,14 @@ _QKV_PROJ_OFFLOADED = "custom:query_proj=offload,key_proj=offload,value_proj=off
 # at the 70B's batch), so it tiles them for the recipe's batch to fit, at the price of one more pass
 # of the head's matmul (docs/plan.md, "Calibration").
 _V6E_VOCAB_TILES = 8
+# tpu-recipes' Llama 3.1 Trillium configs (maxtext_trillium_model_configs.py at 9f1820b, MaxText
+# tpu-recipes-v0.1.4): the 8B's and 70B's sa_block_* all 2048 with sa_use_fused_bwd_kernel, the
+# 405B's sa_block_q 1024, sa_block_q_dkv and sa_block_q_dq 2048 (the others MaxText's 512); each
+# with DENSE_VMEM_LIMIT_FLAG, --xla_tpu_scoped_vmem_limit_kib=98304. The 8B's and the 405B's recipes
+# carry them (the 70B's is not compiled with them yet)
+_V6E_LLAMA_SPLASH_BLOCKS = parse_splash_blocks("2048,use_fused_bwd_kernel=true")
+_V6E_405B_SPLASH_BLOCKS = parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048")
+_V6E_SCOPED_VMEM_KIB = 98304
 # tpu-recipes' Gemma3-12B configs (maxtext_trillium_model_configs.py at tpu-recipes-v0.1.5): sa_block_*
 _GEMMA3_SPLASH_BLOCKS = parse_splash_blocks(
     "q=1024,kv=1024,kv_compute=1024,q_dkv=512,kv_dkv=2048,kv_dkv_compute=512,q_dq=1024,kv_dq=1024"
@@ -205,10 +213,14 @@ def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
     model config); the README's step log gives TFLOP/s a device only (MFU: over v6e's peak)."""
     return Published(
         "llama3.1-8b", "TPU v6e", chips, round(tflops * 1e12 / CHIP_SPECS["v6e"].peak_flops, 4),
-        f"MaxText, FSDP over {chips} chips, per-device batch {batch} x 8192 tokens, splash attention, remat "
-        "custom (the layer input and q/k/v/out projections offloaded to host)",
+        f"MaxText, FSDP over {chips} chips, per-device batch {batch} x 8192 tokens, splash attention in blocks of "
+        "2048 with the fused backward kernel, remat custom (the layer input and q/k/v/out projections offloaded "
+        "to host)",
         f"tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-{chips} ({config})", tflops,
-        Recipe(f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES),
+        Recipe(
+            f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
+            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
         counts_attention_whole=True,
     )  # fmt: skip
 
@@ -277,10 +289,14 @@ _ONE_SLICE: tuple[Published, ...] = (
     ),
     Published(
         "llama3.1-8b", "TPU v6e", 256, 0.455,
-        "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention, remat custom (the layer "
-        "input and q/k/v/out projections offloaded to host)",
+        "MaxText, FSDP over 256 chips, per-device batch 4 x 8192 tokens, splash attention in blocks of 2048 with the "
+        "fused backward kernel, remat custom (the layer input and q/k/v/out projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
-        Recipe("v6e-256", FSDP, ((FSDP, 256),), 4, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES), True,
+        Recipe(
+            "v6e-256", FSDP, ((FSDP, 256),), 4, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
+            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
+        True,
     ),
     # the same recipe on smaller v6e slices (tpu-recipes' READMEs' step logs; the batch is each
     # slice's MaxText model config's, benchmarks/maxtext_trillium_model_configs.py at 9f1820b)
@@ -293,16 +309,19 @@ _ONE_SLICE: tuple[Published, ...] = (
         "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
+        # its config's splash blocks (as the 8B's) and scoped VMEM are not planned yet (docs/plan.md)
         Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES), True,
     ),
     Published(
         "llama3.1-405b", "TPU v6e", 512, 0.428,
         "MaxText on 2 x v6e-256, FSDP over 256 chips a slice and across the 2 slices (dcn_fsdp_parallelism 2), "
-        "per-device batch 1 x 8192 tokens, splash attention, remat custom (the layer input offloaded to host)",
+        "per-device batch 1 x 8192 tokens, splash attention (query blocks of 1024, 2048 in backward), remat custom "
+        "(the layer input offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-405B-MaxText (llama3_1_405b_8192_pure_fsdp_ici, 2 slices)", 392.454,
         Recipe(
             "v6e-256", FSDP, ((DCN_PREFIX + FSDP, 2), (FSDP, 256)), 1, 8192, "offload",
-            vocab_tiles=_V6E_VOCAB_TILES, slices=2,
+            vocab_tiles=_V6E_VOCAB_TILES, slices=2, splash_blocks=_V6E_405B_SPLASH_BLOCKS,
+            scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
     ),

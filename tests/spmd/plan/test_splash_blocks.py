@@ -146,7 +146,7 @@ def test_a_context_axis_keeps_its_own_kernel_and_says_so():
         )  # fmt: skip
 
 
-def test_gemma3_s_published_runs_carry_maxtext_s_blocks_to_the_plan():
+def test_published_runs_carry_their_maxtext_configs_blocks_to_the_plan():
     from spmd.plan.predict.published import published_run
     from tests.torchrun import ROOT
 
@@ -160,3 +160,14 @@ def test_gemma3_s_published_runs_carry_maxtext_s_blocks_to_the_plan():
             "q_dq": 1024, "kv_dq": 1024,
         }  # fmt: skip
     assert not bench._candidate(published_run("llama3.1-70b@tpu7x-128"))[1].plan.splash_blocks.given
+    # tpu-recipes' Llama 3.1-8B configs (MaxText 9f1820b): all eight 2048, the fused backward, 96 MiB of VMEM
+    for chips in (16, 32, 64, 128, 256):
+        settings = bench._candidate(published_run(f"llama3.1-8b@v6e-{chips}"))[1].plan
+        assert settings.splash_blocks.given == {
+            **dict.fromkeys(("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute"), 2048),
+            "use_fused_bwd_kernel": True,
+        }
+        assert settings.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": 98304}
+    settings = bench._candidate(published_run("llama3.1-405b@2xv6e-256"))[1].plan
+    assert settings.splash_blocks.given == {"q": 1024, "q_dkv": 2048, "q_dq": 2048}
+    assert settings.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": 98304}
