@@ -275,18 +275,19 @@ def _meshes(target: TpuSlice, choose: _Choices, hf_config: Any) -> list[tuple[st
     return meshes
 
 
-def _model(model: Any, settings: PlanSettings, context_parallel: bool = False) -> tuple[torch.nn.Module, Any, int]:
-    """The model on ``meta``, its config, and the sequence length (checked for the kernel, and
-    for context parallelism when the search has ``cp``)."""
-    kernel = settings.attention
+def _model(
+    model: Any, given: PlanSettings, context_parallel: bool = False
+) -> tuple[torch.nn.Module, Any, PlanSettings]:
+    """The model on ``meta``, its config, and ``given`` with the sequence the plans run (checked
+    for context parallelism when the search has ``cp``, and by `PlanSettings.check_model_sequence`)."""
     if context_parallel:
-        check_no_context_axis(settings.splash_blocks)  # type: ignore[arg-type]
+        check_no_context_axis(given.splash_blocks)  # type: ignore[arg-type]
     module, hf_config = build_meta_model(model)
     if context_parallel:
-        _check_context_parallel(module, kernel)  # type: ignore[arg-type]
-    seq = resolve_seq_len(settings.seq_len, hf_config)
-    settings.check_model_sequence(seq)
-    return module, hf_config, seq
+        _check_context_parallel(module, given.attention)  # type: ignore[arg-type]
+    settings = replace(given, seq_len=resolve_seq_len(given.seq_len, hf_config))  # checks tiles, given blocks
+    settings.check_model_sequence(settings.seq_len)  # type: ignore[arg-type]
+    return module, hf_config, settings
 
 
 def _second_pass(
@@ -428,8 +429,8 @@ def advise(
         topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
         scoped_vmem_kib,
     )  # fmt: skip
-    module, hf_config, seq_len = _model(model, given, "cp" in choose.strategies)
-    settings, meshes = replace(given, seq_len=seq_len), _meshes(given.target, choose, hf_config)
+    module, hf_config, settings = _model(model, given, "cp" in choose.strategies)
+    meshes = _meshes(given.target, choose, hf_config)
     searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)
     workers = _workers(model, jobs, searches, choose.batches, log)
     run = Settings(settings, cache_dir, model_key(model))

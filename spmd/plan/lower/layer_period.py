@@ -61,7 +61,7 @@ class PeriodCalls:
 class PeriodLayer(torch.nn.Module):
     """Stands in for ``layer``, at ``position`` of a stack scanned by periods (module docstring).
     The model calls every layer in order, each on the last one's output: the first period's calls
-    leave their arguments in ``calls`` (each kind's mask and position embeddings), the last call
+    leave their arguments in ``calls.arguments`` (each kind's mask and position embeddings), the last call
     runs every layer with them (``run(hidden, calls)``), and the others pass the hidden states
     through. A model that skips, repeats or reorders layers, or changes the hidden states between
     them, is refused (`TracingError`): the scan would not compute what it does. The stand-in keeps

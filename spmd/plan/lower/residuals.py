@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # The name scope the block scan runs under (`in_layer_scan`): the step has other scans (the
-# vocabulary's tiles, a context ring), and one of them may have as many trips as the stack.
+# vocabulary's tiles), and one may have as many trips as the stack.
 LAYER_SCAN_SCOPE = "layer_scan"
 
 # What a block adds to the residual stream. Offloaded, libtpu lays such a projection's output out

@@ -91,7 +91,8 @@ class Calibration:
 # array's fill and drain per tile) did not grow with it: the two fitted generations differ by just
 # that. This rule was chosen after the held-out runs' errors at the joint fit had been seen (v5p
 # -11.2 %, v6e -13.0 %, +9.6 %, +17.3 %; with it -4.9 %, -17.5 %, +1.2 %, +9.2 %, the v6e ones
-# against figures that count causal attention whole: -7.2 %, +8.4 %, +10.2 % in the planner's count,
+# against figures that count causal attention whole: -7.5 %, +8.4 %, +10.2 % in the planner's count
+# (the 8B with its config's splash blocks),
 # `spmd.plan.predict.published.Published.planner_tflops`), so those runs no longer test it; runs not
 # yet given do. The joint fit, 0.863, serves a chip with neither.
 # Refit (from TPU7x 0.760, joint 0.852) when host transfers were costed on the chip's PCIe link

@@ -207,7 +207,7 @@ def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[in
     and more), which no fitted constant could hold."""
     if window is None or window >= keys:
         return queries * keys / 2
-    if blocks is None:
+    if blocks is None:  # the exact count (every scope the planner writes has its blocks)
         return queries * window - window * (window - 1) / 2
     block_q, block_kv = blocks
     touched = 0

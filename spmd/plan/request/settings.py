@@ -97,26 +97,25 @@ class PlanSettings:
                 f"scoped_vmem_kib must be a whole number of KiB from 1 to {MAX_SCOPED_VMEM_KIB} (128 MiB) "
                 f"or None, got {self.scoped_vmem_kib!r:.60}. MaxText's recipes give 98304."
             )
-        check_vocab_tiles(self.vocab_tiles)
-        if self.seq_len is not None:
-            self._check_sequence(self.seq_len)
+        check_vocab_tiles(self.vocab_tiles, self.seq_len)
+        if self.splash_blocks.given and self.seq_len is not None:  # the planner's own: check_model_sequence
+            self.splash_blocks.resolved(self.seq_len)
         self.target  # noqa: B018 - parses (and so checks) the topology and slices now, not at first use
 
-    def _check_sequence(self, seq_len: int) -> None:
-        check_vocab_tiles(self.vocab_tiles, seq_len)
-        if self.attention is Attention.FLASH:
-            self.splash_blocks.resolved(seq_len)  # type: ignore[union-attr]
-
     def check_model_sequence(self, seq_len: int) -> None:
-        """Check the vocabulary tiles and the splash blocks against the model's default sequence,
-        ``seq_len``, when these settings give none (a given one was checked on construction).
+        """Check against ``seq_len``, the sequence the plan runs, what construction could not: with
+        no ``seq_len`` given (the model's default), the vocabulary tiles and the splash blocks; and
+        under flash, that the planner's own blocks tile it (called after a plan's context checks,
+        whose message for a sequence a context split cannot take is the clearer one).
 
         Raises:
             PlanError: the tiles or a block do not divide ``seq_len``, or flash's blocks cannot
                 (not a multiple of 128).
         """
         if self.seq_len is None:
-            self._check_sequence(seq_len)
+            check_vocab_tiles(self.vocab_tiles, seq_len)
+        if self.attention is Attention.FLASH and (self.seq_len is None or not self.splash_blocks.given):
+            self.splash_blocks.resolved(seq_len)  # type: ignore[union-attr]
 
     @functools.cached_property
     def target(self) -> TpuSlice:

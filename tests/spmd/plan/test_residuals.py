@@ -58,7 +58,18 @@ def test_the_block_scans_residuals_are_its_own_whatever_else_the_step_scans():
     assert saved_residuals(_step(stack_scope=True, tiles=False)) == saved
 
 
+def _forward_scans_of_the_stacks_length(jaxpr) -> list:
+    from spmd.plan._jax_compat import scan_stacked_outputs
+
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan" and eqn.params["length"] == LAYERS and not eqn.params["reverse"]:
+            found.append(len(scan_stacked_outputs(eqn)))
+    return found
+
+
 def test_a_scan_of_the_same_length_outside_the_scope_is_not_the_block_scan():
-    # the tiling scan stacks residuals too (what it saves for sin's gradient); matched by length
-    # alone, both scans' would have been counted as the block's
+    # the premise: the tiling scan stacks residuals of its own (what sin's gradient needs), so a
+    # match by length would have counted them as the block's
+    assert _forward_scans_of_the_stacks_length(_step(stack_scope=True)) == [2, 1]
     assert saved_residuals(_step(stack_scope=False)) == ()

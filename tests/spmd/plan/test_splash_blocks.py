@@ -109,9 +109,10 @@ def test_the_models_default_sequence_is_checked_once_it_is_known_and_a_given_one
         PlanSettings("v5e:2x2", attention="flash").check_model_sequence(1000)
     PlanSettings("v5e:2x2", attention="dot").check_model_sequence(1000)  # no kernel, no blocks
     given = PlanSettings("v5e:2x2", seq_len=2048, attention="flash", splash_blocks="q=1024")
-    given.check_model_sequence(1536)  # the plan runs the given 2,048 tokens, checked on construction
+    given.check_model_sequence(2048)  # the given blocks were checked on construction
+    own = PlanSettings("v5e:2x2", seq_len=1000, attention="flash")  # a plan's context checks come first
     with pytest.raises(PlanError, match="divisible by 128"):
-        PlanSettings("v5e:2x2", seq_len=1000, attention="flash")
+        own.check_model_sequence(1000)
 
 
 @pytest.mark.parametrize(
