@@ -75,6 +75,7 @@ def _settings(p: Published) -> PlanSettings:
         vocab_tiles=r.vocab_tiles,
         splash_blocks=r.splash_blocks,
         scoped_vmem_kib=r.scoped_vmem_kib,
+        weight_dtype=r.weight_dtype,
     )
 
 

@@ -24,7 +24,7 @@ from spmd.plan.request.custom_remat import CUSTOM_PREFIX, CustomRemat
 from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.request.remat import Remat
-from spmd.plan.request.settings import MAX_SCOPED_VMEM_KIB, MOMENT_DTYPES
+from spmd.plan.request.settings import MAX_SCOPED_VMEM_KIB, MOMENT_DTYPES, WEIGHT_DTYPES
 from spmd.plan.request.splash_blocks import SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import MAX_SLICES
 from spmd.plan.request.vocab_tiling import MAX_TILES
@@ -113,14 +113,8 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sequence length (default: 2048, or a shorter learned position table)",
     )
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
+    _precision_flags(p)
     p.add_argument("--attention", choices=("dot", "flash"), default="dot", help="dot, or flash (splash attention)")
-    p.add_argument(
-        "--moment-dtype",
-        choices=MOMENT_DTYPES,
-        default="float32",
-        help="AdamW's first moment (MaxText's mu_dtype; its Ironwood recipes use bfloat16)",
-    )
     p.add_argument(
         "--vocab-tiling",
         type=int_in(1, MAX_TILES),
@@ -151,6 +145,23 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", type=output_file, default=None, help="write the report (or advice) as JSON")
     p.add_argument("--plot", type=output_file, default=None, help="write a PNG of per-device memory (or the advice)")
+
+
+def _precision_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
+    p.add_argument(
+        "--moment-dtype",
+        choices=MOMENT_DTYPES,
+        default="float32",
+        help="AdamW's first moment (MaxText's mu_dtype; its Ironwood recipes use bfloat16)",
+    )
+    p.add_argument(
+        "--weight-dtype",
+        choices=WEIGHT_DTYPES,
+        default="float32",
+        help="the stored parameters and AdamW's second moment (MaxText's weight_dtype; its mu_dtype defaults to it: "
+        "give --moment-dtype bfloat16 too)",
+    )
 
 
 def _one_plan_flags(p: argparse.ArgumentParser) -> None:
@@ -301,7 +312,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        scoped_vmem_kib=args.scoped_vmem_kib,
+        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -321,7 +332,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        scoped_vmem_kib=args.scoped_vmem_kib, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

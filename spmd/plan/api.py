@@ -143,6 +143,7 @@ def plan(
     vocab_tiles: int = 1,
     splash_blocks: str | SplashBlocks | None = None,
     scoped_vmem_kib: int | None = None,
+    weight_dtype: str = "float32",
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -158,7 +159,7 @@ def plan(
             axis spans, MaxText's way (``{"dcn_fsdp": 2, "fsdp": 64, "tensor": 4}``: `spmd.plan.request.dcn`).
         global_batch: sequences per step; default one per batch shard.
         seq_len: tokens per sequence; default `default_seq_len` (2048, or a shorter position table: GPT-2's 1024).
-        compute_dtype: ``bfloat16`` (fp32 master weights and AdamW state) or ``float32``.
+        compute_dtype: ``bfloat16`` (bf16 compute; master weights as ``weight_dtype``) or ``float32``.
         remat: what each block keeps for backward, by MaxText's names: ``none``, ``dots``
             (``minimal``), ``save_dot_except_mlp``, ``save_qkv_proj``, ``full``, ``offload`` (`spmd.plan.request.remat`).
         attention: ``dot`` or ``flash`` (splash attention, `spmd.plan.request.attention`).
@@ -167,23 +168,18 @@ def plan(
         param_spec: overrides the strategy's ``(name, shape) -> spec``.
         hbm_bytes: the per-device memory budget the verdict uses; default the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``).
-        vocab_tiles: the loss in this many chunks of tokens, never holding the whole ``[tokens,
-            vocab]`` logits (MaxText's ``num_vocab_tiling``, `spmd.plan.request.vocab_tiling`).
-        splash_blocks: under ``flash``, the splash kernel's block sizes by MaxText's names (``q=1024,kv=1024``,
-            `spmd.plan.request.splash_blocks`); none given: the largest of 512, 256, 128 dividing the sequence.
-        scoped_vmem_kib: the VMEM one kernel may take, in KiB (`PlanSettings`); none: libtpu's default.
+        vocab_tiles: the loss in this many chunks of tokens (MaxText's ``num_vocab_tiling``).
+        splash_blocks: the splash kernel's blocks by MaxText's ``sa_block_*`` names (``q=1024,kv=1024``).
+        scoped_vmem_kib: the VMEM one kernel may take, in KiB; none: libtpu's default.
+        weight_dtype: the stored parameters and second moment (MaxText's ``weight_dtype``: `PlanSettings`).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input, with what to change.
     """
-    settings = PlanSettings(
-        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
-        scoped_vmem_kib,
-    )  # fmt: skip
-    return plan_with(
-        model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat, tensor=tensor,
-        param_spec=param_spec,
-    )  # fmt: skip
+    settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles,
+                            splash_blocks, scoped_vmem_kib, weight_dtype)  # fmt: skip
+    return plan_with(model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat,
+                     tensor=tensor, param_spec=param_spec)  # fmt: skip
 
 
 def plan_with(
@@ -219,8 +215,10 @@ def plan_program(
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered, settings.compiler_options)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
-    moments = settings.moment_bytes
-    predicted = argument_bytes(lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, moments, sequence)
+    predicted = argument_bytes(
+        lowered.param_shapes, lowered.param_specs, our_mesh, batch, axes, settings.moment_bytes, sequence,
+        settings.weight_bytes,
+    )  # fmt: skip
     name = str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__
     return _report(name, req, seq, hf_config, lowered, compiled, predicted, tools), compiled.hlo_text
 
@@ -239,7 +237,7 @@ def _lower(
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
         st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)), vocab_tiles=st.vocab_tiles,
-        splash_blocks=st.splash_blocks,  # type: ignore[arg-type]
+        splash_blocks=st.splash_blocks, weight_dtype=st.weight_dtype,  # type: ignore[arg-type]
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -273,7 +271,7 @@ def _report(
         slices=target.slices, mesh=req.mesh, dcn_mesh=req.dcn, strategy=req.strategy, global_batch=req.global_batch, seq_len=seq,
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
         vocab_tiles=req.settings.vocab_tiles, splash_blocks=req.settings.splash_blocks.given,  # type: ignore[union-attr]
-        scoped_vmem_kib=req.settings.scoped_vmem_kib,
+        scoped_vmem_kib=req.settings.scoped_vmem_kib, weight_dtype=req.settings.weight_dtype,
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

@@ -93,7 +93,9 @@ def policies_and_kernels(config: Path, results: dict) -> None:
     results["flash"] = flash.to_dict()
 
 
-def _compiled(config: Path, remat: str, attention: str, moment_dtype: str = "float32") -> dict:
+def _compiled(
+    config: Path, remat: str, attention: str, moment_dtype: str = "float32", weight_dtype: str = "float32"
+) -> dict:
     """One step of FIDELITY on tpu7x:2x2x1 (16 sequences of 384): every shape in its optimized
     HLO with two dims of the sequence's length, its memory, and what the block scan saves."""
     import re
@@ -103,7 +105,9 @@ def _compiled(config: Path, remat: str, attention: str, moment_dtype: str = "flo
     from spmd.plan.request.models import build_meta_model
     from spmd.plan.request.settings import PlanSettings
 
-    settings = PlanSettings("tpu7x:2x2x1", 1, FIDELITY_SEQ, "bfloat16", attention, None, moment_dtype)
+    settings = PlanSettings(
+        "tpu7x:2x2x1", 1, FIDELITY_SEQ, "bfloat16", attention, None, moment_dtype, weight_dtype=weight_dtype
+    )
     req = _request(settings, "fsdp", None, 16, remat, 4)
     module, hf_config = build_meta_model(str(config))
     lowered, _, _ = _lower(req, module, hf_config, FIDELITY_SEQ, None)
@@ -115,7 +119,8 @@ def _compiled(config: Path, remat: str, attention: str, moment_dtype: str = "flo
 
 def fidelity(out: Path, results: dict) -> None:
     """Flash attention holds no seq x seq buffer where dot attention does; what each remat policy
-    saves (lowered only), beside our math's count of it; a bf16 first moment's arguments."""
+    saves (lowered only), beside our math's count of it; the arguments with a bf16 first moment
+    (flash), and with bf16 weights and second moment beside an fp32 first moment (dot)."""
     from spmd.plan.api import _lower, _request
     from spmd.plan.predict.memory import model_shape, saved_per_token
     from spmd.plan.request.models import build_meta_model
@@ -129,7 +134,7 @@ def fidelity(out: Path, results: dict) -> None:
     except ShardingError as e:  # libtpu 0.0.20 (the torch_xla lane) knows no tpu7x
         results["fidelity"] = {"error": [type(e).__name__, str(e)]}
         return
-    found = {"flash_full": flash_full, "dot_dots": _compiled(config, "dots", "dot")}
+    found = {"flash_full": flash_full, "dot_dots": _compiled(config, "dots", "dot", weight_dtype="bfloat16")}
     module, hf_config = build_meta_model(str(config))
     shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
     saved, math = {}, {}

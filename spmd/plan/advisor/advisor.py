@@ -175,13 +175,14 @@ def _searches(
         whole, spans = split_dcn(mesh, target.slices)  # a data axis over the slices, or dcn_fsdp
         our_mesh = build_mesh(whole, target, devices, spans)
         spec_fn = param_spec_for(strategy, our_mesh, hf_config)
-        state = state_bytes(params, spec_fn, our_mesh, settings.moment_bytes)
+        state = state_bytes(params, spec_fn, our_mesh, settings.moment_bytes, settings.weight_bytes)
         why = _dropped_because(uneven_splits(params, spec_fn, our_mesh), state, budget, mesh, settings.seq_len)  # type: ignore[arg-type]
         if why:
             dropped.append(Outcome(Candidate(strategy, tuple(mesh.items()), batches[0], remats[0]), skipped=why))
             log(f"  {strategy} {dict(mesh)}: {why}")
             continue
-        predict = _predictor(shape, settings, mesh, state, param_bytes(params, spec_fn, our_mesh))
+        weights = param_bytes(params, spec_fn, our_mesh, settings.weight_bytes)
+        predict = _predictor(shape, settings, mesh, state, weights)
         searches.append(
             MeshSearch(strategy, tuple(mesh.items()), batches, remats, budget, predict, ceiling, leader, counted)
         )
@@ -285,8 +286,11 @@ def _model(
     module, hf_config = build_meta_model(model)
     if context_parallel:
         _check_context_parallel(module, given.attention)  # type: ignore[arg-type]
-    settings = replace(given, seq_len=resolve_seq_len(given.seq_len, hf_config))  # checks tiles, given blocks
-    settings.check_model_sequence(settings.seq_len)  # type: ignore[arg-type]
+    seq = resolve_seq_len(given.seq_len, hf_config)
+    # the model's default sequence: the new settings check their tiles and given blocks against it;
+    # a sequence given was checked when ``given`` was built
+    settings = given if seq == given.seq_len else replace(given, seq_len=seq)
+    settings.check_model_sequence(seq)
     return module, hf_config, settings
 
 
@@ -400,12 +404,13 @@ def advise(
     vocab_tiles: int = 1,
     splash_blocks: str | SplashBlocks | None = None,
     scoped_vmem_kib: int | None = None,
+    weight_dtype: str = "float32",
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
     refine: int = 4,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``scoped_vmem_kib``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``weight_dtype``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -425,10 +430,8 @@ def advise(
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
-    given = PlanSettings(
-        topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles, splash_blocks,
-        scoped_vmem_kib,
-    )  # fmt: skip
+    given = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles,
+                         splash_blocks, scoped_vmem_kib, weight_dtype)  # fmt: skip
     module, hf_config, settings = _model(model, given, "cp" in choose.strategies)
     meshes = _meshes(given.target, choose, hf_config)
     searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)

@@ -65,7 +65,7 @@ class TrainStepConfig:
     Attributes:
         global_batch: sequences per step over all devices.
         seq_len: tokens per sequence.
-        compute_dtype: ``"bfloat16"`` (parameters cast at use, fp32 masters) or ``"float32"``.
+        compute_dtype: ``"bfloat16"`` (parameters cast at use) or ``"float32"``.
         remat: what each block keeps for backward (`Remat`).
         attention: what ``scaled_dot_product_attention`` runs (`Attention`).
         batch_axes: mesh axes the batch dim is split over.
@@ -75,6 +75,8 @@ class TrainStepConfig:
         sequence_axes: mesh axes the sequence is split over (``context``: `spmd.plan.request.context`).
         vocab_tiles: chunks the loss is computed in (`spmd.plan.request.vocab_tiling`; 1: the model's own loss).
         splash_blocks: the splash kernel's block sizes under ``flash`` (`spmd.plan.request.splash_blocks`).
+        weight_dtype: the stored parameters and AdamW's second moment (MaxText's ``weight_dtype``);
+            the update is computed in fp32 and stored back in it.
     """
 
     global_batch: int
@@ -92,6 +94,7 @@ class TrainStepConfig:
     sequence_axes: tuple[str, ...] = ()
     vocab_tiles: int = 1
     splash_blocks: SplashBlocks = PLANNER_BLOCKS
+    weight_dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -386,7 +389,8 @@ class _StepBuilder:
         return (owner, attr, layers)
 
     def step(self, state: Any, tokens: Any) -> tuple[Any, Any]:
-        """Loss, gradients and one AdamW update of the fp32 state ``(params, stacked, m, v)``."""
+        """Loss, gradients and one AdamW update of the state ``(params, stacked, m, v)``, computed
+        in fp32 and stored back in each one's dtype (bf16 weights: MaxText's ``weight_dtype``)."""
         import jax
         import jax.numpy as jnp
 
@@ -396,9 +400,10 @@ class _StepBuilder:
         def adamw(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
             g = g.astype(jnp.float32)
             m_new = b1 * m.astype(jnp.float32) + (1 - b1) * g  # updated in fp32, stored as kept (bf16: MaxText's mu)
-            v = b2 * v + (1 - b2) * jnp.square(g)
-            update = m_new / (jnp.sqrt(v) + c.eps) + c.weight_decay * p
-            return p - c.learning_rate * update, m_new.astype(m.dtype), v
+            v_new = b2 * v.astype(jnp.float32) + (1 - b2) * jnp.square(g)
+            p32 = p.astype(jnp.float32)
+            update = m_new / (jnp.sqrt(v_new) + c.eps) + c.weight_decay * p32
+            return (p32 - c.learning_rate * update).astype(p.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
 
         params, stacked, m, v = state
         loss, grads = jax.value_and_grad(self.loss, argnums=(0, 1))(params, stacked, tokens)
@@ -413,8 +418,9 @@ class _StepBuilder:
         import jax
         import jax.numpy as jnp
 
+        weight = jnp.bfloat16 if self.config.weight_dtype == "bfloat16" else jnp.float32
         flat = {
-            n: jax.ShapeDtypeStruct(s, jnp.float32, sharding=self.sharding(self.specs[n]))
+            n: jax.ShapeDtypeStruct(s, weight, sharding=self.sharding(self.specs[n]))
             for n, s in self.shapes.items()
             if n not in self.layer_names
         }
@@ -425,7 +431,7 @@ class _StepBuilder:
                 shape, spec = self.shapes[f"{name}.0.{local}"], self.specs[f"{name}.0.{local}"]
                 stacked_spec = P(None, *spec.padded(len(shape)))
                 stacked[local] = jax.ShapeDtypeStruct(
-                    (len(layers), *shape), jnp.float32, sharding=self.sharding(stacked_spec)
+                    (len(layers), *shape), weight, sharding=self.sharding(stacked_spec)
                 )
         c = self.config
         tokens = jax.ShapeDtypeStruct(

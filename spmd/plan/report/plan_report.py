@@ -147,7 +147,8 @@ class PlanReport:
     ``dcn_mesh``: the slices each mesh axis spans (`spmd.plan.request.dcn`; ``{}``: one slice).
     ``splash_blocks``: the splash kernel's block sizes given (`spmd.plan.request.splash_blocks`;
     ``{}``: the planner's own). ``scoped_vmem_kib``: the VMEM a kernel may take, given
-    (`spmd.plan.request.settings.PlanSettings`; ``None``: libtpu's default).
+    (`spmd.plan.request.settings.PlanSettings`; ``None``: libtpu's default). ``weight_dtype``: the
+    stored parameters and second moment (MaxText's ``weight_dtype``).
     """
 
     model: str
@@ -179,6 +180,7 @@ class PlanReport:
     dcn_mesh: dict[str, int] = field(default_factory=dict)
     splash_blocks: dict[str, int | bool] = field(default_factory=dict)
     scoped_vmem_kib: int | None = None
+    weight_dtype: str = "float32"
 
     @property
     def fits(self) -> bool:
@@ -311,7 +313,8 @@ def _heading(r: PlanReport) -> list[str]:
         + (f" ({r.splash_kernels} splash kernels)" if r.splash_kernels else "")
         + (f" (blocks {','.join(f'{k}={v}' for k, v in r.splash_blocks.items())})" if r.splash_blocks else "")
         + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else "")
-        + (f"; scoped VMEM {r.scoped_vmem_kib} KiB" if r.scoped_vmem_kib else ""),
+        + (f"; scoped VMEM {r.scoped_vmem_kib} KiB" if r.scoped_vmem_kib else "")
+        + (f"; {r.weight_dtype} weights" if r.weight_dtype != "float32" else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
         f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",

@@ -19,10 +19,11 @@ from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, parse_
 from spmd.plan.request.topology import TpuSlice, parse_slice
 from spmd.plan.request.vocab_tiling import check_vocab_tiles
 
-__all__ = ["COMPUTE_DTYPES", "MAX_SCOPED_VMEM_KIB", "MOMENT_DTYPES", "PlanSettings"]
+__all__ = ["COMPUTE_DTYPES", "MAX_SCOPED_VMEM_KIB", "MOMENT_DTYPES", "PlanSettings", "WEIGHT_DTYPES"]
 
 COMPUTE_DTYPES = ("bfloat16", "float32")
 MOMENT_DTYPES = ("float32", "bfloat16")
+WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
 # A core's whole VMEM, the most a kernel could take (v5e's 128 MiB, the largest libtpu has reported here)
@@ -53,6 +54,10 @@ class PlanSettings:
         scoped_vmem_kib: the vector memory (VMEM) one kernel may take, in KiB: libtpu's
             ``xla_tpu_scoped_vmem_limit_kib``, which MaxText's Trillium recipes raise to 98304 for
             splash's larger blocks; ``None``: libtpu's default (32 MiB on v6e).
+        weight_dtype: the stored parameters and AdamW's second moment, ``float32`` or
+            ``bfloat16`` (MaxText's ``weight_dtype``, which its Llama 3.1-70B recipe on v6e-32
+            sets to fit); the gradients come in it too. MaxText's first moment defaults to it:
+            give ``moment_dtype="bfloat16"`` as well for MaxText's default.
     """
 
     topology: str
@@ -65,6 +70,7 @@ class PlanSettings:
     vocab_tiles: int = 1
     splash_blocks: SplashBlocks | str | None = None
     scoped_vmem_kib: int | None = None
+    weight_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", Attention.parse(self.attention))
@@ -85,6 +91,11 @@ class PlanSettings:
         if self.moment_dtype not in MOMENT_DTYPES:
             raise PlanError(
                 f"moment_dtype must be one of {MOMENT_DTYPES} (AdamW's first moment), got {self.moment_dtype!r:.60}."
+            )
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise PlanError(
+                f"weight_dtype must be one of {WEIGHT_DTYPES} (the stored parameters: MaxText's weight_dtype), "
+                f"got {self.weight_dtype!r:.60}."
             )
         if self.hbm_bytes is not None and not _positive_int(self.hbm_bytes):
             raise PlanError(f"hbm_bytes must be a positive int (bytes per device) or None, got {self.hbm_bytes!r:.60}.")
@@ -128,9 +139,15 @@ class PlanSettings:
         return self.target.chip.device_hbm_bytes if self.hbm_bytes is None else self.hbm_bytes
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of one stored parameter (and of its second moment)."""
+        return 2 if self.weight_dtype == "bfloat16" else 4
+
+    @property
     def moment_bytes(self) -> int:
-        """Bytes per parameter of AdamW's state: the fp32 second moment and the first moment."""
-        return 4 + (2 if self.moment_dtype == "bfloat16" else 4)
+        """Bytes per parameter of AdamW's state: the second moment, stored as the parameters, and
+        the first moment."""
+        return self.weight_bytes + (2 if self.moment_dtype == "bfloat16" else 4)
 
     @property
     def compiler_options(self) -> dict[str, Any]:
@@ -145,4 +162,4 @@ class PlanSettings:
             "moment_dtype": self.moment_dtype,
         } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {}) | (
             {"splash_blocks": self.splash_blocks.given} if self.splash_blocks.given else {}  # type: ignore[union-attr]
-        ) | self.compiler_options  # fmt: skip
+        ) | ({"weight_dtype": self.weight_dtype} if self.weight_dtype != "float32" else {}) | self.compiler_options  # fmt: skip

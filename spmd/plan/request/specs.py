@@ -98,15 +98,17 @@ def block_bytes(shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, itemsiz
     return total
 
 
-def param_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh) -> int:
-    """Per-device bytes of the fp32 parameters alone."""
-    return sum(block_bytes(s, spec_fn(n, s), mesh, 4) for n, s in shapes.items())
+def param_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh, weight_bytes: int = 4) -> int:
+    """Per-device bytes of the parameters alone (``weight_bytes`` each: 4 fp32, 2 bf16)."""
+    return sum(block_bytes(s, spec_fn(n, s), mesh, weight_bytes) for n, s in shapes.items())
 
 
-def state_bytes(shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh, moment_bytes: int = 8) -> int:
-    """Per-device bytes of the fp32 parameters and AdamW's moments (``moment_bytes`` per
-    parameter: 8 for two fp32 moments, 6 with a bf16 first moment), stored alike."""
-    return sum(block_bytes(s, spec_fn(n, s), mesh, 4 + moment_bytes) for n, s in shapes.items())
+def state_bytes(
+    shapes: Mapping[str, tuple[int, ...]], spec_fn: SpecFn, mesh: Mesh, moment_bytes: int = 8, weight_bytes: int = 4
+) -> int:
+    """Per-device bytes of the parameters (``weight_bytes`` each) and AdamW's moments
+    (``moment_bytes`` per parameter: 8 for two fp32 moments, 6 with a bf16 first moment), stored alike."""
+    return sum(block_bytes(s, spec_fn(n, s), mesh, weight_bytes + moment_bytes) for n, s in shapes.items())
 
 
 def argument_bytes(
@@ -117,8 +119,9 @@ def argument_bytes(
     axes: tuple[str, ...],
     moment_bytes: int = 8,
     sequence_axes: tuple[str, ...] = (),
+    weight_bytes: int = 4,
 ) -> int:
     """The step's arguments per device by our sharding math: the training state (`state_bytes`)
     and the int32 token batch, its rows split over ``axes``, its sequence over ``sequence_axes``."""
-    state = state_bytes(shapes, lambda n, s: specs[n], mesh, moment_bytes)
+    state = state_bytes(shapes, lambda n, s: specs[n], mesh, moment_bytes, weight_bytes)
     return state + block_bytes(batch, P(axes or None, sequence_axes or None), mesh, 4)

@@ -256,6 +256,16 @@ def test_the_scoped_vmem_limit_reaches_libtpu_and_keys_the_cache():
     assert default.compiler_options == {} and "xla_tpu_scoped_vmem_limit_kib" not in default.cache_key()
 
 
+def test_bf16_weights_halve_the_parameters_and_second_moment_and_key_the_cache():
+    # MaxText's weight_dtype: the parameters and optax's second moment in it; mu_dtype its own
+    assert [(s.weight_bytes, s.moment_bytes) for s in (
+        PlanSettings("v6e-32"), PlanSettings("v6e-32", weight_dtype="bfloat16"),
+        PlanSettings("v6e-32", weight_dtype="bfloat16", moment_dtype="bfloat16"),
+    )] == [(4, 8), (2, 6), (2, 4)]  # fmt: skip
+    assert PlanSettings("v6e-32", weight_dtype="bfloat16").cache_key()["weight_dtype"] == "bfloat16"
+    assert "weight_dtype" not in PlanSettings("v6e-32").cache_key()  # fp32 plans keep their cache entries
+
+
 def test_an_oom_report_says_so_with_the_compiler_s_buffers(advice):
     fits = outcome(advice, "fsdp")
     used = _oom_used_bytes(OOM)
@@ -303,6 +313,7 @@ def test_the_compiler_s_acceptance_is_the_verdict_for_the_chip_s_own_hbm(advice)
             r"\(or 'minimal', MaxText's name for 'dots'\)",
         ),
         (dict(moment_dtype="float16"), PlanError, r"moment_dtype must be one of \('float32', 'bfloat16'\)"),
+        (dict(weight_dtype="float16"), PlanError, r"weight_dtype must be one of \('float32', 'bfloat16'\)"),
         (dict(attention="ring"), PlanError, r"attention must be one of \['dot', 'flash'\]"),
         (dict(attention="flash", seq_len=1000), PlanError, "divisible by 128"),
         (dict(seq_len=2048), PlanError, r"longer than the model's learned position table \(n_positions=1024\)"),
@@ -332,6 +343,7 @@ def test_bad_requests_say_what_to_change(kwargs, error, says):
         (dict(compute_dtype="float16"), r"compute_dtype must be one of \('bfloat16', 'float32'\)"),
         (dict(hbm_bytes=2.5), r"hbm_bytes must be a positive int \(bytes per device\) or None, got 2.5"),
         (dict(moment_dtype="int8"), "moment_dtype must be one of"),
+        (dict(weight_dtype="bf16"), "weight_dtype must be one of"),
         (dict(per_device_batches=["1", 2]), r"per_device_batches must be positive integers, got \['1', 2\]"),
         (dict(strategies="fsdp,foo"), "Unknown strategy 'foo'"),  # a string was split into letters: 'f'
         (dict(strategies=["2d"], tensors=["a"]), r"tensors must be positive integers, got \['a'\]"),

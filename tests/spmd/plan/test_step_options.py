@@ -133,6 +133,14 @@ def test_a_bf16_first_moment_takes_2_bytes_a_parameter(fidelity):
     assert abs(arguments - expected) / expected < 0.01, (arguments, expected)
 
 
+def test_bf16_weights_store_the_parameters_and_second_moment_in_2_bytes(fidelity):
+    # MaxText's weight_dtype=bfloat16 with an fp32 mu_dtype: parameters (2), first moment (4),
+    # second moment (2, as the parameters), over 8 devices; int32 tokens. fp32 weights take 12.
+    arguments = fidelity["dot_dots"]["memory"]["argument_size_in_bytes"]
+    expected = 8 * fidelity["n_params"] / 8 + 4 * B * S / 8
+    assert abs(arguments - expected) / expected < 0.01, (arguments, expected)
+
+
 def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
     """The prediction (the compiled program's model, `spmd.plan.predict._step_time`) on the small Llama:
     no faster than the roofline with all communication hidden (model FLOPs at peak), no slower
