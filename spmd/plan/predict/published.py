@@ -66,6 +66,7 @@ class Recipe:
             Only the windowed kernels' pairs of blocks are costed by their sizes.
         scoped_vmem_kib: libtpu's ``xla_tpu_scoped_vmem_limit_kib`` where the plan needs the
             recipe's (MaxText's ``DENSE_VMEM_LIMIT_FLAG``, 98304); ``None``: libtpu's default.
+        weight_dtype: the stored parameters and second moment (MaxText's ``weight_dtype``).
     """
 
     topology: str
@@ -80,6 +81,7 @@ class Recipe:
     slices: int = 1
     splash_blocks: SplashBlocks = PLANNER_BLOCKS
     scoped_vmem_kib: int | None = None
+    weight_dtype: str = "float32"
 
     @property
     def global_batch(self) -> int:
@@ -196,8 +198,7 @@ _V6E_VOCAB_TILES = 8
 # tpu-recipes' Llama 3.1 Trillium configs (maxtext_trillium_model_configs.py at 9f1820b, MaxText
 # tpu-recipes-v0.1.4): the 8B's and 70B's sa_block_* all 2048 with sa_use_fused_bwd_kernel, the
 # 405B's sa_block_q 1024, sa_block_q_dkv and sa_block_q_dq 2048 (the others MaxText's 512); each
-# with DENSE_VMEM_LIMIT_FLAG, --xla_tpu_scoped_vmem_limit_kib=98304. The 8B's and the 405B's recipes
-# carry them (the 70B's is not compiled with them yet)
+# with DENSE_VMEM_LIMIT_FLAG, --xla_tpu_scoped_vmem_limit_kib=98304. The three recipes carry them
 _V6E_LLAMA_SPLASH_BLOCKS = parse_splash_blocks("2048,use_fused_bwd_kernel=true")
 _V6E_405B_SPLASH_BLOCKS = parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048")
 _V6E_SCOPED_VMEM_KIB = 98304
@@ -220,6 +221,27 @@ def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
         Recipe(
             f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
             splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
+        counts_attention_whole=True,
+    )  # fmt: skip
+
+
+def _v6e_70b(chips: int, batch: int, tflops: float, config: str, weight_dtype: str = "float32") -> Published:
+    """tpu-recipes' Llama 3.1-70B on one v6e slice of ``chips`` chips: pure FSDP, ``batch``
+    sequences of 8192 a chip, the layer input and q/k/v offloaded, splash in blocks of 2048 with
+    the fused backward (``config``: its MaxText model config; ``weight_dtype``: its parameters',
+    which MaxText's mu_dtype follows); the README's step log gives TFLOP/s a device only."""
+    weights = " and bf16 weights" if weight_dtype == "bfloat16" else ""
+    return Published(
+        "llama3.1-70b", "TPU v6e", chips, round(tflops * 1e12 / CHIP_SPECS["v6e"].peak_flops, 4),
+        f"MaxText, FSDP over {chips} chips, per-device batch {batch} x 8192 tokens, splash attention in blocks of "
+        f"2048 with the fused backward kernel, remat custom (the layer input and q/k/v projections offloaded to "
+        f"host){weights}",
+        f"tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-{chips} ({config})", tflops,
+        Recipe(
+            f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
+            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            weight_dtype=weight_dtype, moment_dtype=weight_dtype,
         ),
         counts_attention_whole=True,
     )  # fmt: skip
@@ -309,9 +331,16 @@ _ONE_SLICE: tuple[Published, ...] = (
         "MaxText, FSDP over 256 chips, per-device batch 5 x 8192 tokens, splash attention, remat custom (the layer "
         "input and q/k/v projections offloaded to host)",
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
-        # its config's splash blocks (as the 8B's) and scoped VMEM are not planned yet (docs/plan.md)
-        Recipe("v6e-256", FSDP, ((FSDP, 256),), 5, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES), True,
+        Recipe(
+            "v6e-256", FSDP, ((FSDP, 256),), 5, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
+            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ), True,
     ),
+    # the same recipe on smaller v6e slices (their READMEs' step logs, configs at 9f1820b); on
+    # v6e-32 MaxText stores the weights, and so both moments, in bf16 to fit
+    _v6e_70b(32, 2, 443.385, "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul", weight_dtype="bfloat16"),
+    _v6e_70b(64, 2, 422.091, "llama3_1_70b_8192_bs2"),
+    _v6e_70b(128, 4, 453.500, "llama3_1_70b_8192_bs4"),
     Published(
         "llama3.1-405b", "TPU v6e", 512, 0.428,
         "MaxText on 2 x v6e-256, FSDP over 256 chips a slice and across the 2 slices (dcn_fsdp_parallelism 2), "

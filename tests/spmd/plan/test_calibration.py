@@ -53,6 +53,9 @@ SOURCES = {
     ("llama3.1-8b", "TPU v6e", 64, 1): (419.701, 0.4572),
     ("llama3.1-8b", "TPU v6e", 128, 1): (412.319, 0.4491),
     ("llama3.1-70b", "TPU v6e", 256, 1): (462.3, 0.503),  # 462.297
+    ("llama3.1-70b", "TPU v6e", 32, 1): (443.385, 0.483),  # v6e-32's step log (bf16 weights)
+    ("llama3.1-70b", "TPU v6e", 64, 1): (422.091, 0.4598),
+    ("llama3.1-70b", "TPU v6e", 128, 1): (453.5, 0.494),
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
     ("mistral-7b", "TPU v6e", 8, 1): (431.981, 0.4706),  # tpu-recipes Mistral-7B on v6e-8: its step log
     # tpu-recipes' Gemma3-12B on 1, 2 and 4 v6e-256 at 32,768 tokens: each README's step log (MFU
@@ -92,6 +95,9 @@ STEP_LOGS = {
     "llama3.1-8b@v6e-128": 4.602,
     "llama3.1-8b@v6e-256": 4 * 8192 / 7207,  # tiering.md: 7,207 tokens/s a chip
     "llama3.1-70b@v6e-256": 5 * 8192 / 960,  # tiering.md: 960
+    "llama3.1-70b@v6e-32": 17.790,
+    "llama3.1-70b@v6e-64": 18.688,
+    "llama3.1-70b@v6e-128": 34.786,
     "llama3.1-405b@2xv6e-256": 54.80,
     "mistral-7b@v6e-8": 6.320,
     "llama3.1-70b@tpu7x-512": 34.02,
@@ -220,6 +226,13 @@ def test_a_recipe_across_slices_counts_every_slices_devices():
     assert (r.slices, r.global_batch, r.batch_per_shard) == (32, 2 * 8192, 2)
     assert dict(r.mesh) == {"dcn_data": 32, "fsdp": 256}
     assert published_run("maxtext-64b@32xv5e-256").chips == 8192
+
+
+def test_the_70b_on_v6e_32_plans_with_maxtexts_bf16_weights_and_moments():
+    # its config's weight_dtype=bfloat16, which mu_dtype follows; the larger slices keep fp32
+    plan = _benchmark()._settings(published_run("llama3.1-70b@v6e-32"))
+    assert (plan.weight_dtype, plan.moment_dtype, plan.weight_bytes + plan.moment_bytes) == ("bfloat16", "bfloat16", 6)
+    assert _benchmark()._settings(published_run("llama3.1-70b@v6e-64")).weight_dtype == "float32"
 
 
 def test_a_plan_is_shown_the_published_run_on_as_many_slices():
