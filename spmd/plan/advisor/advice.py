@@ -83,6 +83,7 @@ class Advice:
     model_type: str | None = None
     notes: tuple[str, ...] = field(default=())
     interrupted: bool = False  # Ctrl-C stopped the search: the outcomes are a part of it
+    weight_dtype: str = "float32"  # the stored parameters and second moment (MaxText's weight_dtype)
 
     @property
     def winner(self) -> Outcome | None:
@@ -127,6 +128,7 @@ class Advice:
     def to_dict(self) -> dict[str, Any]:
         head = {k: getattr(self, k) for k in ("model", "topology", "chip", "chips", "slices", "seq_len")}
         head.update(compute_dtype=self.compute_dtype, attention=self.attention, hbm_bytes=self.hbm_bytes)
+        head.update(weight_dtype=self.weight_dtype)
         return {
             **head,
             "winner": None
@@ -207,7 +209,8 @@ def advice_table(advice: Advice) -> str:
     """The ranking, the largest batches, the winner and the published figure beside it."""
     lines = [
         f"advisor: {advice.model} on {advice.topology} x {advice.slices} slice(s), seq {advice.seq_len}, "
-        f"{advice.compute_dtype}, attention {advice.attention}; budget {advice.hbm_bytes / GIB:.2f} GiB per device",
+        f"{advice.compute_dtype}{_weights(advice)}, attention {advice.attention}; "
+        f"budget {advice.hbm_bytes / GIB:.2f} GiB per device",
         "",
         f"  {'#':>2s}  {'plan':{_WIDTH}s} {'GiB/dev':>9s} {'step ms':>9s} {'tok/s/dev':>11s} {'MFU':>9s} "
         f"{'MFU bound':>15s}  verdict",
@@ -221,6 +224,10 @@ def advice_table(advice: Advice) -> str:
         *advice.notes,
     ]
     return "\n".join(lines + _winner(advice))
+
+
+def _weights(advice: Advice) -> str:
+    return f" ({advice.weight_dtype} weights)" if advice.weight_dtype != "float32" else ""
 
 
 def _mesh_lines(advice: Advice, mesh: dict[str, int]) -> tuple[str, str]:
@@ -270,6 +277,8 @@ def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[s
         plan_fn = "gpt2_plan" if advice.model_type == "gpt2" else "llama_plan"
         ours.append(f"from fsdp_xla.hf import {plan_fn}")
         args.append(f"    param_spec_fn={plan_fn}().param_spec_fn(mesh),")
+    if advice.weight_dtype == "bfloat16":  # the plan's arguments: parameters and AdamW's state as stored
+        body.append("model = model.to(torch.bfloat16)  # the plan stores the weights in bf16 (--weight-dtype)")
     body += ["model = FSDP(", "    model,", *args, ")"]
     if c.strategy == "2d":
         body.append(

@@ -115,7 +115,7 @@ def _predictor(shape: Any, settings: PlanSettings, mesh: dict[str, int], argumen
             return None
         return plan_memory(
             shape, Remat.parse(remat), settings.attention, settings.seq_len, batch, tensor,  # type: ignore[arg-type]
-            arguments + tokens * batch, params, context, settings.vocab_tiles,
+            arguments + tokens * batch, params, context, settings.vocab_tiles, settings.weight_bytes,
         )  # fmt: skip
 
     return predict
@@ -350,7 +350,7 @@ def _advice(
         name, target.name, target.chip.name, target.chips, target.slices, settings.seq_len, settings.compute_dtype,
         settings.attention.value, settings.budget, _rank(outcomes), _block_class(module),  # type: ignore[union-attr]
         getattr(hf_config, "model_type", None), _notes(outcomes, choose.policies, choose.strategies, interrupted),
-        interrupted,
+        interrupted, settings.weight_dtype,
     )  # fmt: skip
 
 

@@ -6,8 +6,9 @@ module's own ``forward`` on JAX tracers, in an ``Environment`` of the plan's own
 ``--attention flash`` routes ``scaled_dot_product_attention``, `spmd.plan.request.attention`). Only
 buffers (rotary tables, masks) are real.
 
-The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, AdamW with fp32
-master weights and moments stored like the parameters. FSDP units are the repeated blocks of the
+The step is what `fsdp_xla.FSDP` runs: forward, token cross-entropy, backward, AdamW with master
+weights in ``weight_dtype`` (fp32 by default, bf16 as MaxText's ``weight_dtype``) and moments
+stored like the parameters. FSDP units are the repeated blocks of the
 model; each gathers its parameters at use (a sharding constraint to the spec without the
 ``fsdp`` axis), so XLA keeps one unit gathered at a time, as our GSPMD wrapper does. What a block
 keeps for backward is the ``--remat`` policy (`spmd.plan.request.remat`, `spmd.plan.request.custom_remat`). The

@@ -92,7 +92,7 @@ class Calibration:
 # that. This rule was chosen after the held-out runs' errors at the joint fit had been seen (v5p
 # -11.2 %, v6e -13.0 %, +9.6 %, +17.3 %; with it -4.9 %, -17.5 %, +1.2 %, +9.2 %, the v6e ones
 # against figures that count causal attention whole: -7.5 %, +8.4 %, +10.2 % in the planner's count
-# (the 8B with its config's splash blocks),
+# (the 8B and the 405B with their configs' splash blocks),
 # `spmd.plan.predict.published.Published.planner_tflops`), so those runs no longer test it; runs not
 # yet given do: the 70B's recipe on v6e-32, -64 and -128, added after it, +13.7, +17.3 and +13.6 %
 # (the v6e-256 70B +11.3 % with its config's splash blocks). The joint fit, 0.863, serves a chip

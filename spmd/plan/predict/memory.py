@@ -5,15 +5,17 @@ the compiler's figure.
 Per device, in bytes (``t``: tokens per device, a batch shard's sequences over the ``context``
 axis, ``T``: the ``tensor`` axis size):
 
-- **arguments**: fp32 parameters, AdamW's moments (the first in bf16 when asked: MaxText's
-  ``mu_dtype``) and the int32 tokens, each sharded as stored (`spmd.plan.request.specs`).
+- **arguments**: the parameters and AdamW's second moment (fp32, or bf16 with MaxText's
+  ``weight_dtype``), the first moment (bf16 when asked: ``mu_dtype``) and the int32 tokens, each
+  sharded as stored (`spmd.plan.request.specs`).
 - **saved activations**: what the remat policy keeps, ``L x t x`` `saved_per_token`; the
   projections split over ``tensor``, and the block's input (the residual stream, whose width the
   activation rules split over ``tensor``: `spmd.logical_axes.RESIDUAL`), are divided by ``T``.
   This is JAX's own list of the scan's residuals (`spmd.plan.lower.residuals.saved_residuals`), counted
   from the shape: exact for every policy but ``none``, whose list depends on how the model writes
   its norms (counted for Llama's).
-- **working set**: the bf16 copy of the parameters the step computes with, and the larger of two
+- **working set**: the bf16 copy of fp32 parameters the step computes with (none for bf16
+  weights, which it computes with as stored), and the larger of two
   peaks: the loss (the head gathered, its logits in bf16, their fp32 upcast and fp32 gradient,
   ``t x V / T x 10`` bytes) and one block's backward (its parameters gathered twice, forward and
   backward, the bf16 gradients, the block's recomputed MLP; with a ``context`` axis, the layer's
@@ -135,11 +137,13 @@ def plan_memory(
     param_bytes: int,
     context: int = 1,
     vocab_tiles: int = 1,
+    weight_bytes: int = 4,
 ) -> MemoryMath:
     """Our math for one plan (module docstring). ``arguments``: the state and tokens per device
-    (sharding math); ``param_bytes``: the fp32 parameters per device alone; ``context``: the
-    context axis the sequence is split over; ``vocab_tiles``: chunks the loss takes the logits in
-    (`spmd.plan.request.vocab_tiling`), each holding that share of them."""
+    (sharding math); ``param_bytes``: the stored parameters per device alone, ``weight_bytes``
+    each (4 fp32, 2 bf16); ``context``: the context axis the sequence is split over;
+    ``vocab_tiles``: chunks the loss takes the logits in (`spmd.plan.request.vocab_tiling`), each
+    holding that share of them."""
     tokens = per_device_batch * seq_len / context
     device, host = saved_per_token(shape, remat, attention, seq_len, tensor)
     saved = int(shape.n_layer * tokens * device)
@@ -150,6 +154,8 @@ def plan_memory(
     layer_params = (shape.n_params - shape.vocab * shape.d_model) / shape.n_layer / tensor
     mlp = tokens * shape.d_ff / tensor * 3 * 2  # a block's recomputed MLP: gate, up and their product
     gathered = 4 * per_device_batch * shape.n_kv_head / tensor * seq_len * shape.head_dim * 2 if context > 1 else 0
-    block = 2 * 2 * layer_params + param_bytes / 2 + mlp + gathered
-    working = int(param_bytes / 2 + max(loss, block))
+    local_params = param_bytes / weight_bytes
+    bf16_copy = 2 * local_params if weight_bytes > 2 else 0
+    block = 2 * 2 * layer_params + 2 * local_params + mlp + gathered  # + the bf16 gradients
+    working = int(bf16_copy + max(loss, block))
     return MemoryMath(arguments, saved, working, int(shape.n_layer * tokens * host))

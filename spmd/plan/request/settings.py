@@ -42,11 +42,11 @@ class PlanSettings:
         topology: a TPU slice name (`spmd.plan.request.topology.parse_slice`).
         slices: slices joined over DCN.
         seq_len: tokens per sequence; ``None``: the model's default (`spmd.plan.request.models.default_seq_len`).
-        compute_dtype: ``bfloat16`` (fp32 master weights, bf16 compute) or ``float32``.
+        compute_dtype: ``bfloat16`` (bf16 compute; master weights as ``weight_dtype``) or ``float32``.
         attention: what ``scaled_dot_product_attention`` runs (`Attention`, or its name).
         hbm_bytes: the per-device budget; ``None``: the device's HBM.
         moment_dtype: AdamW's first moment, ``float32`` or ``bfloat16`` (MaxText's ``mu_dtype``,
-            which its Ironwood recipes set to bf16); the second moment stays fp32.
+            which its Ironwood recipes set to bf16); the second moment is stored as the weights.
         vocab_tiles: chunks of tokens the loss is computed in (MaxText's ``num_vocab_tiling``,
             `spmd.plan.request.vocab_tiling`); 1: the model's own loss, over all the logits at once.
         splash_blocks: the splash kernel's block sizes under ``flash`` (MaxText's ``sa_block_*``:
