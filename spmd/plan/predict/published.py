@@ -322,6 +322,7 @@ _ONE_SLICE: tuple[Published, ...] = (
     ),
     # the same recipe on smaller v6e slices (tpu-recipes' READMEs' step logs; the batch is each
     # slice's MaxText model config's, benchmarks/maxtext_trillium_model_configs.py at 9f1820b)
+    _v6e_8b(8, 3, 413.433, "llama3_1_8b_8192_no_collective_matmul"),
     _v6e_8b(16, 3, 419.485, "llama3_1_8b_8192_no_collective_matmul"),
     _v6e_8b(32, 3, 407.225, "llama3_1_8b_8192_no_collective_matmul"),
     _v6e_8b(64, 5, 419.701, "llama3_1_8b_8192_bs5"),
@@ -394,6 +395,21 @@ _ONE_SLICE: tuple[Published, ...] = (
         # tiering.md's 692 tokens/s a chip are 296 TFLOP/s with causal attention halved, 308 counted
         # whole; its MFU (300 over v5p's 459) fits neither: taken as published, in the planner's count
         Recipe("v5p-512", FSDP, ((FSDP, 256),), 4, 4096, "save_dot_except_mlp"),
+    ),
+    Published(
+        "llama2-70b", "TPU v6e", 256, round(402.274e12 / CHIP_SPECS["v6e"].peak_flops, 4),
+        "MaxText on v6e-256, FSDP over 256 chips (fsdp_transpose), per-device batch 2 x 4096 tokens, splash "
+        "attention (query blocks of 1024, 2048 in backward), remat qkv_proj_offloaded (q, k and v offloaded to host)",
+        "tpu-recipes training/trillium/Llama2-70B-MaxText (MaxText tpu-recipes-v0.1.2, llama2_70b_4096_sc)", 402.274,
+        # its step log: 9.052 s, 905.021 tokens/s a device, total_weights 2,097,152: 2 sequences a
+        # device ran, where the config beside it says per_device_batch_size 3; planned as it ran.
+        # MaxText shards each weight's other dim (ici_fsdp_transpose_parallelism=-1), the planner's
+        # FSDP its first: the same bytes
+        Recipe(
+            "v6e-256", FSDP, ((FSDP, 256),), 2, 4096, _QKV_PROJ_OFFLOADED,
+            splash_blocks=parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048"), scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
+        counts_attention_whole=True,
     ),
 )  # fmt: skip
 

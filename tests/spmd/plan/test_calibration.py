@@ -48,6 +48,7 @@ SOURCES = {
     ("llama3.1-405b", "TPU7x", 256, 1): (1261, 0.547),
     ("llama3.1-70b", "TPU7x", 256, 1): (897.94, 0.389),  # 131,072 tokens, context 8 x FSDP 64: 34.02 s a step
     ("llama3.1-8b", "TPU v6e", 256, 1): (417.4, 0.455),  # tpu-recipes trillium README's step log: 417.397
+    ("llama3.1-8b", "TPU v6e", 8, 1): (413.433, 0.4504),  # v6e-8's step log
     ("llama3.1-8b", "TPU v6e", 16, 1): (419.485, 0.457),  # v6e-16's step log; MFU over v6e's 918 TFLOP/s
     ("llama3.1-8b", "TPU v6e", 32, 1): (407.225, 0.4436),
     ("llama3.1-8b", "TPU v6e", 64, 1): (419.701, 0.4572),
@@ -58,6 +59,7 @@ SOURCES = {
     ("llama3.1-70b", "TPU v6e", 128, 1): (453.5, 0.494),
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
     ("mistral-7b", "TPU v6e", 8, 1): (431.981, 0.4706),  # tpu-recipes Mistral-7B on v6e-8: its step log
+    ("llama2-70b", "TPU v6e", 256, 1): (402.274, 0.4382),  # tpu-recipes Llama2-70B on v6e-256: its step log
     # tpu-recipes' Gemma3-12B on 1, 2 and 4 v6e-256 at 32,768 tokens: each README's step log (MFU
     # against v6e's 918 TFLOP/s; the 2-slice row said 0.3575 until the three were written alike)
     ("gemma3-12b", "TPU v6e", 256, 1): (349.442, 0.3807),
@@ -89,6 +91,7 @@ SOURCES = {
 # tokens a second a chip tiering.md gives. Their TFLOP/s times the step is the step's FLOPs a chip
 # in the source's count: causal attention whole (MaxText to tpu-recipes-v0.1.4) or halved (v0.1.5 on).
 STEP_LOGS = {
+    "llama3.1-8b@v6e-8": 3.443,
     "llama3.1-8b@v6e-16": 3.393,
     "llama3.1-8b@v6e-32": 3.495,
     "llama3.1-8b@v6e-64": 5.652,
@@ -100,6 +103,7 @@ STEP_LOGS = {
     "llama3.1-70b@v6e-128": 34.786,
     "llama3.1-405b@2xv6e-256": 54.80,
     "mistral-7b@v6e-8": 6.320,
+    "llama2-70b@v6e-256": 9.052,
     "llama3.1-70b@tpu7x-512": 34.02,
     "gemma3-12b@v6e-256": 7.318,
     "gemma3-12b@2xv6e-256": 7.793,
