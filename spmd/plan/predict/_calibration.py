@@ -96,7 +96,8 @@ class Calibration:
 # `spmd.plan.predict.published.Published.planner_tflops`), so those runs no longer test it; runs not
 # yet given do: the 70B's recipe on v6e-32, -64 and -128, added after it, +13.7, +17.3 and +13.6 %
 # (the v6e-256 70B +11.3 % with its config's splash blocks), the 8B on v6e-8 -5.7 % and the
-# Llama 2-70B on v6e-256 +4.0 %. The joint fit, 0.863, serves a chip with neither.
+# Llama 2-70B on v6e-256 +4.0 %, the GPT-3 175B on v6e-256 +4.1 %. The joint fit, 0.863, serves a
+# chip with neither.
 # Refit (from TPU7x 0.760, joint 0.852) when host transfers were costed on the chip's PCIe link
 # (the 405B offloads each layer's input: 12.7 s a step each way at TPU7x's 16 GB/s, of which the
 # schedule leaves part exposed), and

@@ -397,6 +397,18 @@ _ONE_SLICE: tuple[Published, ...] = (
         Recipe("v5p-512", FSDP, ((FSDP, 256),), 4, 4096, "save_dot_except_mlp"),
     ),
     Published(
+        "gpt3-175b", "TPU v6e", 256, round(384.891e12 / CHIP_SPECS["v6e"].peak_flops, 4),
+        "MaxText on v6e-256, FSDP over 256 chips, per-device batch 3 x 2048 tokens, splash attention (query "
+        "blocks of 1024, 2048 in backward), remat full",
+        "tpu-recipes training/trillium/GPT3-175B-MaxText/bf16 (MaxText tpu-recipes-v0.1.2, gpt_3_175b_bf16)", 384.891,
+        # its step log: 17.182 s, 357.580 tokens/s a device, total_weights 1,572,864 (3 x 2048 a device)
+        Recipe(
+            "v6e-256", FSDP, ((FSDP, 256),), 3, 2048, "full",
+            splash_blocks=parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048"), scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
+        counts_attention_whole=True,
+    ),
+    Published(
         "llama2-70b", "TPU v6e", 256, round(402.274e12 / CHIP_SPECS["v6e"].peak_flops, 4),
         "MaxText on v6e-256, FSDP over 256 chips (fsdp_transpose), per-device batch 2 x 4096 tokens, splash "
         "attention (query blocks of 1024, 2048 in backward), remat qkv_proj_offloaded (q, k and v offloaded to host)",

@@ -41,14 +41,14 @@ __all__ = [
 _MAX_CONFIG_BYTES = 16 * 2**20  # a Hugging Face config.json is a few KiB
 
 
-def _gpt2(n_layer: int, n_embd: int, n_head: int) -> dict[str, Any]:
+def _gpt2(n_layer: int, n_embd: int, n_head: int, vocab: int = 50257, positions: int = 1024) -> dict[str, Any]:
     return {
         "model_type": "gpt2",
         "n_layer": n_layer,
         "n_embd": n_embd,
         "n_head": n_head,
-        "vocab_size": 50257,
-        "n_positions": 1024,
+        "vocab_size": vocab,
+        "n_positions": positions,
     }
 
 
@@ -127,6 +127,15 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
     "gpt2-medium": _gpt2(24, 1024, 16),
     "gpt2-large": _gpt2(36, 1280, 20),
     "gpt2-xl": _gpt2(48, 1600, 25),
+    # MaxText's gpt3-175b (configs/models/gpt3-175b.yml): GPT-2's block at width 12288, 96 heads of
+    # 128, MLP 49152, 96 layers, its 50304-token vocabulary tied to the output, 2048 positions, no
+    # dropout (MaxText's enable_dropout: false)
+    "gpt3-175b": {
+        **_gpt2(96, 12288, 96, vocab=50304, positions=2048),
+        "attn_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+    },
     "llama2-7b": _llama(4096, 32, 32, 32, 11008, 32000, 4096),
     "llama2-13b": _llama(5120, 40, 40, 40, 13824, 32000, 4096),
     "llama2-70b": _llama(8192, 80, 64, 8, 28672, 32000, 4096),

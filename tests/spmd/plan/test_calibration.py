@@ -60,6 +60,7 @@ SOURCES = {
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
     ("mistral-7b", "TPU v6e", 8, 1): (431.981, 0.4706),  # tpu-recipes Mistral-7B on v6e-8: its step log
     ("llama2-70b", "TPU v6e", 256, 1): (402.274, 0.4382),  # tpu-recipes Llama2-70B on v6e-256: its step log
+    ("gpt3-175b", "TPU v6e", 256, 1): (384.891, 0.4193),  # tpu-recipes GPT3-175B (bf16) on v6e-256: its step log
     # tpu-recipes' Gemma3-12B on 1, 2 and 4 v6e-256 at 32,768 tokens: each README's step log (MFU
     # against v6e's 918 TFLOP/s; the 2-slice row said 0.3575 until the three were written alike)
     ("gemma3-12b", "TPU v6e", 256, 1): (349.442, 0.3807),
@@ -104,6 +105,7 @@ STEP_LOGS = {
     "llama3.1-405b@2xv6e-256": 54.80,
     "mistral-7b@v6e-8": 6.320,
     "llama2-70b@v6e-256": 9.052,
+    "gpt3-175b@v6e-256": 17.182,
     "llama3.1-70b@tpu7x-512": 34.02,
     "gemma3-12b@v6e-256": 7.318,
     "gemma3-12b@2xv6e-256": 7.793,
@@ -117,10 +119,12 @@ def test_a_sources_step_time_decides_how_it_counted_causal_attention(run):
     shape = TransformerShape.from_hf_config(builtin_config(p.model))
     seq, tokens = p.recipe.seq_len, p.recipe.global_batch * p.recipe.seq_len / p.chips  # a chip's, a step
     as_published = matmul_flops_per_token(shape, seq, causal=not p.counts_attention_whole) * tokens
-    assert p.tflops_per_chip * 1e12 * STEP_LOGS[run] == pytest.approx(as_published, rel=0.003)
-    # the other count is 4 % (the 405B) to 100 % (128k tokens) away
+    tolerance = 0.003
+    assert p.tflops_per_chip * 1e12 * STEP_LOGS[run] == pytest.approx(as_published, rel=tolerance)
+    # the other count is at least 3 x the tolerance away: 1.3 % (GPT-3 at 2,048 tokens, the widest
+    # model at the shortest sequence) to 100 % (128k tokens)
     other = matmul_flops_per_token(shape, seq, causal=p.counts_attention_whole) * tokens
-    assert abs(other / as_published - 1) > 0.03
+    assert abs(other / as_published - 1) > 3 * tolerance
 
 
 def _shape_and_seq(p: Published) -> tuple[TransformerShape, int]:

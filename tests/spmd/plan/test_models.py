@@ -60,3 +60,15 @@ def test_bad_factories_are_named(spec, says):
     """':' raised ValueError('Empty module name') from importlib; json:loads a TypeError."""
     with pytest.raises(ModelSpecError, match=says):
         build_meta_model(spec)
+
+
+def test_gpt3_175b_is_maxtexts_with_175b_parameters_and_no_dropout():
+    # MaxText's gpt3-175b: width 12288, 96 layers of 96 heads, MLP 4 x the width, 50304-token
+    # vocabulary tied to the output; enable_dropout false, which splash attention needs too
+    module, config = build_meta_model("gpt3-175b")
+    assert (config.n_embd, config.n_layer, config.n_head, config.vocab_size, config.n_positions) == (
+        12288, 96, 96, 50304, 2048,
+    )  # fmt: skip
+    n = sum(p.numel() for p in module.parameters())
+    assert abs(n / 175e9 - 1) < 0.005, n
+    assert (config.attn_pdrop, config.resid_pdrop, config.embd_pdrop) == (0.0, 0.0, 0.0)
