@@ -332,7 +332,8 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype, cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
+        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype,
+        cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")
     config = advice.fsdp_config()

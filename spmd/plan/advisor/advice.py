@@ -126,9 +126,8 @@ class Advice:
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        head = {k: getattr(self, k) for k in ("model", "topology", "chip", "chips", "slices", "seq_len")}
-        head.update(compute_dtype=self.compute_dtype, attention=self.attention, hbm_bytes=self.hbm_bytes)
-        head.update(weight_dtype=self.weight_dtype)
+        settings = ("compute_dtype", "weight_dtype", "attention", "hbm_bytes")
+        head = {k: getattr(self, k) for k in ("model", "topology", "chip", "chips", "slices", "seq_len", *settings)}
         return {
             **head,
             "winner": None

@@ -226,7 +226,7 @@ class _StepBuilder:
             if config.attention is Attention.FLASH
             else None
         )
-        self.compute = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+        self.compute = jnp.dtype(config.compute_dtype)  # checked: "bfloat16" or "float32"
         params = dict(model.named_parameters(remove_duplicate=True))
         self.shapes = {n: tuple(p.shape) for n, p in params.items()}
         self.specs = {n: param_spec(n, s) for n, s in self.shapes.items()}
@@ -419,7 +419,7 @@ class _StepBuilder:
         import jax
         import jax.numpy as jnp
 
-        weight = jnp.bfloat16 if self.config.weight_dtype == "bfloat16" else jnp.float32
+        weight = jnp.dtype(self.config.weight_dtype)
         flat = {
             n: jax.ShapeDtypeStruct(s, weight, sharding=self.sharding(self.specs[n]))
             for n, s in self.shapes.items()
@@ -439,7 +439,7 @@ class _StepBuilder:
             (c.global_batch, c.seq_len), jnp.int32,
             sharding=self.sharding(P(c.batch_axes or None, c.sequence_axes or None)),
         )  # fmt: skip
-        mu = jnp.bfloat16 if c.moment_dtype == "bfloat16" else jnp.float32
+        mu = jnp.dtype(c.moment_dtype)
         first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, mu, sharding=a.sharding), (flat, stacked))
         return (flat, stacked, first, (flat, stacked)), tokens
 

@@ -198,9 +198,10 @@ _V6E_VOCAB_TILES = 8
 # tpu-recipes' Llama 3.1 Trillium configs (maxtext_trillium_model_configs.py at 9f1820b, MaxText
 # tpu-recipes-v0.1.4): the 8B's and 70B's sa_block_* all 2048 with sa_use_fused_bwd_kernel, the
 # 405B's sa_block_q 1024, sa_block_q_dkv and sa_block_q_dq 2048 (the others MaxText's 512); each
-# with DENSE_VMEM_LIMIT_FLAG, --xla_tpu_scoped_vmem_limit_kib=98304. The three recipes carry them
-_V6E_LLAMA_SPLASH_BLOCKS = parse_splash_blocks("2048,use_fused_bwd_kernel=true")
-_V6E_405B_SPLASH_BLOCKS = parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048")
+# with DENSE_VMEM_LIMIT_FLAG, --xla_tpu_scoped_vmem_limit_kib=98304. The three recipes carry them;
+# tpu-recipes' Mistral 7B sets the 8B's blocks, its Llama 2-70B and GPT-3 175B the 405B's
+_V6E_BLOCKS_2048_FUSED = parse_splash_blocks("2048,use_fused_bwd_kernel=true")
+_V6E_BLOCKS_QUERY_1024 = parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048")
 _V6E_SCOPED_VMEM_KIB = 98304
 # tpu-recipes' Gemma3-12B configs (maxtext_trillium_model_configs.py at tpu-recipes-v0.1.5): sa_block_*
 _GEMMA3_SPLASH_BLOCKS = parse_splash_blocks(
@@ -220,7 +221,7 @@ def _v6e_8b(chips: int, batch: int, tflops: float, config: str) -> Published:
         f"tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-{chips} ({config})", tflops,
         Recipe(
             f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
-            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_2048_FUSED, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
     )  # fmt: skip
@@ -240,7 +241,7 @@ def _v6e_70b(chips: int, batch: int, tflops: float, config: str, weight_dtype: s
         f"tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-{chips} ({config})", tflops,
         Recipe(
             f"v6e-{chips}", FSDP, ((FSDP, chips),), batch, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
-            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_2048_FUSED, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
             weight_dtype=weight_dtype, moment_dtype=weight_dtype,
         ),
         counts_attention_whole=True,
@@ -316,7 +317,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 417.4,
         Recipe(
             "v6e-256", FSDP, ((FSDP, 256),), 4, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
-            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_2048_FUSED, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         True,
     ),
@@ -334,7 +335,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-70B-MaxText/v6e-256 (maxtext docs/reference/models/tiering.md)", 462.3,
         Recipe(
             "v6e-256", FSDP, ((FSDP, 256),), 5, 8192, _V6E_70B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
-            splash_blocks=_V6E_LLAMA_SPLASH_BLOCKS, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_2048_FUSED, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ), True,
     ),
     # the same recipe on smaller v6e slices (their READMEs' step logs, configs at 9f1820b); on
@@ -350,7 +351,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         "tpu-recipes training/trillium/Llama3.1-405B-MaxText (llama3_1_405b_8192_pure_fsdp_ici, 2 slices)", 392.454,
         Recipe(
             "v6e-256", FSDP, ((DCN_PREFIX + FSDP, 2), (FSDP, 256)), 1, 8192, "offload",
-            vocab_tiles=_V6E_VOCAB_TILES, slices=2, splash_blocks=_V6E_405B_SPLASH_BLOCKS,
+            vocab_tiles=_V6E_VOCAB_TILES, slices=2, splash_blocks=_V6E_BLOCKS_QUERY_1024,
             scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
@@ -383,7 +384,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         # its step log: 6.320 s, 7,776.813 tokens/s a device; sa_block_* all 2048, sa_use_fused_bwd_kernel
         Recipe(
             "v6e-8", FSDP, ((FSDP, 8),), 6, 8192, _V6E_8B_REMAT, vocab_tiles=_V6E_VOCAB_TILES,
-            splash_blocks=parse_splash_blocks("2048,use_fused_bwd_kernel=true"), scoped_vmem_kib=98304,
+            splash_blocks=_V6E_BLOCKS_2048_FUSED, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
     ),
@@ -404,7 +405,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         # its step log: 17.182 s, 357.580 tokens/s a device, total_weights 1,572,864 (3 x 2048 a device)
         Recipe(
             "v6e-256", FSDP, ((FSDP, 256),), 3, 2048, "full",
-            splash_blocks=parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048"), scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_QUERY_1024, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
     ),
@@ -419,7 +420,7 @@ _ONE_SLICE: tuple[Published, ...] = (
         # FSDP its first: the same bytes
         Recipe(
             "v6e-256", FSDP, ((FSDP, 256),), 2, 4096, _QKV_PROJ_OFFLOADED,
-            splash_blocks=parse_splash_blocks("q=1024,q_dkv=2048,q_dq=2048"), scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+            splash_blocks=_V6E_BLOCKS_QUERY_1024, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
         ),
         counts_attention_whole=True,
     ),

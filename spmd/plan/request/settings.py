@@ -24,6 +24,7 @@ __all__ = ["COMPUTE_DTYPES", "MAX_SCOPED_VMEM_KIB", "MOMENT_DTYPES", "PlanSettin
 COMPUTE_DTYPES = ("bfloat16", "float32")
 MOMENT_DTYPES = ("float32", "bfloat16")
 WEIGHT_DTYPES = ("float32", "bfloat16")
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}  # of each of the state dtypes above
 
 
 # A core's whole VMEM, the most a kernel could take (v5e's 128 MiB, the largest libtpu has reported here)
@@ -141,13 +142,13 @@ class PlanSettings:
     @property
     def weight_bytes(self) -> int:
         """Bytes of one stored parameter (and of its second moment)."""
-        return 2 if self.weight_dtype == "bfloat16" else 4
+        return _ITEMSIZE[self.weight_dtype]
 
     @property
     def moment_bytes(self) -> int:
         """Bytes per parameter of AdamW's state: the second moment, stored as the parameters, and
         the first moment."""
-        return self.weight_bytes + (2 if self.moment_dtype == "bfloat16" else 4)
+        return self.weight_bytes + _ITEMSIZE[self.moment_dtype]
 
     @property
     def compiler_options(self) -> dict[str, Any]:
@@ -162,4 +163,6 @@ class PlanSettings:
             "moment_dtype": self.moment_dtype,
         } | ({"vocab_tiles": self.vocab_tiles} if self.vocab_tiles > 1 else {}) | (
             {"splash_blocks": self.splash_blocks.given} if self.splash_blocks.given else {}  # type: ignore[union-attr]
-        ) | ({"weight_dtype": self.weight_dtype} if self.weight_dtype != "float32" else {}) | self.compiler_options  # fmt: skip
+        ) | (
+            {"weight_dtype": self.weight_dtype} if self.weight_dtype != "float32" else {}
+        ) | self.compiler_options  # fmt: skip
