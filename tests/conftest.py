@@ -113,10 +113,3 @@ def pytest_collection_finish(session):
     if plan_results.needed([item.nodeid for item in session.items]):
         plan_results.start()
     child_compile.queue([run for item in session.items for run in _background_runs(item)])  # it skips repeats
-
-
-def pytest_runtest_setup(item):
-    """The next queued background compile starts when the one before it has ended."""
-    from tests.spmd.plan import child_compile
-
-    child_compile.advance()
