@@ -17,6 +17,12 @@ time keeps its recorded grid), from which
     python benchmarks/plan_prediction.py                          # every run; compiles what is not cached
     python benchmarks/plan_prediction.py --runs maxtext-16b@v5e-256
     python benchmarks/plan_prediction.py --cached-only --record tests/data/plan_calibration.json
+    python benchmarks/plan_prediction.py --cached-only --host-gbs 32,48,64,inf   # other host links
+
+``--host-gbs`` predicts each run again with its chip's host link (PCIe, each way) at each given
+bandwidth, GB/s, ``inf`` for a free link, the shipped calibration otherwise: how much of a
+run's error hangs on the one chip figure the offloading recipes wait on (docs/plan.md,
+"Calibration").
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from spmd.plan.predict._step_time import predict_step
 from spmd.plan.predict.published import PUBLISHED, Published, published_run, run_name, slice_scaling
 from spmd.plan.report.plan_report import GIB, PlanReport
 from spmd.plan.request.settings import PlanSettings
-from spmd.plan.request.topology import CHIP_SPECS
+from spmd.plan.request.topology import CHIP_SPECS, TpuSlice
 
 # Efficiencies each run's step is predicted at (the fit interpolates between them).
 GRID = tuple(round(0.50 + 0.02 * k, 2) for k in range(26))
@@ -114,6 +120,32 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
         seconds.append(predict_step(hlo, target, calibration).seconds)
     flops = report.estimate.model_flops_per_step / report.chips
     return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds))
+
+
+def host_link_errors(
+    hlo: str, target: TpuSlice, flops_per_chip: float, published_tflops: float, gbs: tuple[float, ...]
+) -> dict[str, float]:
+    """(predicted - published) / published TFLOP/s a chip with ``target``'s host link at each of
+    ``gbs`` GB/s, each way."""
+    errors = {}
+    for bandwidth in gbs:
+        chip = dataclasses.replace(target.chip, host_bytes_per_second=bandwidth * 1e9)
+        seconds = predict_step(hlo, dataclasses.replace(target, chip=chip)).seconds
+        errors[f"{bandwidth:g}"] = flops_per_chip / seconds / 1e12 / published_tflops - 1
+    return errors
+
+
+def _bandwidths(text: str) -> tuple[float, ...]:
+    """``--host-gbs``: comma-separated GB/s, each positive (``inf``: a free link)."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not comma-separated numbers (GB/s; inf for a free link)"
+        ) from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each bandwidth must be positive GB/s (inf for a free link)")
+    return values
 
 
 def run_row(p: Published, report: PlanReport, hlo: str, point: CalibrationPoint) -> dict[str, Any]:
@@ -209,6 +241,13 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any], slices: dict[s
     )
 
 
+def print_host_links(rows: list[dict[str, Any]], gbs: tuple[float, ...]) -> None:
+    print("error with the chip's host link at (GB/s each way; inf: free):")
+    print(f"{'run':28s} " + " ".join(f"{g:>7g}" for g in gbs))
+    for r in rows:
+        print(f"{r['run']:28s} " + " ".join(f"{e:>+7.1%}" for e in r["host_link_errors"].values()))
+
+
 def _runs(names: str | None) -> list[Published]:
     runs = [p for p in PUBLISHED if p.recipe is not None]
     if names is None:
@@ -231,6 +270,12 @@ def main() -> None:
         type=Path,
         help="write the calibration points (per-run grids) here, keeping the runs not planned now",
     )
+    parser.add_argument(
+        "--host-gbs",
+        type=_bandwidths,
+        default=(),
+        help="also predict each run with its chip's host link at these GB/s, each way (32,48,inf)",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     rows, points, missing, refused = [], [], [], {}
@@ -245,8 +290,14 @@ def main() -> None:
         point = calibration_point(p, *found)
         points.append(point)
         rows.append(run_row(p, *found, point))
+        if args.host_gbs:
+            flops = point.model_flops_per_chip
+            target = _settings(p).target
+            rows[-1]["host_link_errors"] = host_link_errors(found[1], target, flops, p.planner_tflops(), args.host_gbs)
     fits, slices = _fits(points), slice_fit()
     print_table(rows, fits, slices)
+    if args.host_gbs:
+        print_host_links(rows, args.host_gbs)
     if any(r["published_from_mfu"] for r in rows):
         print("* the source gives MFU only: published TFLOP/s per chip = MFU x the chip's peak")
     if any(r["published_counts_attention_whole"] for r in rows):

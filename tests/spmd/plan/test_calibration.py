@@ -3,7 +3,9 @@ on are recorded as their sources give them, the fit does what it says, and the s
 is the one the recorded per-run predictions give (tests/data/plan_calibration.json, written by
 ``benchmarks/plan_prediction.py --record``). Pure Python: nothing compiles."""
 
+import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -412,3 +414,23 @@ def test_a_step_across_slices_takes_the_slice_term_beside_its_program():
     assert one.cross_slice_seconds == 0.0
     with pytest.raises(ValueError, match="slice_doubling_share"):
         Calibration(0.8, 0.8, 1e-6, slice_doubling_share=-0.1)
+
+
+def test_host_link_errors_grow_with_the_link_and_a_free_link_leaves_the_step_without_transfers():
+    # a dot with a 4 MiB slice written to a host stack around it (tests/spmd/plan/test_step_time.py)
+    from tests.spmd.plan.test_step_time import host_transfers
+
+    bench, target = _benchmark(), parse_slice("tpu7x:2x2x1")
+    without = predict_step(host_transfers(), target).seconds
+    errors = bench.host_link_errors(host_transfers("out"), target, 1e12, 1.0, (0.5, 2.0, 16.0, math.inf))
+    assert list(errors) == ["0.5", "2", "16", "inf"]
+    values = list(errors.values())
+    assert values == sorted(values) and values[0] < values[1]  # a faster link, a shorter step
+    assert errors["inf"] == pytest.approx(1 / without - 1)
+    # at 0.5 GB/s a chip (0.25 a device) the 4 MiB take 16.8 ms, far longer than the dot: the step
+    assert 1 / (errors["0.5"] + 1) == pytest.approx(4 * 2**20 / 0.25e9, rel=0.05)
+    with pytest.raises(argparse.ArgumentTypeError, match="positive"):
+        bench._bandwidths("32,0")
+    with pytest.raises(argparse.ArgumentTypeError, match="not comma-separated numbers"):
+        bench._bandwidths("32,fast")
+    assert bench._bandwidths("32,inf") == (32.0, math.inf)
