@@ -122,16 +122,14 @@ def calibration_point(p: Published, report: PlanReport, hlo: str) -> Calibration
     return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds))
 
 
-def host_link_errors(
-    hlo: str, target: TpuSlice, flops_per_chip: float, published_tflops: float, gbs: tuple[float, ...]
-) -> dict[str, float]:
-    """(predicted - published) / published TFLOP/s a chip with ``target``'s host link at each of
-    ``gbs`` GB/s, each way."""
+def host_link_errors(hlo: str, target: TpuSlice, point: CalibrationPoint, gbs: tuple[float, ...]) -> dict[str, float]:
+    """(predicted - published) / published TFLOP/s a chip, the run's figures as ``point`` holds
+    them, with ``target``'s host link at each of ``gbs`` GB/s, each way."""
     errors = {}
     for bandwidth in gbs:
         chip = dataclasses.replace(target.chip, host_bytes_per_second=bandwidth * 1e9)
         seconds = predict_step(hlo, dataclasses.replace(target, chip=chip)).seconds
-        errors[f"{bandwidth:g}"] = flops_per_chip / seconds / 1e12 / published_tflops - 1
+        errors[f"{bandwidth:g}"] = point.model_flops_per_chip / seconds / 1e12 / point.published_tflops - 1
     return errors
 
 
@@ -291,9 +289,7 @@ def main() -> None:
         points.append(point)
         rows.append(run_row(p, *found, point))
         if args.host_gbs:
-            flops = point.model_flops_per_chip
-            target = _settings(p).target
-            rows[-1]["host_link_errors"] = host_link_errors(found[1], target, flops, p.planner_tflops(), args.host_gbs)
+            rows[-1]["host_link_errors"] = host_link_errors(found[1], _settings(p).target, point, args.host_gbs)
     fits, slices = _fits(points), slice_fit()
     print_table(rows, fits, slices)
     if args.host_gbs:

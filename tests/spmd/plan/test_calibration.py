@@ -422,7 +422,8 @@ def test_host_link_errors_grow_with_the_link_and_a_free_link_leaves_the_step_wit
 
     bench, target = _benchmark(), parse_slice("tpu7x:2x2x1")
     without = predict_step(host_transfers(), target).seconds
-    errors = bench.host_link_errors(host_transfers("out"), target, 1e12, 1.0, (0.5, 2.0, 16.0, math.inf))
+    point = _point("dot", 1.0, 1.0)  # 1e12 FLOPs a chip against a published 1 TFLOP/s
+    errors = bench.host_link_errors(host_transfers("out"), target, point, (0.5, 2.0, 16.0, math.inf))
     assert list(errors) == ["0.5", "2", "16", "inf"]
     values = list(errors.values())
     assert values == sorted(values) and values[0] < values[1]  # a faster link, a shorter step
