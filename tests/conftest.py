@@ -1,15 +1,19 @@
-"""Test setup: 8 virtual CPU devices for torch_xla and JAX, and XLA dumps for the inspector,
-all set before either library is imported (XLA reads its flags once per process).
+"""Test setup: 8 virtual CPU devices for torch_xla and JAX, XLA:CPU's code generation at -O0
+(tests/torchrun.py, ``TEST_XLA_FLAGS``), and XLA dumps for the inspector, all set before either
+library is imported (XLA reads its flags once per process).
 
 The suite runs on both lanes. On the current lane (no torch_xla) every test that needs it is
 skipped with the reason: tests that use the ``xla`` fixture, and tests marked ``torch_xla``.
 """
 
 import importlib.util
+import os
 
 from spmd.devices import configure_default_devices
 from spmd.inspector.dump import prepare
+from tests.torchrun import TEST_XLA_FLAGS
 
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 configure_default_devices(8)
 INSPECTOR_DUMP_DIR = prepare()
 

@@ -14,15 +14,26 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"  # scripts the tests launch as processes
 
 
+# XLA:CPU's LLVM backend at -O0 for the tests' torch_xla and JAX CPU programs: LLVM's passes were
+# about 40 % of the CPU of the torch_xla tests (115 -> 69 CPU s for the checkpoint, context,
+# numerics and FSDP-axes modules), and the suite is CPU-bound. The tests check what the programs
+# compute and how XLA shards them (its HLO passes and dumps run either way), not how fast
+# XLA:CPU's machine code runs; no IEEE-changing option differs between the levels. Never given
+# to the planner's libtpu compiles (``child_env(xla=False)``), whose programs are the product.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
 def child_env(*, xla: bool = True) -> dict[str, str]:
     """This process's environment for a child Python process, with the project importable.
 
-    ``xla=True``: without this session's device count, XLA flags and HLO debug setting, so the
-    child configures its own devices (``PJRT_DEVICE`` stays). ``xla=False``: no XLA, PJRT or
-    device settings at all (torchrun jobs, TPU compiles).
+    ``xla=True``: without this session's device count and HLO debug setting, so the child
+    configures its own devices (``PJRT_DEVICE`` stays), with `TEST_XLA_FLAGS` alone in
+    ``XLA_FLAGS``. ``xla=False``: no XLA, PJRT or device settings at all (torchrun jobs, TPU
+    compiles).
     """
     if xla:
         env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG", "CPU_NUM_DEVICES")}
+        env["XLA_FLAGS"] = TEST_XLA_FLAGS
     else:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM"))}
     env["PYTHONPATH"] = str(ROOT)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.compat.run_torch_xla_spmd_tests import ours
+from tests.torchrun import TEST_XLA_FLAGS
 
 SCRIPT = Path(__file__).with_name("torch_xla_style_script.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(source: str, tmp_path: Path, name: str) -> subprocess.CompletedProcess:
     path = tmp_path / name
     path.write_text(source)
-    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", PYTHONPATH=str(ROOT), XLA_FLAGS=TEST_XLA_FLAGS)
     return subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300)
 
 

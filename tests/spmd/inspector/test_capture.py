@@ -11,6 +11,7 @@ import torch
 from mesh import Mesh
 from spmd import P, mark_sharding, with_sharding_constraint
 from spmd.inspector import CollectiveKind, InspectorError, WarningCode, capture
+from tests.torchrun import child_env
 
 
 @pytest.fixture
@@ -243,7 +244,7 @@ def test_dumps_requested_too_late_name_the_cli(tmp_path):
             """
         )
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
+    env = child_env()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ERROR: XLA compiled 1 graph(s) inside capture() but wrote no dump" in out.stdout

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.torchrun import ROOT, child_env
+
 pytestmark = pytest.mark.torch_xla  # the inspector reads XLA's dumps of torch_xla's programs
 
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.torch_xla  # the inspector reads XLA's dumps of torch_x
 def cli_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("inspector")
     json_path = out_dir / "report.json"
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
+    env = child_env()
     run = subprocess.run(
         [sys.executable, "-m", "spmd.inspector", "--steps", "2", "--json", str(json_path), "examples/train_spmd.py"],
         cwd=ROOT,
@@ -104,8 +105,7 @@ def test_a_crashing_script_still_gets_a_partial_report(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(CRASHING_SCRIPT)
     json_path = tmp_path / "report.json"
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env()
     run = subprocess.run(
         [sys.executable, "-m", "spmd.inspector", "--json", str(json_path), str(script)],
         cwd=ROOT,
@@ -126,8 +126,7 @@ def test_a_dump_directory_reused_by_a_second_run_reports_that_run(tmp_path):
     files; its graphs are found by their new files, not missed as already known."""
     script = tmp_path / "crash.py"
     script.write_text(CRASHING_SCRIPT)
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "XLA_HLO_DEBUG")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env()
     command = [sys.executable, "-m", "spmd.inspector", "--dump-dir", str(tmp_path / "dumps"), str(script)]
     runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600) for _ in range(2)]
     for run in runs:

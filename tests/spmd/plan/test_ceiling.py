@@ -17,6 +17,8 @@ from tests.spmd.plan import plan_results
 @pytest.fixture(scope="module")
 def every(worker):
     results, out = worker
+    if "every_plan" not in results:
+        pytest.skip("the advisor against every plan runs on the current lane (plan_results.CURRENT_LANE_ONLY)")
     module, hf_config = build_meta_model(str(out / "tiny_llama.json"))
     shape = model_shape(hf_config, sum(p.numel() for p in module.parameters()))
     return results["every_plan"], shape
