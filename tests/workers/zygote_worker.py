@@ -1,5 +1,5 @@
-"""A warm parent for test launches (tests/torchrun.py, ``warm_launch``): it imports torch, DTensor
-and the project once, then forks each launch's ranks from that state, so a 4-rank launch does
+"""A warm parent for test launches (tests/torchrun.py, ``warm_launch``): it imports torch, DTensor,
+the project and transformers once, then forks each launch's ranks from that state, so a 4-rank launch does
 not pay four imports of torch (about 5 CPU s each on this 2-core machine, 14 s of wall time a
 launch under torchrun).
 
@@ -11,6 +11,7 @@ launch's exit code to ``dir/returncode`` last. This process starts no thread, so
 safe.
 """
 
+import gc
 import json
 import os
 import runpy
@@ -27,9 +28,19 @@ import torch  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 import torch.distributed.tensor  # noqa: E402,F401
 
+# The Trainer's and the context-parallel launches import these in every rank: 1.8 CPU s each,
+# paid here once. (USE_TORCH_XLA=0 is in this process's environment, as in the ranks'.)
+import transformers  # noqa: E402,F401
+from transformers import Trainer  # noqa: E402,F401
+
 import fsdp_xla  # noqa: E402,F401
 import mesh  # noqa: E402,F401
 import spmd  # noqa: E402,F401
+
+# What was imported stays out of the ranks' garbage collections: a collection in a rank would
+# walk every object of these imports and copy the pages it touches (CPython's gc.freeze, made
+# for fork servers).
+gc.freeze()
 
 # A fork copies one thread only: with more, a lock another thread held would stay held in the ranks.
 _threads = len(os.listdir("/proc/self/task"))
