@@ -30,8 +30,8 @@ PARTS = (
      "every_plan"),
 )  # fmt: skip
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
-# compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles on the
-# torch_xla lane's. The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
+# compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles with the
+# torch_xla lane's libtpu. The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
 # and `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
 if importlib.util.find_spec("torch_xla") is not None:
