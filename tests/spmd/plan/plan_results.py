@@ -9,12 +9,12 @@ on the current lane, 208 s and 73 s on the torch_xla lane (its libtpu compiles t
 slower, no tpu7x, and `CURRENT_LANE_ONLY` is not run there).
 """
 
-import importlib.util
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
+from tests.conftest import HAS_TORCH_XLA
 from tests.spmd.plan.child_compile import BackgroundRun
 from tests.torchrun import WORKERS
 
@@ -34,7 +34,7 @@ PARTS = (
 # torch_xla lane's libtpu. The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
 # and `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
-if importlib.util.find_spec("torch_xla") is not None:
+if HAS_TORCH_XLA:
     PARTS = tuple(tuple(name for name in part if name not in CURRENT_LANE_ONLY) for part in PARTS)
 # Up to 20 minutes: what the compiles have taken on this 2-core machine shared with other sessions.
 TIMEOUT_SECONDS = 1200
