@@ -46,6 +46,7 @@ from spmd.plan.predict._calibration import (
     SLICE_CALIBRATION_RUNS,
     CalibrationPoint,
     fit_efficiency,
+    fit_efficiency_and_host_link,
     fit_slice_share,
 )
 from spmd.plan.predict._step_time import predict_step
@@ -56,6 +57,8 @@ from spmd.plan.request.topology import CHIP_SPECS, TpuSlice
 
 # Efficiencies each run's step is predicted at (the fit interpolates between them).
 GRID = tuple(round(0.50 + 0.02 * k, 2) for k in range(26))
+# Host links, bytes/s each way, a generation's fitted link is chosen from (2 GB/s apart).
+HOST_GRID = tuple(float(gbs * 1e9) for gbs in range(24, 74, 2))
 
 
 def _log(message: str) -> None:
@@ -111,24 +114,41 @@ def compiled_run(p: Published, cache_dir: Path, compile_missing: bool) -> tuple[
     return report, hlo
 
 
-def calibration_point(p: Published, report: PlanReport, hlo: str) -> CalibrationPoint:
-    """The run's predicted step at every `GRID` efficiency (matmuls and attention alike)."""
+def calibration_point(p: Published, report: PlanReport, hlo: str, host_link: float | None = None) -> CalibrationPoint:
+    """The run's predicted step at every `GRID` efficiency (matmuls and attention alike), with its
+    chip's host link at ``host_link`` bytes/s each way (``None``: the shipped calibration's)."""
     target = _settings(p).target
+    chip = target.chip.libtpu_name
+    link = CALIBRATION.host_bytes_per_second(target.chip) if host_link is None else host_link
     seconds = []
     for e in GRID:
-        calibration = dataclasses.replace(CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=())
+        calibration = dataclasses.replace(
+            CALIBRATION, matmul_efficiency=e, attention_efficiency=e, chip_efficiency=(), chip_host_link=((chip, link),)
+        )
         seconds.append(predict_step(hlo, target, calibration).seconds)
     flops = report.estimate.model_flops_per_step / report.chips
-    return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds))
+    return CalibrationPoint(run_name(p), p.planner_tflops(), flops, GRID, tuple(seconds), link)
+
+
+def host_link_points(p: Published, report: PlanReport, hlo: str) -> list[CalibrationPoint]:
+    """A calibration run of a generation whose host link is fitted (`Calibration.chip_host_link`):
+    its grid at every `HOST_GRID` link; none for any other run."""
+    fitted = dict(CALIBRATION.chip_host_link)
+    if run_name(p) not in CALIBRATION_RUNS or _settings(p).target.chip.libtpu_name not in fitted:
+        return []
+    return [calibration_point(p, report, hlo, link) for link in HOST_GRID]
 
 
 def host_link_errors(hlo: str, target: TpuSlice, point: CalibrationPoint, gbs: tuple[float, ...]) -> dict[str, float]:
     """(predicted - published) / published TFLOP/s a chip, the run's figures as ``point`` holds
     them, with ``target``'s host link at each of ``gbs`` GB/s, each way."""
     errors = {}
+    others = tuple((c, b) for c, b in CALIBRATION.chip_host_link if c != target.chip.libtpu_name)
     for bandwidth in gbs:
-        chip = dataclasses.replace(target.chip, host_bytes_per_second=bandwidth * 1e9)
-        seconds = predict_step(hlo, dataclasses.replace(target, chip=chip)).seconds
+        calibration = dataclasses.replace(
+            CALIBRATION, chip_host_link=((target.chip.libtpu_name, bandwidth * 1e9), *others)
+        )
+        seconds = predict_step(hlo, target, calibration).seconds
         errors[f"{bandwidth:g}"] = point.model_flops_per_chip / seconds / 1e12 / point.published_tflops - 1
     return errors
 
@@ -186,8 +206,10 @@ def slice_fit() -> dict[str, Any]:
     }
 
 
-def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
-    """The minimax efficiency on the calibration runs, all together and per chip."""
+def _fits(points: list[CalibrationPoint], linked: list[CalibrationPoint]) -> dict[str, Any]:
+    """The minimax efficiency on the calibration runs, all together and per chip; for a chip whose
+    host link is fitted (``linked`` holds its calibration runs at each `HOST_GRID` link), the
+    efficiency and the link together, each run's errors at the pair."""
     chosen = [pt for pt in points if pt.run in CALIBRATION_RUNS]
     if not chosen:
         return {}
@@ -196,11 +218,18 @@ def _fits(points: list[CalibrationPoint]) -> dict[str, Any]:
         by_chip.setdefault(_chip_of(pt.run), []).append(pt)
     fitted = fit_efficiency(chosen)
     per_chip = {chip: fit_efficiency(pts) for chip, pts in by_chip.items()}
+    per_chip_errors = {pt.run: pt.error(per_chip[_chip_of(pt.run)]) for pt in chosen}
+    links: dict[str, float] = {}
+    for chip in {_chip_of(pt.run) for pt in linked}:
+        own = [pt for pt in linked if _chip_of(pt.run) == chip]
+        per_chip[chip], links[chip] = fit_efficiency_and_host_link(own)
+        at_link = [pt for pt in own if pt.host_bytes_per_second == links[chip]]
+        per_chip_errors.update({pt.run: pt.error(per_chip[chip]) for pt in at_link})
     return {
         "runs": [pt.run for pt in chosen], "efficiency": fitted,
         "errors": {pt.run: pt.error(fitted) for pt in chosen},
-        "per_chip": per_chip,
-        "per_chip_errors": {pt.run: pt.error(per_chip[_chip_of(pt.run)]) for pt in chosen},
+        "per_chip": per_chip, "per_chip_host_link_gbs": {c: b / 1e9 for c, b in links.items()},
+        "per_chip_errors": per_chip_errors,
     }  # fmt: skip
 
 
@@ -213,9 +242,10 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any], slices: dict[s
     borrowed = ", ".join(
         f"{chip} {twin}'s" for chip in CHIP_SPECS if (twin := CALIBRATION.fitted_generation(chip)) not in (None, chip)
     )
+    links = ", ".join(f"{chip} {bandwidth / 1e9:g}" for chip, bandwidth in CALIBRATION.chip_host_link)
     print(
         f"shipped efficiency {CALIBRATION.matmul_efficiency} (matmul and attention){'; ' + own if own else ''}"
-        f"{'; by matrix unit: ' + borrowed if borrowed else ''}"
+        f"{'; by matrix unit: ' + borrowed if borrowed else ''}{'; host link (GB/s each way) ' + links if links else ''}"
     )
     print(f"{'run':28s} {'chips':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  {'role':11s} program/model")
     for r in rows:
@@ -229,7 +259,10 @@ def print_table(rows: list[dict[str, Any]], fits: dict[str, Any], slices: dict[s
     if fits:
         errors = ", ".join(f"{k} {v:+.1%}" for k, v in fits["errors"].items())
         print(f"refit on {len(fits['runs'])} calibration runs: efficiency {fits['efficiency']:.3f} ({errors})")
-        print("per chip: " + ", ".join(f"{k} {v:.3f}" for k, v in fits["per_chip"].items()))
+        links = fits["per_chip_host_link_gbs"]
+        print("per chip: " + ", ".join(
+            f"{k} {v:.3f}" + (f" with a {links[k]:g} GB/s host link" if k in links else "") for k, v in fits["per_chip"].items()
+        ))  # fmt: skip
         print("  errors: " + ", ".join(f"{k} {v:+.1%}" for k, v in fits["per_chip_errors"].items()))
     worst = max(abs(e) for e in slices["errors"].values())
     held = ", ".join(f"{k} {v:+.1%}" for k, v in slices["held_out_errors"].items())
@@ -276,21 +309,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     start = time.perf_counter()
-    rows, points, missing, refused = [], [], [], {}
-    for p in _runs(args.runs):
-        found = compiled_run(p, args.cache, not args.cached_only)
-        if found is None:
-            missing.append(run_name(p))
-            continue
-        if not found[1]:  # the compiler refused it (out of memory): no program to predict
-            refused[run_name(p)] = found[0].memory.total_bytes / GIB
-            continue
-        point = calibration_point(p, *found)
-        points.append(point)
-        rows.append(run_row(p, *found, point))
-        if args.host_gbs:
-            rows[-1]["host_link_errors"] = host_link_errors(found[1], _settings(p).target, point, args.host_gbs)
-    fits, slices = _fits(points), slice_fit()
+    rows, points, linked, missing, refused = _plan_runs(args)
+    fits, slices = _fits(points, linked), slice_fit()
     print_table(rows, fits, slices)
     if args.host_gbs:
         print_host_links(rows, args.host_gbs)
@@ -308,23 +328,53 @@ def main() -> None:
     }  # fmt: skip
     _write(args.json, out)
     if args.record:
-        _write(args.record, _recorded(args.record, points))
+        _write(args.record, _recorded(args.record, points, linked))
 
 
-def _recorded(path: Path, points: list[CalibrationPoint]) -> dict[str, Any]:
-    """The record with ``points``: each run planned now replaces its recorded grid; a run not
-    planned now (not cached, or left out by ``--runs``) keeps the one recorded before, in order."""
-    kept: list[dict[str, Any]] = []
+def _plan_runs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[CalibrationPoint], list[CalibrationPoint], list[str], dict[str, float]]:  # fmt: skip
+    """Every run asked for, planned (or read from the cache): its table row, its calibration
+    point, its points at other host links (`host_link_points`); the runs not compiled, and those
+    libtpu refused (GiB a device)."""
+    rows, points, linked, missing, refused = [], [], [], [], {}
+    for p in _runs(args.runs):
+        found = compiled_run(p, args.cache, not args.cached_only)
+        if found is None:
+            missing.append(run_name(p))
+            continue
+        if not found[1]:  # the compiler refused it (out of memory): no program to predict
+            refused[run_name(p)] = found[0].memory.total_bytes / GIB
+            continue
+        point = calibration_point(p, *found)
+        points.append(point)
+        linked.extend(host_link_points(p, *found))
+        rows.append(run_row(p, *found, point))
+        if args.host_gbs:
+            rows[-1]["host_link_errors"] = host_link_errors(found[1], _settings(p).target, point, args.host_gbs)
+    return rows, points, linked, missing, refused
+
+
+def _recorded(path: Path, points: list[CalibrationPoint], linked: list[CalibrationPoint]) -> dict[str, Any]:
+    """The record with ``points`` and the calibration runs' points at other host links
+    (``linked``): each run planned now replaces what was recorded of it; a run not planned now (not
+    cached, or left out by ``--runs``) keeps what was recorded before, in order."""
+    kept: dict[str, list[dict[str, Any]]] = {"points": [], "host_link_points": []}
     if path.exists():
         try:
-            kept = list(json.loads(path.read_text())["points"])
-        except (ValueError, KeyError, TypeError) as e:
+            data = json.loads(path.read_text())
+            kept = {key: [k for k in data.get(key, []) if isinstance(k, dict) and "run" in k] for key in kept}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SystemExit(
                 f"--record {path}: not a calibration record ({type(e).__name__}: {e}); move it aside"
             ) from None
+    planned = {p.run for p in points}
     fresh = {p.run: dataclasses.asdict(p) for p in points}
-    merged = [fresh.pop(k["run"], k) for k in kept if isinstance(k, dict) and "run" in k]
-    return {"calibration_runs": list(CALIBRATION_RUNS), "points": merged + list(fresh.values())}
+    merged = [fresh.pop(k["run"], k) for k in kept["points"]]
+    old_links = [k for k in kept["host_link_points"] if k["run"] not in planned]
+    return {
+        "calibration_runs": list(CALIBRATION_RUNS),
+        "points": merged + list(fresh.values()),
+        "host_link_points": old_links + [dataclasses.asdict(p) for p in linked],
+    }
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

@@ -357,7 +357,9 @@ class _Program:
     def _host_transfer(self, nbytes: float, to_host: bool) -> tuple[str, float]:
         """(link, seconds) of a DMA between HBM and host memory: each direction of the chip's
         PCIe link is its own (full duplex), shared by the chip's devices."""
-        return ("to-host" if to_host else "from-host"), nbytes / self.target.chip.device_host_bytes_per_second
+        chip = self.target.chip
+        device_link = self.cal.host_bytes_per_second(chip) / chip.devices_per_chip
+        return ("to-host" if to_host else "from-host"), nbytes / device_link
 
     def collective(self, inst: Instruction) -> tuple[str, float] | None:
         """(link, seconds) of a collective (sync, a ``*-start`` or an ``async-start`` of one) or a

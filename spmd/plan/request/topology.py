@@ -105,10 +105,6 @@ class ChipSpec:
     def device_hbm_bytes_per_second(self) -> float:
         return self.hbm_bytes_per_second / self.devices_per_chip
 
-    @property
-    def device_host_bytes_per_second(self) -> float:
-        return self.host_bytes_per_second / self.devices_per_chip
-
 
 _POD_DCN = 6.4e12 / 8 / 256  # v5e: 6.4 Tbps per 256-chip pod, per chip
 # Peak FLOP/s have one home, spmd.mfu.peak; HBM and interconnect are the planner's.

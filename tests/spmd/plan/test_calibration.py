@@ -19,6 +19,7 @@ from spmd.plan.predict._calibration import (
     CalibrationPoint,
     SliceScaling,
     fit_efficiency,
+    fit_efficiency_and_host_link,
     fit_slice_share,
 )
 from spmd.plan.predict._step_time import predict_step
@@ -260,10 +261,12 @@ def test_every_calibration_run_is_a_published_run_with_a_recipe():
         published_run("maxtext-128b@v5p-128")  # no such run
 
 
-def _point(run, published, slope):
-    """A run whose step is ``slope`` / efficiency seconds for 1e12 FLOPs a chip."""
+def _point(run, published, slope, host_link=16e9, waits=0.0):
+    """A run whose step is ``slope`` / efficiency seconds for 1e12 FLOPs a chip, plus ``waits``
+    seconds for each GB/s the host link falls short of 64."""
     grid = tuple(round(0.5 + 0.05 * k, 2) for k in range(11))
-    return CalibrationPoint(run, published, 1e12, grid, tuple(slope / e for e in grid))
+    extra = waits * max(64 - host_link / 1e9, 0)
+    return CalibrationPoint(run, published, 1e12, grid, tuple(slope / e + extra for e in grid), host_link)
 
 
 def test_the_fit_makes_the_largest_error_smallest():
@@ -287,11 +290,39 @@ def _chip(run: str) -> str:
     return parse_slice(published_run(run).recipe.topology).chip.libtpu_name
 
 
-def _recorded() -> tuple[dict, list[CalibrationPoint]]:
+def _recorded(key: str = "points") -> tuple[dict, list[CalibrationPoint]]:
     data = json.loads(RECORD.read_text())
     points = [CalibrationPoint(**{**p, "efficiencies": tuple(p["efficiencies"]), "seconds": tuple(p["seconds"])})
-              for p in data["points"]]  # fmt: skip
+              for p in data[key]]  # fmt: skip
     return data, points
+
+
+def test_the_fit_of_efficiency_and_host_link_meets_where_both_runs_are_right():
+    # "waits" is on its host link (0.01 s a GB/s short of 64), "busy" is not; both publish 1 TFLOP/s:
+    # both are right at 0.7 with the link at 48 GB/s (0.588 / 0.7 + 0.16 s = 1 s), and at any other
+    # link "waits" wants another efficiency than "busy"
+    links = (32e9, 40e9, 48e9, 56e9)
+    points = [_point(run, 1.0, slope, link, waits) for run, slope, waits in (("busy", 0.7, 0.0), ("waits", 0.588, 0.01)) for link in links]  # fmt: skip
+    efficiency, link = fit_efficiency_and_host_link(points, resolution=0.0001)
+    assert (efficiency, link) == (pytest.approx(0.7, abs=2e-4), 48e9)
+    at_link = [p for p in points if p.host_bytes_per_second == link]
+    assert max(abs(p.error(efficiency)) for p in at_link) < 5e-4
+    for other in (32e9, 56e9):  # any other link leaves a larger largest error
+        own = [p for p in points if p.host_bytes_per_second == other]
+        assert max(abs(p.error(fit_efficiency(own))) for p in own) > 0.01
+    with pytest.raises(ValueError, match="same runs at each of two or more host links"):
+        fit_efficiency_and_host_link(points[:5])  # "waits" is at one link only
+    with pytest.raises(ValueError, match="two or more"):
+        fit_efficiency_and_host_link([points[0]])
+
+
+def test_a_fitted_host_link_serves_its_chip_and_the_others_keep_their_own():
+    cal = Calibration(0.8, 0.8, 1e-6, chip_host_link=(("v6e", 48e9),))
+    assert cal.host_bytes_per_second(CHIP_SPECS["v6e"]) == 48e9
+    for chip in ("v5e", "tpu7x"):
+        assert cal.host_bytes_per_second(CHIP_SPECS[chip]) == CHIP_SPECS[chip].host_bytes_per_second
+    with pytest.raises(ValueError, match="chip_host_link bandwidths must be positive"):
+        Calibration(0.8, 0.8, 1e-6, chip_host_link=(("v6e", 0.0),))
 
 
 def test_the_shipped_efficiency_is_the_fit_of_the_recorded_calibration_runs():
@@ -302,9 +333,19 @@ def test_the_shipped_efficiency_is_the_fit_of_the_recorded_calibration_runs():
     # the default serves chips with no fit of their own: every calibration run together
     assert fit_efficiency(chosen) == pytest.approx(CALIBRATION.matmul_efficiency, abs=0.0005)
     assert CALIBRATION.attention_efficiency == CALIBRATION.matmul_efficiency
+    _, linked = _recorded("host_link_points")
+    links = dict(CALIBRATION.chip_host_link)
     for chip, value in CALIBRATION.chip_efficiency:  # a generation fitted on its own runs alone
         own = [p for p in chosen if _chip(p.run) == chip]
         assert own and fit_efficiency(own) == pytest.approx(value, abs=0.0005)
+        if chip in links:  # with its host link: the pair fitted on its runs at every recorded link
+            at_links = [p for p in linked if _chip(p.run) == chip]
+            assert {p.run for p in at_links} == {p.run for p in own}
+            assert fit_efficiency_and_host_link(at_links) == (pytest.approx(value, abs=0.0005), links[chip])
+    assert {_chip(p.run) for p in linked} == set(links)  # points at other links only where one is fitted
+    for p in points:  # each run predicted with its chip's shipped host link
+        chip = parse_slice(published_run(p.run).recipe.topology).chip
+        assert p.host_bytes_per_second == CALIBRATION.host_bytes_per_second(chip), p.run
     for p in points:  # each recorded run's published figure is its source's (or its MFU x the chip's peak)
         published = published_run(p.run)  # in the planner's count: the same step
         expected = published.tflops_per_chip or published.mfu * PEAK[published.chip] / 1e12
@@ -346,8 +387,8 @@ def test_a_chip_with_no_fit_takes_the_fitted_generation_with_its_matrix_unit(chi
     assert cal.fitted_generation(chip) == twin
     assert CHIP_SPECS[chip].mxu == CHIP_SPECS[twin].mxu
     assert cal.efficiencies(chip) == (dict(cal.chip_efficiency)[twin],) * 2
-    # the shipped calibration: every chip it knows takes a fitted generation's value
-    assert CALIBRATION.fitted_generation(chip) == twin
+    # the shipped calibration: every chip it knows takes a fitted generation's value (v6e its own)
+    assert CALIBRATION.fitted_generation(chip) == (chip if chip == "v6e" else twin)
 
 
 def _benchmark():
@@ -364,14 +405,18 @@ def _benchmark():
 def test_recording_some_runs_replaces_their_grids_and_keeps_the_others(tmp_path):
     # a rerun of a few runs (the rest not in the compile cache) must not drop the others' grids
     bench, record = _benchmark(), tmp_path / "record.json"
-    bench._write(record, bench._recorded(record, [_point("a", 1.0, 0.6), _point("b", 1.0, 0.7)]))
-    bench._write(record, bench._recorded(record, [_point("b", 2.0, 0.8), _point("c", 1.0, 0.9)]))
+    linked = [_point("a", 1.0, 0.6, link) for link in (32e9, 48e9)]
+    bench._write(record, bench._recorded(record, [_point("a", 1.0, 0.6), _point("b", 1.0, 0.7)], linked))
+    bench._write(record, bench._recorded(record, [_point("b", 2.0, 0.8), _point("c", 1.0, 0.9)], []))
     data = json.loads(record.read_text())
     assert [(p["run"], p["published_tflops"]) for p in data["points"]] == [("a", 1.0), ("b", 2.0), ("c", 1.0)]
+    assert [(p["run"], p["host_bytes_per_second"]) for p in data["host_link_points"]] == [("a", 32e9), ("a", 48e9)]
+    bench._write(record, bench._recorded(record, [_point("a", 3.0, 0.6)], linked[1:]))  # "a" again: replaced whole
+    assert [p["host_bytes_per_second"] for p in json.loads(record.read_text())["host_link_points"]] == [48e9]
     assert tuple(data["calibration_runs"]) == CALIBRATION_RUNS
     record.write_text("{not json")
     with pytest.raises(SystemExit, match="not a calibration record"):
-        bench._recorded(record, [])
+        bench._recorded(record, [], [])
 
 
 def test_the_shipped_slice_term_is_the_fit_of_the_v5e_readmes_ratios_to_one_slice():
