@@ -101,7 +101,8 @@ class Recipe:
 class Published:
     """One published run: model, TPU chips, MFU, how it ran, where it is published, the TFLOP/s
     per chip the source gives (``None``: MFU only), the recipe to plan it with (``None``: not
-    public), and whether the source counted causal attention whole (module docstring)."""
+    public), whether the source counted causal attention whole (module docstring), and a variant
+    that tells two recipes of one model on one slice shape apart in `run_name` (``""``: none)."""
 
     model: str
     chip: str
@@ -112,6 +113,7 @@ class Published:
     tflops_per_chip: float | None = None
     recipe: Recipe | None = None
     counts_attention_whole: bool = False
+    variant: str = ""
 
     def __post_init__(self) -> None:
         if self.counts_attention_whole and self.recipe is None:
@@ -356,6 +358,22 @@ _ONE_SLICE: tuple[Published, ...] = (
         ),
         counts_attention_whole=True,
     ),
+    Published(
+        "llama3.1-405b", "TPU v6e", 512, 0.3984,
+        "MaxText on 2 x v6e-256, FSDP over 64 chips x tensor parallelism over 4 a slice and FSDP across the 2 "
+        "slices (dcn_fsdp_parallelism 2, custom_mesh hybrid_ring_64x4), per-device batch 1 x 8192 tokens, splash "
+        "attention (query blocks of 1024, 2048 in backward), remat custom (the layer input and q/k/v/out "
+        "projections offloaded to host)",
+        "tpu-recipes training/trillium/Llama3-405B-MaxText (llama3_1_405b_8192_fsdp_dcn, 2 slices, "
+        "libtpu-nightly 20241028)", 365.740,
+        # its step log: 58.805 s, 139.307 tokens/s a device, total_weights 4,194,304 (512 x 8192)
+        Recipe(
+            "v6e-256", "2d", ((DCN_PREFIX + FSDP, 2), (FSDP, 64), (TENSOR, 4)), 1, 8192, _V6E_8B_REMAT, slices=2,
+            splash_blocks=_V6E_BLOCKS_QUERY_1024, scoped_vmem_kib=_V6E_SCOPED_VMEM_KIB,
+        ),
+        counts_attention_whole=True,
+        variant="fsdp64xtensor4",
+    ),
     *(
         Published(
             "gemma3-12b", "TPU v6e", 256 * slices, round(tflops * 1e12 / CHIP_SPECS["v6e"].peak_flops, 4),
@@ -517,11 +535,11 @@ def published_run(name: str) -> Published:
 
 def run_name(p: Published) -> str:
     """``model@topology`` of a run with a recipe (``maxtext-32b@v5p-128``; ``llama3.1-405b@2xv6e-256``
-    across slices)."""
+    across slices; ``llama3.1-405b@2xv6e-256:fsdp64xtensor4`` for a second recipe of the same shape)."""
     if p.recipe is None:
         return f"{p.model}@{p.chips}x{p.chip}"
     slices = f"{p.recipe.slices}x" if p.recipe.slices > 1 else ""
-    return f"{p.model}@{slices}{p.recipe.topology}"
+    return f"{p.model}@{slices}{p.recipe.topology}" + (f":{p.variant}" if p.variant else "")
 
 
 def slice_scaling(p: Published) -> SliceScaling | None:

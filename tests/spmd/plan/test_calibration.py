@@ -61,6 +61,8 @@ SOURCES = {
     ("llama3.1-70b", "TPU v6e", 64, 1): (422.091, 0.4598),
     ("llama3.1-70b", "TPU v6e", 128, 1): (453.5, 0.494),
     ("llama3.1-405b", "TPU v6e", 512, 2): (392.454, 0.428),  # 2 x v6e-256: its step log, 392.454
+    # the older README's FSDP 64 x tensor 4 on the same slices (Llama3-405B-MaxText): its step log
+    ("llama3.1-405b", "TPU v6e", 512, 2, "fsdp64xtensor4"): (365.740, 0.3984),
     ("mistral-7b", "TPU v6e", 8, 1): (431.981, 0.4706),  # tpu-recipes Mistral-7B on v6e-8: its step log
     ("llama2-70b", "TPU v6e", 256, 1): (402.274, 0.4382),  # tpu-recipes Llama2-70B on v6e-256: its step log
     ("gpt3-175b", "TPU v6e", 256, 1): (384.891, 0.4193),  # tpu-recipes GPT3-175B (bf16) on v6e-256: its step log
@@ -106,6 +108,7 @@ STEP_LOGS = {
     "llama3.1-70b@v6e-64": 18.688,
     "llama3.1-70b@v6e-128": 34.786,
     "llama3.1-405b@2xv6e-256": 54.80,
+    "llama3.1-405b@2xv6e-256:fsdp64xtensor4": 58.805,
     "mistral-7b@v6e-8": 6.320,
     "llama2-70b@v6e-256": 9.052,
     "gpt3-175b@v6e-256": 17.182,
@@ -145,10 +148,14 @@ def test_a_run_counted_whole_says_so_beside_the_planners_count():
 
 def test_the_published_records_hold_their_sources_figures():
     found = {
-        (p.model, p.chip, p.chips, p.recipe.slices if p.recipe else 1): (p.tflops_per_chip, p.mfu)
+        (p.model, p.chip, p.chips, p.recipe.slices if p.recipe else 1, *((p.variant,) if p.variant else ())): (
+            p.tflops_per_chip,
+            p.mfu,
+        )
         for p in PUBLISHED
         if p.tflops_per_chip
     }
+    assert len(found) == sum(1 for p in PUBLISHED if p.tflops_per_chip)  # a variant keeps two runs apart
     assert found == SOURCES
 
 
