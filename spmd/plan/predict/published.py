@@ -505,23 +505,28 @@ PUBLISHED: tuple[Published, ...] = _ONE_SLICE + tuple(_on_more_slices(*row) for 
 
 
 def published_for(
-    model: str, chip: str, chips: int, seq_len: int | None = None, slices: int | None = None
+    model: str,
+    chip: str,
+    chips: int,
+    seq_len: int | None = None,
+    slices: int | None = None,
+    strategy: str | None = None,
 ) -> Published | None:
     """The published run of ``model`` on ``chips`` chips of ``chip`` (a `ChipSpec.name`), if any;
     with ``seq_len``, one at that sequence length, and with ``slices``, one on that many slices
     (either: or of no known recipe). Llama 3.1-70B on 256 Ironwood chips is published at 131,072
     tokens, which says nothing of a plan at 8,192; MaxText's 64B on 2 x v5p-128 says nothing of
-    one v5p-256."""
-    return next(
-        (
-            p
-            for p in PUBLISHED
-            if (p.model, p.chip, p.chips) == (model, chip, chips)
-            and (seq_len is None or p.recipe is None or p.recipe.seq_len == seq_len)
-            and (slices is None or p.recipe is None or p.recipe.slices == slices)
-        ),
-        None,
-    )
+    one v5p-256. Where several match, the one whose recipe runs ``strategy`` comes first (the
+    405B on 2 x v6e-256 is published pure FSDP and FSDP x tensor)."""
+    found = [
+        p
+        for p in PUBLISHED
+        if (p.model, p.chip, p.chips) == (model, chip, chips)
+        and (seq_len is None or p.recipe is None or p.recipe.seq_len == seq_len)
+        and (slices is None or p.recipe is None or p.recipe.slices == slices)
+    ]
+    same = [p for p in found if strategy is not None and p.recipe is not None and p.recipe.strategy == strategy]
+    return (same or found or [None])[0]
 
 
 def published_run(name: str) -> Published:

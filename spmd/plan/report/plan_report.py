@@ -434,6 +434,6 @@ def plan_table(r: PlanReport) -> str:
         lines += ["", "no collectives or step estimate: the compiler stopped at memory assignment"]
     else:
         lines += _collectives(r) + _context(r) + _estimate(r)
-        published = published_for(r.model, r.chip, r.chips, r.seq_len, r.slices)
+        published = published_for(r.model, r.chip, r.chips, r.seq_len, r.slices, r.strategy)
         lines += [f"  published: {published.line()}"] if published else []
     return "\n".join(lines + ["", r.verdict()])

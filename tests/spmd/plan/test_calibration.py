@@ -261,6 +261,15 @@ def test_a_plan_is_shown_the_published_run_on_as_many_slices():
     assert run_name(published_for("maxtext-64b", "TPU v5p", 128)) == "maxtext-64b@2xv5p-128"  # either
 
 
+def test_a_plan_is_shown_the_published_run_with_its_strategy_where_two_match():
+    # the 405B on 2 x v6e-256 is published pure FSDP and FSDP 64 x tensor 4
+    both = ("llama3.1-405b", "TPU v6e", 512, 8192, 2)
+    assert run_name(published_for(*both, strategy="2d")) == "llama3.1-405b@2xv6e-256:fsdp64xtensor4"
+    assert run_name(published_for(*both, strategy="fsdp")) == "llama3.1-405b@2xv6e-256"
+    assert run_name(published_for(*both)) == "llama3.1-405b@2xv6e-256"  # no strategy: the first
+    assert run_name(published_for(*both, strategy="cp")) == "llama3.1-405b@2xv6e-256"  # none runs it: the first
+
+
 def test_every_calibration_run_is_a_published_run_with_a_recipe():
     for name in CALIBRATION_RUNS + SLICE_CALIBRATION_RUNS:
         assert run_name(published_run(name)) == name
