@@ -143,11 +143,8 @@ def host_link_errors(hlo: str, target: TpuSlice, point: CalibrationPoint, gbs: t
     """(predicted - published) / published TFLOP/s a chip, the run's figures as ``point`` holds
     them, with ``target``'s host link at each of ``gbs`` GB/s, each way."""
     errors = {}
-    others = tuple((c, b) for c, b in CALIBRATION.chip_host_link if c != target.chip.libtpu_name)
     for bandwidth in gbs:
-        calibration = dataclasses.replace(
-            CALIBRATION, chip_host_link=((target.chip.libtpu_name, bandwidth * 1e9), *others)
-        )
+        calibration = dataclasses.replace(CALIBRATION, chip_host_link=((target.chip.libtpu_name, bandwidth * 1e9),))
         seconds = predict_step(hlo, target, calibration).seconds
         errors[f"{bandwidth:g}"] = point.model_flops_per_chip / seconds / 1e12 / point.published_tflops - 1
     return errors

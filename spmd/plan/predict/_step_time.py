@@ -168,6 +168,7 @@ class _Program:
         self.matmul_efficiency, self.attention_efficiency = calibration.efficiencies(chip.libtpu_name)
         self.peak = chip.device_peak_flops
         self.hbm = chip.device_hbm_bytes_per_second or math.inf
+        self.host_link = calibration.host_bytes_per_second(chip) / chip.devices_per_chip
         self.totals = _Totals()
         self.flops_by_op: dict[tuple[tuple[tuple[str, int], ...], str], FlopsEntry] = {}
 
@@ -357,9 +358,7 @@ class _Program:
     def _host_transfer(self, nbytes: float, to_host: bool) -> tuple[str, float]:
         """(link, seconds) of a DMA between HBM and host memory: each direction of the chip's
         PCIe link is its own (full duplex), shared by the chip's devices."""
-        chip = self.target.chip
-        device_link = self.cal.host_bytes_per_second(chip) / chip.devices_per_chip
-        return ("to-host" if to_host else "from-host"), nbytes / device_link
+        return ("to-host" if to_host else "from-host"), nbytes / self.host_link
 
     def collective(self, inst: Instruction) -> tuple[str, float] | None:
         """(link, seconds) of a collective (sync, a ``*-start`` or an ``async-start`` of one) or a

@@ -302,8 +302,12 @@ def test_a_point_interpolates_in_one_over_efficiency_and_refuses_outside_its_gri
         p.predicted_tflops(0.3)
 
 
+def _chip_spec(run: str):
+    return parse_slice(published_run(run).recipe.topology).chip
+
+
 def _chip(run: str) -> str:
-    return parse_slice(published_run(run).recipe.topology).chip.libtpu_name
+    return _chip_spec(run).libtpu_name
 
 
 def _recorded(key: str = "points") -> tuple[dict, list[CalibrationPoint]]:
@@ -360,8 +364,7 @@ def test_the_shipped_efficiency_is_the_fit_of_the_recorded_calibration_runs():
             assert fit_efficiency_and_host_link(at_links) == (pytest.approx(value, abs=0.0005), links[chip])
     assert {_chip(p.run) for p in linked} == set(links)  # points at other links only where one is fitted
     for p in points:  # each run predicted with its chip's shipped host link
-        chip = parse_slice(published_run(p.run).recipe.topology).chip
-        assert p.host_bytes_per_second == CALIBRATION.host_bytes_per_second(chip), p.run
+        assert p.host_bytes_per_second == CALIBRATION.host_bytes_per_second(_chip_spec(p.run)), p.run
     for p in points:  # each recorded run's published figure is its source's (or its MFU x the chip's peak)
         published = published_run(p.run)  # in the planner's count: the same step
         expected = published.tflops_per_chip or published.mfu * PEAK[published.chip] / 1e12
