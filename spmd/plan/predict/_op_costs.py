@@ -15,6 +15,7 @@ __all__ = [
     "SLICING",
     "SplashWindow",
     "attended_pairs",
+    "declared_blocks",
     "dims",
     "fill",
     "in_place_update",
@@ -196,26 +197,49 @@ def splash_window(op_name: str) -> SplashWindow | None:
 def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[int, int] | None = None) -> float:
     """(query, key) pairs a causal splash kernel computes: half the square (``queries x keys /
     2``), or with a ``window`` each query's last ``window`` keys, itself included (fewer for the
-    first ``window`` queries). With ``blocks``, its (query, key) block sizes, a windowed kernel
-    counts each pair of blocks the window reaches whole, as the kernel runs it: Gemma 3's window of
-    1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs.
-
-    A causal kernel's count is not rounded: over ``n`` blocks a side it runs ``n (n + 1) / 2``
-    pairs of blocks for the ``n^2 / 2`` counted, ``1 / n`` more (1.6 % over 64 blocks, 6.3 % over
-    16), which the attention efficiency fitted on causal runs holds
-    (`spmd.plan.predict._calibration`). A window's edge blocks are another matter (twice its pairs
-    and more), which no fitted constant could hold."""
-    if window is None or window >= keys:
-        return queries * keys / 2
-    if blocks is None:  # the exact count (every scope the planner writes has its blocks)
-        return queries * window - window * (window - 1) / 2
+    first ``window`` queries). With ``blocks``, its (query, key) block sizes, each pair of blocks
+    the mask reaches is counted whole, as the kernel runs it (it skips only the pairs the mask
+    leaves empty): over ``n`` blocks a side a causal kernel runs ``n (n + 1) / 2`` pairs, ``1 /
+    n`` more than half the square (1.6 % over 64 blocks, 6.3 % over 16), and Gemma 3's window of
+    1,024 over blocks of 1,024 runs two key blocks a query block, twice the window's pairs. A
+    causal kernel whose queries are not its keys (a shard of a context-parallel sequence beside
+    another) keeps the half: which part of it the diagonal crosses is not in its shapes."""
+    if window is not None and window >= keys:
+        window = None
+    if blocks is None or (window is None and queries != keys):
+        return queries * keys / 2 if window is None else queries * window - window * (window - 1) / 2
     block_q, block_kv = blocks
     touched = 0
     for start in range(0, queries, block_q):
         last = min(start + block_q, keys) - 1  # the block's last query sees keys up to itself
-        first = max(0, start - window + 1)  # and its first query none before this
+        first = 0 if window is None else max(0, start - window + 1)  # and its first query none before this
         touched += last // block_kv - first // block_kv + 1
     return float(touched * block_q * block_kv)
+
+
+# The block sizes a splash kernel declares, by phase: jax 0.12 in its ``xprof_metadata`` (a JSON
+# object in the HLO's attributes, its quotes escaped), jax 0.7 in its name (``..._block_q_dkv_512_...``)
+_BLOCK_KEYS = {
+    "fwd": ("block_q", "block_kv"),
+    "dkv": ("block_q_dkv", "block_kv_dkv"),
+    "dq": ("block_q_dq", "block_kv_dq"),
+}
+
+
+def declared_blocks(name: str, attributes: str) -> tuple[int, int] | None:
+    """The (query, key) block sizes the splash kernel named ``name`` declares (its phase's:
+    forward, key gradient or query gradient); ``None``: not a splash kernel, or one that declares
+    none."""
+    phase = splash_phase(name)
+    if phase is None:
+        return None
+    found = []
+    for key in _BLOCK_KEYS[phase]:
+        value = re.search(rf'\\?"{key}\\?"\s*:\s*(\d+)', attributes) or re.search(rf"(?<![a-z]){key}_(\d+)(?!\d)", name)
+        if value is None:
+            return None
+        found.append(int(value.group(1)))
+    return found[0], found[1]
 
 
 def splash_head_dim_matmuls(name: str, op_name: str = "") -> int:

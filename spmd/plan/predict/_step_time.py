@@ -46,6 +46,7 @@ from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.predict._op_costs import SLICING as _SLICING
 from spmd.plan.predict._op_costs import (
     attended_pairs,
+    declared_blocks,
     splash_head_dim_matmuls,
     splash_matmuls,
     splash_window,
@@ -152,6 +153,14 @@ _HOST_MEMORY = "S(5)"  # memory space 5 in a layout: the host's pinned memory
 _FLOAT_ARRAY = re.compile(r"\b(?:bf16|f16|f32|f8e\w*)\[([\d,]*)\]")
 
 
+@functools.lru_cache(maxsize=1)
+def _parsed(hlo_text: str) -> HloModuleText:
+    """The module, parsed; the last one is kept (one only: a large model's is hundreds of MiB), as
+    the calibration benchmark predicts one program at hundreds of constants, and parsing is a
+    third of each prediction (a 7.6 MB program: 0.28 s of 0.95 s)."""
+    return HloModuleText.parse(hlo_text)
+
+
 class _Program:
     """One optimized module and the chip it runs on: each operation's cost, each computation's
     time (module docstring)."""
@@ -159,7 +168,7 @@ class _Program:
     def __init__(self, hlo_text: str, target: TpuSlice, calibration: Calibration):
         self.text = hlo_text
         try:
-            self.module = HloModuleText.parse(hlo_text)
+            self.module = _parsed(hlo_text)
         except (TypeError, ValueError) as e:
             raise PlanError(f"Cannot predict a step time: {e}") from None
         self.by_name = self.module.instructions_by_name
@@ -171,6 +180,10 @@ class _Program:
         self.host_link = calibration.host_bytes_per_second(chip) / chip.devices_per_chip
         self.totals = _Totals()
         self.flops_by_op: dict[tuple[tuple[tuple[str, int], ...], str], FlopsEntry] = {}
+        # Per program, not per class: a method's functools.cache keys on ``self`` and so kept every
+        # program (its parsed module, GiB for a 405B) alive for the process's life.
+        self._matmul_seconds = functools.cache(self._matmul_seconds)
+        self._flat = functools.cache(self._flat)
 
     # -- operations ------------------------------------------------------------------------
     def _operand(self, inst: Instruction, k: int) -> list[tuple[tuple[int, ...], int]]:
@@ -225,7 +238,6 @@ class _Program:
         m = math.prod(out) // max(n, 1)
         return 2.0 * math.prod(out) * k, _fill(k, mxu) * _fill(n, mxu) * _fill(m, mxu)
 
-    @functools.cache  # noqa: B019 (one program, walked once; the cache lives as long as it)
     def _matmul_seconds(self, computation: str) -> tuple[float, float]:
         """(FLOPs, seconds at peak x efficiency x fill) of the matmuls in a fused computation."""
         flops = seconds = 0.0
@@ -242,8 +254,9 @@ class _Program:
     def _kernel(self, inst: Instruction) -> tuple[float, float]:
         """(FLOPs, matrix-unit fill) of a Pallas kernel: its own cost estimate when the lowering
         gave one (fill 1), else for a splash attention kernel from its q, k, v shapes
-        (`splash_matmuls`), causal (half the blocks skipped) or over its sliding window, each
-        pair of blocks the window reaches run whole (`attended_pairs`); other kernels are costed
+        (`splash_matmuls`), causal or over its sliding window, each pair of blocks the mask
+        reaches run whole (`attended_pairs`; the blocks the kernel declares, else those of the
+        planner's window scope); other kernels are costed
         by their bytes only. A splash kernel's matmuls that contract over the head dim (q k^T, and
         dO v^T in backward) fill ``head_dim / MXU`` of a matrix unit deeper than it (half of
         TPU7x's and v6e's 256 for a head of 128); the others contract over a block of the sequence
@@ -265,8 +278,8 @@ class _Program:
         deep = splash_head_dim_matmuls(inst.name, op_name)
         fill = matmuls / (matmuls - deep + deep / _fill(q[-1], self.target.chip.mxu))
         scope = splash_window(op_name)
-        window, blocks = (scope.window, scope.blocks_of(inst.name)) if scope else (None, None)
-        pairs = attended_pairs(q[-2], k[-2], window, blocks)
+        blocks = declared_blocks(inst.name, inst.attributes) or (scope.blocks_of(inst.name) if scope else None)
+        pairs = attended_pairs(q[-2], k[-2], scope.window if scope else None, blocks)
         return matmuls * 2.0 * heads * pairs * q[-1], fill
 
     def _fusion_bytes(self, inst: Instruction, computation: str) -> float:
@@ -402,7 +415,6 @@ class _Program:
             members = parse_replica_groups(source.attribute("replica_groups"), self.module.num_partitions)[0]
         return "ici", self._link_seconds(kind, nbytes, members)
 
-    @functools.cache  # noqa: B019
     def _flat(self, computation: str) -> tuple[Instruction, ...]:
         """A computation's instructions and those of every computation it calls."""
         out: list[Instruction] = []

@@ -4,13 +4,15 @@ a sliced operand of a stacked array, a splash kernel. Each expected time is the 
 comment states, on tpu7x:2x2x1: 4 chips of 2 devices; per device 1153.5 TFLOP/s bf16, 3.69 TB/s
 HBM and 300 GB/s of ICI (600 GB/s a chip), MXU 256."""
 
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from spmd.plan.errors import PlanError
-from spmd.plan.predict._op_costs import attended_pairs, splash_phase, splash_window, window_taps
+from spmd.plan.predict._op_costs import attended_pairs, declared_blocks, splash_phase, splash_window, window_taps
 from spmd.plan.predict._step_time import Calibration, predict_step, splash_head_dim_matmuls, splash_matmuls
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.topology import parse_slice
@@ -123,6 +125,17 @@ def test_the_flops_are_listed_op_by_op_with_their_loops():
     (entry,) = t.flops_by_op
     assert (entry.op, entry.opcode, entry.loops, entry.runs) == ("d", "dot", (("w", 5),), 5)
     assert entry.flops == entry.flops_per_run * 5 == t.hardware_flops == 5 * 2 * 4096**3
+
+
+def test_a_prediction_keeps_no_program_alive():
+    """Each prediction parses its program (GiB for a large model): a cache on the class kept every
+    one, 14 GiB after 14 published runs in one process."""
+    from spmd.plan.predict import _step_time
+
+    for program in (LOOP, WINDOWED, SLICED):  # fusions: their matmuls and operands are cached per program
+        predict_step(program, TARGET, CAL)
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is _step_time._Program]
 
 
 def gather(group: str, name: str = "all-gather") -> str:
@@ -514,16 +527,35 @@ def test_a_window_scope_reads_back_as_written(window, sizes):
     block_kv=st.sampled_from((1, 2, 4, 8)),
     window=st.integers(1, 40),
 )
-def test_blocked_pairs_are_the_blocks_a_window_reaches_run_whole(blocks, block_q, block_kv, window):
+def test_blocked_pairs_are_the_blocks_the_mask_reaches_run_whole(blocks, block_q, block_kv, window):
     seq = blocks * block_q * block_kv  # both block sizes divide it
     seen = np.tril(np.ones((seq, seq), bool)) & ~np.tril(np.ones((seq, seq), bool), -window)
     run = seen.reshape(seq // block_q, block_q, seq // block_kv, block_kv).any(axis=(1, 3))
     counted = attended_pairs(seq, seq, window, (block_q, block_kv))
-    if window >= seq:  # the window holds the sequence: causal, not rounded
-        assert counted == seq * seq / 2
-    else:
-        assert counted == run.sum() * block_q * block_kv
-        assert counted >= attended_pairs(seq, seq, window) == seen.sum()
+    assert counted == run.sum() * block_q * block_kv  # a window holding the sequence is causal: rounded too
+    assert counted >= seen.sum()
+    if window < seq:
+        assert attended_pairs(seq, seq, window) == seen.sum()
+
+
+def test_a_causal_kernel_runs_the_diagonal_s_blocks_whole():
+    seq = 8192
+    for n in (16, 64):  # n blocks a side: n (n + 1) / 2 pairs of blocks for the n^2 / 2 of half the square
+        assert attended_pairs(seq, seq, None, (seq // n, seq // n)) / (seq * seq / 2) == pytest.approx((n + 1) / n)
+    assert attended_pairs(seq, seq, None) == seq * seq / 2  # no blocks declared: the half
+    # a context shard's queries beside other keys: where the diagonal falls is not in the shapes
+    assert attended_pairs(1024, 4096, None, (512, 512)) == 1024 * 4096 / 2
+
+
+def test_a_kernel_s_blocks_are_read_from_its_declaration_on_either_jax():
+    jax012 = r'frontend_attributes={kernel_metadata={"xprof_metadata":"{\"block_q\": 1024, \"block_kv\": 512, \"block_q_dkv\": 2048, \"block_kv_dkv\": 256, \"block_q_dq\": 128, \"block_kv_dq\": 64}"}}'
+    assert declared_blocks("splash_mha_fwd_residuals.3", jax012) == (1024, 512)
+    assert declared_blocks("splash_mha_dkv_no_residuals.1", jax012) == (2048, 256)
+    assert declared_blocks("splash_mha_dq_no_residuals.1", jax012) == (128, 64)
+    assert declared_blocks(JAX07_FORWARD, "") == (256, 128)
+    assert declared_blocks("splash_mha_dq_block_kv_dq_128_block_q_dq_512.4", "") == (512, 128)
+    assert declared_blocks("splash_mha_fwd_residuals.3", "") is None  # declares none
+    assert declared_blocks("fusion.3", jax012) is None  # not a splash kernel
 
 
 def test_gemma3_s_window_over_maxtext_s_blocks_runs_two_to_three_times_its_pairs():
