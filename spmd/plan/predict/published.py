@@ -295,7 +295,8 @@ _ONE_SLICE: tuple[Published, ...] = (
         "and v offloaded to host), fused q/k/v and MLP, flash attention", _MAXTEXT_V5E, 110.0,
         # MaxText's configs/v5e/128b.sh as it stands (remat_policy was full beside the README's figure
         # in 2023-12, minimal_offloaded from 2024-02); its fused q/k/v and MLP projections are the
-        # planner's separate ones, offloaded alike (the same bytes)
+        # planner's separate ones, offloaded alike (the same bytes), though under tensor 16 each
+        # separate input gradient gets its own windowed einsum (docs/plan.md, the 128B's bullet)
         Recipe("v5e-256", "2d", ((FSDP, 16), (TENSOR, 16)), 1, 2048, _QKV_PROJ_OFFLOADED),
     ),
     Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(6), _MAXTEXT_V5P, 328.0, _v5p(6)),
