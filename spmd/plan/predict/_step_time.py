@@ -225,7 +225,8 @@ class _Program:
             return 0.0, 1.0
         n = kernel[labels[1].index("o")]
         k = kernel[labels[1].index("i")] if "i" in labels[1] else 1
-        spatial = [label for label in labels[1] if label.isdigit()]
+        # the window lists the spatial dims in number order, not in the kernel's (``1oi0``)
+        spatial = sorted((label for label in labels[1] if label.isdigit()), key=int)
         if spatial and all(s in labels[0] and s in output for s in spatial) and len(output) == len(out):
             lengths = tuple(lhs[labels[0].index(s)] for s in spatial)
             k *= window_taps(inst.attribute("window"), lengths, tuple(out[output.index(s)] for s in spatial))

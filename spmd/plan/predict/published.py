@@ -63,7 +63,7 @@ class Recipe:
             span them as ``dcn_<axis>`` sizes (`spmd.plan.request.dcn`: ``(("dcn_fsdp", 2), ("fsdp", 256))``).
         splash_blocks: the splash kernel's block sizes the recipe sets (MaxText's ``sa_block_*``,
             `spmd.plan.request.splash_blocks`, its fused backward too); none: the planner's own.
-            Only the windowed kernels' pairs of blocks are costed by their sizes.
+            Each kernel's pairs of blocks are costed by its sizes, causal and windowed alike.
         scoped_vmem_kib: libtpu's ``xla_tpu_scoped_vmem_limit_kib`` where the plan needs the
             recipe's (MaxText's ``DENSE_VMEM_LIMIT_FLAG``, 98304); ``None``: libtpu's default.
         weight_dtype: the stored parameters and second moment (MaxText's ``weight_dtype``).
