@@ -9,7 +9,7 @@ import re
 from typing import NamedTuple
 
 from spmd.hlo import Instruction
-from spmd.plan.request.attention import FUSED_BACKWARD_SCOPE, WINDOW_SCOPE
+from spmd.plan.request.attention import FUSED_BACKWARD_SCOPE, PHASE_BLOCKS, WINDOW_SCOPE
 
 __all__ = [
     "SLICING",
@@ -176,7 +176,7 @@ class SplashWindow(NamedTuple):
         """The (query, key) blocks the kernel named ``kernel`` runs (a fused backward's are the
         key gradient's); ``None``: not a splash kernel."""
         phase = splash_phase(kernel)
-        return None if phase is None else self.blocks[{"fwd": 0, "dkv": 1, "dq": 2}[phase]]
+        return None if phase is None else self.blocks[list(PHASE_BLOCKS).index(phase)]
 
 
 # every scope the planner writes holds its blocks (compile cache format 7 and later)
@@ -217,24 +217,16 @@ def attended_pairs(queries: int, keys: int, window: int | None, blocks: tuple[in
     return float(touched * block_q * block_kv)
 
 
-# The block sizes a splash kernel declares, by phase: jax 0.12 in its ``xprof_metadata`` (a JSON
-# object in the HLO's attributes, its quotes escaped), jax 0.7 in its name (``..._block_q_dkv_512_...``)
-_BLOCK_KEYS = {
-    "fwd": ("block_q", "block_kv"),
-    "dkv": ("block_q_dkv", "block_kv_dkv"),
-    "dq": ("block_q_dq", "block_kv_dq"),
-}
-
-
 def declared_blocks(name: str, attributes: str) -> tuple[int, int] | None:
     """The (query, key) block sizes the splash kernel named ``name`` declares (its phase's:
     forward, key gradient or query gradient); ``None``: not a splash kernel, or one that declares
-    none."""
+    none. jax 0.12 declares them in its ``xprof_metadata`` (a JSON object in the HLO's attributes,
+    its quotes escaped), jax 0.7 in its name (``..._block_q_dkv_512_...``), each as ``block_<size>``."""
     phase = splash_phase(name)
     if phase is None:
         return None
     found = []
-    for key in _BLOCK_KEYS[phase]:
+    for key in (f"block_{size}" for size in PHASE_BLOCKS[phase]):
         value = re.search(rf'\\?"{key}\\?"\s*:\s*(\d+)', attributes) or re.search(rf"(?<![a-z]){key}_(\d+)(?!\d)", name)
         if value is None:
             return None

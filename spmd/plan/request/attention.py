@@ -46,6 +46,7 @@ from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, splash
 
 __all__ = [
     "FUSED_BACKWARD_SCOPE",
+    "PHASE_BLOCKS",
     "WINDOW_SCOPE",
     "Attention",
     "causal_without_mask",
@@ -58,6 +59,9 @@ __all__ = [
 
 # The name scope a windowed kernel runs under: ``splash_window_1024_blocks_...`` (`window_scope`).
 WINDOW_SCOPE = "splash_window_"
+# Each splash kernel's (query, key) block sizes by its pass, as `SplashBlocks` names them (jax's
+# ``BlockSizes`` prefixes ``block_``): forward, the key gradient, the query gradient, in that order.
+PHASE_BLOCKS = {"fwd": ("q", "kv"), "dkv": ("q_dkv", "kv_dkv"), "dq": ("q_dq", "kv_dq")}
 # The name scope a fused backward kernel runs under (`spmd.plan.request.splash_blocks`): jax 0.12
 # names that kernel as the unfused key gradient's, so the step-time model reads this instead.
 FUSED_BACKWARD_SCOPE = "splash_fused_bwd"
@@ -109,8 +113,7 @@ def window_scope(window: int, sizes: dict[str, int]) -> str:
     """The name scope a kernel over a ``window`` runs under, with its resolved block sizes
     (`SplashBlocks.resolved`): ``splash_window_1024_blocks_512x512_512x512_512x512``, the query
     and key blocks of forward, the key gradient and the query gradient."""
-    pairs = ("q", "kv"), ("q_dkv", "kv_dkv"), ("q_dq", "kv_dq")
-    return f"{WINDOW_SCOPE}{window}_blocks_" + "_".join(f"{sizes[q]}x{sizes[k]}" for q, k in pairs)
+    return f"{WINDOW_SCOPE}{window}_blocks_" + "_".join(f"{sizes[q]}x{sizes[k]}" for q, k in PHASE_BLOCKS.values())
 
 
 @contextlib.contextmanager
