@@ -85,6 +85,7 @@ def _settings(p: Published) -> PlanSettings:
         splash_blocks=r.splash_blocks,
         scoped_vmem_kib=r.scoped_vmem_kib,
         weight_dtype=r.weight_dtype,
+        fused=r.fused,
     )
 
 

@@ -21,6 +21,7 @@ from spmd._util.cli_args import finite_float, int_in, output_dir, output_file
 from spmd.errors import ShardingError
 from spmd.plan.report.plan_report import GIB
 from spmd.plan.request.custom_remat import CUSTOM_PREFIX, CustomRemat
+from spmd.plan.request.fused_projections import parse_fused
 from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.request.remat import Remat
@@ -79,6 +80,13 @@ def _splash_blocks(text: str) -> SplashBlocks:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _fused(text: str) -> tuple[str, ...]:
+    try:
+        return parse_fused(text)
+    except ShardingError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _remats(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",")]
     unknown = [n for n in names if n not in REMATS and n != "minimal"]
@@ -129,6 +137,13 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
         "q=1024,kv=1024,q_dkv=512,kv_dkv=2048, or one size for all first (2048,q_dkv=1024), and "
         "use_fused_bwd_kernel=true for the fused backward (default: 512, or the largest of 256, 128 dividing the "
         "sequence)",
+    )
+    p.add_argument(
+        "--fused",
+        type=_fused,
+        default=(),
+        help="run sibling projections as one matmul over their stacked weights: qkv (q, k and v; not with grouped "
+        "key/value heads), mlp (a gated MLP's two input projections), or qkv,mlp (MaxText's fused_qkv, fused_mlp)",
     )
     p.add_argument(
         "--scoped-vmem-kib",
@@ -312,7 +327,7 @@ def _plan(args: argparse.Namespace, hbm: int | None) -> int:
         seq_len=args.seq, compute_dtype=args.dtype, remat=args.remat or "dots", attention=args.attention,
         slices=args.slices, tensor=4 if args.tensor is None else args.tensor, hbm_bytes=hbm,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype,
+        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype, fused=args.fused,
     )  # fmt: skip
     print(report.table())
     _write_json(args.json, report.to_dict())
@@ -332,7 +347,7 @@ def _advise(args: argparse.Namespace, hbm: int | None) -> int:
         remats=args.remats, refine=args.refine,
         attention=args.attention, seq_len=args.seq, compute_dtype=args.dtype, hbm_bytes=hbm, jobs=args.jobs,
         moment_dtype=args.moment_dtype, vocab_tiles=args.vocab_tiling, splash_blocks=args.splash_blocks,
-        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype,
+        scoped_vmem_kib=args.scoped_vmem_kib, weight_dtype=args.weight_dtype, fused=args.fused,
         cache_dir=None if args.no_cache else (args.cache or default_cache_dir()),
     )  # fmt: skip
     print(advice.table(), advice.code(), sep="\n\n")

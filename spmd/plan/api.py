@@ -144,6 +144,7 @@ def plan(
     splash_blocks: str | SplashBlocks | None = None,
     scoped_vmem_kib: int | None = None,
     weight_dtype: str = "float32",
+    fused: str | tuple[str, ...] = (),
 ) -> PlanReport:
     """Compile one AdamW training step of ``model`` for ``topology`` with libtpu's compiler, on
     this machine, and report per-device memory, collectives, FLOPs and an estimated MFU.
@@ -172,12 +173,14 @@ def plan(
         splash_blocks: the splash kernel's blocks by MaxText's ``sa_block_*`` names (``q=1024,kv=1024``).
         scoped_vmem_kib: the VMEM one kernel may take, in KiB; none: libtpu's default.
         weight_dtype: the stored parameters and second moment (MaxText's ``weight_dtype``: `PlanSettings`).
+        fused: sibling projections run as one matmul, MaxText's ``fused_qkv`` and ``fused_mlp``:
+            ``"qkv"``, ``"mlp"`` or ``"qkv,mlp"`` (`spmd.plan.request.fused_projections`).
 
     Raises:
         PlanError, TopologyError, CompilerVersionError, ModelSpecError, TracingError: bad input, with what to change.
     """
     settings = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles,
-                            splash_blocks, scoped_vmem_kib, weight_dtype)  # fmt: skip
+                            splash_blocks, scoped_vmem_kib, weight_dtype, fused)  # fmt: skip
     return plan_with(model, settings, strategy=strategy, mesh=mesh, global_batch=global_batch, remat=remat,
                      tensor=tensor, param_spec=param_spec)  # fmt: skip
 
@@ -212,6 +215,7 @@ def plan_program(
         check_no_sliding_window(module, seq)
         check_no_context_axis(settings.splash_blocks)  # type: ignore[arg-type]
     settings.check_model_sequence(seq)
+    settings.check_model(module)
     lowered, our_mesh, tools = _lower(req, module, hf_config, seq, param_spec)
     compiled = compile_step(lowered.lowered, settings.compiler_options)
     axes, batch = batch_axes(req.mesh), (req.global_batch, seq)
@@ -237,7 +241,7 @@ def _lower(
     config = TrainStepConfig(
         req.global_batch, seq, st.compute_dtype, req.remat, st.attention, batch_axes(req.mesh), gather,  # type: ignore[arg-type]
         st.moment_dtype, sequence_axes=roles.sequence_axes(tuple(req.mesh)), vocab_tiles=st.vocab_tiles,
-        splash_blocks=st.splash_blocks, weight_dtype=st.weight_dtype,  # type: ignore[arg-type]
+        splash_blocks=st.splash_blocks, weight_dtype=st.weight_dtype, fused=st.fused,  # type: ignore[arg-type]
     )  # fmt: skip
     tools = asdict(toolchain(devices))
     return lower_train_step(module, our_mesh, np.asarray(devices), spec_fn, config), our_mesh, tools
@@ -272,6 +276,7 @@ def _report(
         compute_dtype=req.settings.compute_dtype, remat=req.remat.value, attention=req.settings.attention.value,  # type: ignore[union-attr]
         vocab_tiles=req.settings.vocab_tiles, splash_blocks=req.settings.splash_blocks.given,  # type: ignore[union-attr]
         scoped_vmem_kib=req.settings.scoped_vmem_kib, weight_dtype=req.settings.weight_dtype,
+        fused=req.settings.fused,  # type: ignore[arg-type]
         n_params=n_params,
         scanned_layers=lowered.scanned_layers, memory=_memory(req, compiled, predicted),
         collectives=summarize(collectives), xla_flops=compiled.cost.get("flops", 0.0),

@@ -84,6 +84,7 @@ class Advice:
     notes: tuple[str, ...] = field(default=())
     interrupted: bool = False  # Ctrl-C stopped the search: the outcomes are a part of it
     weight_dtype: str = "float32"  # the stored parameters and second moment (MaxText's weight_dtype)
+    fused: tuple[str, ...] = ()  # projections planned as one matmul (MaxText's fused_qkv, fused_mlp)
 
     @property
     def winner(self) -> Outcome | None:
@@ -126,7 +127,7 @@ class Advice:
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        settings = ("compute_dtype", "weight_dtype", "attention", "hbm_bytes")
+        settings = ("compute_dtype", "weight_dtype", "attention", "hbm_bytes", "fused")
         head = {k: getattr(self, k) for k in ("model", "topology", "chip", "chips", "slices", "seq_len", *settings)}
         return {
             **head,
@@ -208,7 +209,7 @@ def advice_table(advice: Advice) -> str:
     """The ranking, the largest batches, the winner and the published figure beside it."""
     lines = [
         f"advisor: {advice.model} on {advice.topology} x {advice.slices} slice(s), seq {advice.seq_len}, "
-        f"{advice.compute_dtype}{_weights(advice)}, attention {advice.attention}; "
+        f"{advice.compute_dtype}{_weights(advice)}, attention {advice.attention}{_fused(advice)}; "
         f"budget {advice.hbm_bytes / GIB:.2f} GiB per device",
         "",
         f"  {'#':>2s}  {'plan':{_WIDTH}s} {'GiB/dev':>9s} {'step ms':>9s} {'tok/s/dev':>11s} {'MFU':>9s} "
@@ -227,6 +228,10 @@ def advice_table(advice: Advice) -> str:
 
 def _weights(advice: Advice) -> str:
     return f" ({advice.weight_dtype} weights)" if advice.weight_dtype != "float32" else ""
+
+
+def _fused(advice: Advice) -> str:
+    return f", fused {' and '.join(advice.fused)} projections" if advice.fused else ""
 
 
 def _mesh_lines(advice: Advice, mesh: dict[str, int]) -> tuple[str, str]:
@@ -278,6 +283,11 @@ def _fsdp_lines(advice: Advice, o: Outcome, third_party: list[str], ours: list[s
         args.append(f"    param_spec_fn={plan_fn}().param_spec_fn(mesh),")
     if advice.weight_dtype == "bfloat16":  # the plan's arguments: parameters and AdamW's state as stored
         body.append("model = model.to(torch.bfloat16)  # the plan stores the weights in bf16 (--weight-dtype)")
+    if advice.fused:
+        body.append(
+            f"# the plan ran the {' and '.join(advice.fused)} projections as one matmul each (--fused); the model "
+            "as built runs them apart: fuse them in its forward for the planned program"
+        )
     body += ["model = FSDP(", "    model,", *args, ")"]
     if c.strategy == "2d":
         body.append(

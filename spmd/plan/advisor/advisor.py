@@ -280,7 +280,8 @@ def _model(
     model: Any, given: PlanSettings, context_parallel: bool = False
 ) -> tuple[torch.nn.Module, Any, PlanSettings]:
     """The model on ``meta``, its config, and ``given`` with the sequence the plans run (checked
-    for context parallelism when the search has ``cp``, and by `PlanSettings.check_model_sequence`)."""
+    for context parallelism when the search has ``cp``, and by `PlanSettings.check_model_sequence`
+    and `PlanSettings.check_model`)."""
     if context_parallel:
         check_no_context_axis(given.splash_blocks)  # type: ignore[arg-type]
     module, hf_config = build_meta_model(model)
@@ -291,6 +292,7 @@ def _model(
     # a sequence given was checked when ``given`` was built
     settings = given if seq == given.seq_len else replace(given, seq_len=seq)
     settings.check_model_sequence(seq)
+    settings.check_model(module)
     return module, hf_config, settings
 
 
@@ -350,7 +352,7 @@ def _advice(
         name, target.name, target.chip.name, target.chips, target.slices, settings.seq_len, settings.compute_dtype,
         settings.attention.value, settings.budget, _rank(outcomes), _block_class(module),  # type: ignore[union-attr]
         getattr(hf_config, "model_type", None), _notes(outcomes, choose.policies, choose.strategies, interrupted),
-        interrupted, settings.weight_dtype,
+        interrupted, settings.weight_dtype, settings.fused,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -405,12 +407,13 @@ def advise(
     splash_blocks: str | SplashBlocks | None = None,
     scoped_vmem_kib: int | None = None,
     weight_dtype: str = "float32",
+    fused: str | tuple[str, ...] = (),
     jobs: int | None = None,
     cache_dir: Path | str | None = None,
     log: Log | None = None,
     refine: int = 4,
 ) -> Advice:
-    """Search the candidate plans (module docstring) and rank them. ``model`` to ``weight_dtype``
+    """Search the candidate plans (module docstring) and rank them. ``model`` to ``fused``
     are `spmd.plan.plan`'s settings (one `PlanSettings`, shared by every candidate).
 
     Args:
@@ -431,7 +434,7 @@ def advise(
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     choose = _check_choices(strategies, per_device_batches, remats, tensors, datas, jobs, contexts, refine)
     given = PlanSettings(topology, slices, seq_len, compute_dtype, attention, hbm_bytes, moment_dtype, vocab_tiles,
-                         splash_blocks, scoped_vmem_kib, weight_dtype)  # fmt: skip
+                         splash_blocks, scoped_vmem_kib, weight_dtype, fused)  # fmt: skip
     module, hf_config, settings = _model(model, given, "cp" in choose.strategies)
     meshes = _meshes(given.target, choose, hf_config)
     searches, dropped, shape = _searches(module, hf_config, meshes, settings, choose.batches, choose.policies, log)

@@ -51,6 +51,7 @@ from spmd.plan.lower.residuals import (
 )
 from spmd.plan.request.attention import Attention, causal_without_mask, route_attention
 from spmd.plan.request.context import context_positions, context_token_loss
+from spmd.plan.request.fused_projections import fused_projections, fusion_groups
 from spmd.plan.request.remat import BLOCK_INPUT, Remat, jax_policy, kernel_residual_name
 from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks
 from spmd.plan.request.vocab_tiling import hidden_states_only, output_head, tiled_token_loss
@@ -78,6 +79,8 @@ class TrainStepConfig:
         splash_blocks: the splash kernel's block sizes under ``flash`` (`spmd.plan.request.splash_blocks`).
         weight_dtype: the stored parameters and AdamW's second moment (MaxText's ``weight_dtype``);
             the update is computed in fp32 and stored back in it.
+        fused: sibling projections run as one matmul (``qkv``, ``mlp``:
+            `spmd.plan.request.fused_projections`).
     """
 
     global_batch: int
@@ -96,6 +99,7 @@ class TrainStepConfig:
     vocab_tiles: int = 1
     splash_blocks: SplashBlocks = PLANNER_BLOCKS
     weight_dtype: str = "float32"
+    fused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -449,6 +453,8 @@ class _StepBuilder:
         state, tokens = self.abstract_state()
         row_major = row_major_names(self.config.remat)  # out_proj and mlpwo offloaded: see `residuals`
         with contextlib.ExitStack() as named:
+            if self.config.fused:  # before the names: each member's slice is named as its own output
+                named.enter_context(fused_projections(fusion_groups(self.model, self.config.fused), self.env))
             for template in self.stack[1][: self.period] if self.stack else ():  # one block of each kind
                 named.enter_context(named_projections(template, self.env, row_major))
             named.enter_context(causal_without_mask(self.model, self.attention_calls is None))

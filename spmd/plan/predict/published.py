@@ -67,6 +67,8 @@ class Recipe:
         scoped_vmem_kib: libtpu's ``xla_tpu_scoped_vmem_limit_kib`` where the plan needs the
             recipe's (MaxText's ``DENSE_VMEM_LIMIT_FLAG``, 98304); ``None``: libtpu's default.
         weight_dtype: the stored parameters and second moment (MaxText's ``weight_dtype``).
+        fused: the sibling projections the recipe runs as one matmul (MaxText's ``fused_qkv``,
+            ``fused_mlp``: ``("qkv", "mlp")``, `spmd.plan.request.fused_projections`).
     """
 
     topology: str
@@ -82,6 +84,7 @@ class Recipe:
     splash_blocks: SplashBlocks = PLANNER_BLOCKS
     scoped_vmem_kib: int | None = None
     weight_dtype: str = "float32"
+    fused: tuple[str, ...] = ()
 
     @property
     def global_batch(self) -> int:
@@ -294,10 +297,8 @@ _ONE_SLICE: tuple[Published, ...] = (
         "MaxText, FSDP 16 x tensor 16, per-device batch 1 x 2048 tokens, remat qkv_proj_offloaded (q, k "
         "and v offloaded to host), fused q/k/v and MLP, flash attention", _MAXTEXT_V5E, 110.0,
         # MaxText's configs/v5e/128b.sh as it stands (remat_policy was full beside the README's figure
-        # in 2023-12, minimal_offloaded from 2024-02); its fused q/k/v and MLP projections are the
-        # planner's separate ones, offloaded alike (the same bytes), though under tensor 16 each
-        # separate input gradient gets its own windowed einsum (docs/plan.md, the 128B's bullet)
-        Recipe("v5e-256", "2d", ((FSDP, 16), (TENSOR, 16)), 1, 2048, _QKV_PROJ_OFFLOADED),
+        # in 2023-12, minimal_offloaded from 2024-02), with its fused q/k/v and MLP projections
+        Recipe("v5e-256", "2d", ((FSDP, 16), (TENSOR, 16)), 1, 2048, _QKV_PROJ_OFFLOADED, fused=("qkv", "mlp")),
     ),
     Published("maxtext-32b", "TPU v5p", 64, 0.7147, _V5P.format(6), _MAXTEXT_V5P, 328.0, _v5p(6)),
     Published("maxtext-64b", "TPU v5p", 64, 0.7031, _V5P.format(3), _MAXTEXT_V5P, 323.0, _v5p(3)),

@@ -148,7 +148,8 @@ class PlanReport:
     ``splash_blocks``: the splash kernel's block sizes given (`spmd.plan.request.splash_blocks`;
     ``{}``: the planner's own). ``scoped_vmem_kib``: the VMEM a kernel may take, given
     (`spmd.plan.request.settings.PlanSettings`; ``None``: libtpu's default). ``weight_dtype``: the
-    stored parameters and second moment (MaxText's ``weight_dtype``).
+    stored parameters and second moment (MaxText's ``weight_dtype``). ``fused``: the sibling
+    projections run as one matmul (`spmd.plan.request.fused_projections`: ``qkv``, ``mlp``).
     """
 
     model: str
@@ -181,6 +182,7 @@ class PlanReport:
     splash_blocks: dict[str, int | bool] = field(default_factory=dict)
     scoped_vmem_kib: int | None = None
     weight_dtype: str = "float32"
+    fused: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -268,6 +270,7 @@ class PlanReport:
         d["estimate"] = StepEstimate(**estimate)
         if d.get("context_parallel") is not None:
             d["context_parallel"] = ContextReport.from_dict(d["context_parallel"])
+        d["fused"] = tuple(d.get("fused", ()))  # JSON's list
         return cls(**d)
 
     def with_hbm(self, hbm_bytes: int) -> PlanReport:
@@ -314,7 +317,8 @@ def _heading(r: PlanReport) -> list[str]:
         + (f" (blocks {','.join(f'{k}={v}' for k, v in r.splash_blocks.items())})" if r.splash_blocks else "")
         + (f"; loss in {r.vocab_tiles} vocabulary tiles" if r.vocab_tiles > 1 else "")
         + (f"; scoped VMEM {r.scoped_vmem_kib} KiB" if r.scoped_vmem_kib else "")
-        + (f"; {r.weight_dtype} weights" if r.weight_dtype != "float32" else ""),
+        + (f"; {r.weight_dtype} weights" if r.weight_dtype != "float32" else "")
+        + (f"; fused {' and '.join(r.fused)} projections" if r.fused else ""),
         f"parameters {r.n_params / 1e9:.3f} B; {r.scanned_layers} layers scanned; compiled in "
         f"{r.compile_seconds:.0f} s{compiled_by}{order}",
         "",

@@ -4,8 +4,8 @@ compiled.
 The TPU slice and its chips (`topology`), the model built on ``meta`` (`models`), the mesh and its
 devices (`meshes`; the axes that span slices, `dcn`), each parameter's spec under a strategy
 (`specs`), and the step's options, each in one module with what it means for the step: the remat
-policy (`remat`, `custom_remat`), attention (`attention`), context parallelism (`context`) and
-vocabulary tiling (`vocab_tiling`). `settings` holds what a plan and every candidate of an advice
+policy (`remat`, `custom_remat`), attention (`attention`), context parallelism (`context`),
+vocabulary tiling (`vocab_tiling`) and fused projections (`fused_projections`). `settings` holds what a plan and every candidate of an advice
 share, checked once.
 """
 

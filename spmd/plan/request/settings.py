@@ -15,6 +15,7 @@ from typing import Any
 
 from spmd.plan.errors import PlanError
 from spmd.plan.request.attention import Attention
+from spmd.plan.request.fused_projections import fusion_groups, parse_fused
 from spmd.plan.request.splash_blocks import PLANNER_BLOCKS, SplashBlocks, parse_splash_blocks
 from spmd.plan.request.topology import TpuSlice, parse_slice
 from spmd.plan.request.vocab_tiling import check_vocab_tiles
@@ -59,6 +60,9 @@ class PlanSettings:
             ``bfloat16`` (MaxText's ``weight_dtype``, which its Llama 3.1-70B recipe on v6e-32
             sets to fit); the gradients come in it too. MaxText's first moment defaults to it:
             give ``moment_dtype="bfloat16"`` as well for MaxText's default.
+        fused: sibling projections run as one matmul over their stacked weights (MaxText's
+            ``fused_qkv``, ``fused_mlp``): ``qkv``, ``mlp``, both (``"qkv,mlp"``) or none
+            (`spmd.plan.request.fused_projections`).
     """
 
     topology: str
@@ -72,9 +76,11 @@ class PlanSettings:
     splash_blocks: SplashBlocks | str | None = None
     scoped_vmem_kib: int | None = None
     weight_dtype: str = "float32"
+    fused: tuple[str, ...] | str = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", Attention.parse(self.attention))
+        object.__setattr__(self, "fused", parse_fused(self.fused))
         if self.splash_blocks is None:
             object.__setattr__(self, "splash_blocks", PLANNER_BLOCKS)
         if isinstance(self.splash_blocks, str):
@@ -129,6 +135,15 @@ class PlanSettings:
         if self.attention is Attention.FLASH and (self.seq_len is None or not self.splash_blocks.given):
             self.splash_blocks.resolved(seq_len)  # type: ignore[union-attr]
 
+    def check_model(self, model: Any) -> None:
+        """Check against the model what construction could not: that each fusion in ``fused``
+        finds projections to stack, of one shape (`fusion_groups`).
+
+        Raises:
+            PlanError: a fusion finds nothing to fuse, or projections it cannot stack.
+        """
+        fusion_groups(model, self.fused)  # type: ignore[arg-type]
+
     @functools.cached_property
     def target(self) -> TpuSlice:
         """The slice (`TopologyError` for a bad name or slice count)."""
@@ -165,4 +180,4 @@ class PlanSettings:
             {"splash_blocks": self.splash_blocks.given} if self.splash_blocks.given else {}  # type: ignore[union-attr]
         ) | (
             {"weight_dtype": self.weight_dtype} if self.weight_dtype != "float32" else {}
-        ) | self.compiler_options  # fmt: skip
+        ) | ({"fused": ",".join(self.fused)} if self.fused else {}) | self.compiler_options  # fmt: skip
