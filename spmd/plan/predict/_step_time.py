@@ -45,6 +45,7 @@ from spmd.plan.errors import PlanError
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.predict._op_costs import SLICING as _SLICING
 from spmd.plan.predict._op_costs import (
+    async_collective_role,
     attended_pairs,
     declared_blocks,
     splash_head_dim_matmuls,
@@ -159,6 +160,22 @@ def _parsed(hlo_text: str) -> HloModuleText:
     the calibration benchmark predicts one program at hundreds of constants, and parsing is
     nearly half of each prediction (a 7.6 MB program: 0.27 s of 0.60 s)."""
     return HloModuleText.parse(hlo_text)
+
+
+def _carried_by_collective(fused: list[Instruction], root: Instruction | None) -> set[str]:
+    """In a continuation of libtpu's async collective (`spmd.plan.predict._op_costs.ASYNC_COLLECTIVE_TARGETS`:
+    a fusion holding a collective): the collective and the parameters it reads or passes through to
+    the results, which the links move and the results alias; their bytes are the collective's, not
+    the fusion's HBM traffic. Empty for any other fusion."""
+    collectives = {i.name for i in fused if i.opcode in _COLLECTIVES}
+    if not collectives:
+        return set()
+    users, carried = _users(fused), set(collectives)
+    for param in (i for i in fused if i.opcode == "parameter"):
+        uses = users.get(param.name, [])
+        if uses and all(u.name in collectives or u is root for u in uses):
+            carried.add(param.name)
+    return carried
 
 
 class _Program:
@@ -295,8 +312,11 @@ class _Program:
         params = {i.argument: i for i in fused if i.opcode == "parameter"}
         root = next((i for i in fused if i.is_root), None)
         outputs = [] if root is None else [local[o] for o in root.operands] if root.opcode == "tuple" else [root]
+        carried = _carried_by_collective(fused, root)
         in_place, total = set(), 0.0
         for out in outputs:
+            if out.name in carried:
+                continue
             update = _in_place_update(out, local)
             if update is None:
                 total += hbm_bytes(out.shape_text)
@@ -305,7 +325,7 @@ class _Program:
                 total += hbm_bytes(update[1].shape_text) if update[1] is not None else 0.0
         for k in range(len(inst.operands)):
             param = params.get(k)
-            if param is not None and param.name in in_place:
+            if param is not None and (param.name in in_place or param.name in carried):
                 continue
             uses = _uses(param.name, users) if param is not None else []
             if uses and all(u.opcode in _SLICING and _source(u.operands[0], local) == param.name for u in uses):
@@ -322,6 +342,16 @@ class _Program:
         if inst.opcode == "dynamic-update-slice":
             return 2.0 * self._operand_bytes(inst, 1)
         return hbm_bytes(inst.shape_text) + sum(self._operand_bytes(inst, k) for k in range(len(inst.operands)))
+
+    def _async_collective(self, inst: Instruction) -> tuple[str, Instruction] | None:
+        """(``start`` or ``done``, the collective) of a fusion that begins or ends one of libtpu's
+        async collectives (`async_collective_role`), else ``None``."""
+        if inst.opcode != "fusion":
+            return None
+        fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+        role = async_collective_role(fused)
+        found = next((i for i in fused if i.opcode in _COLLECTIVES), None) if role else None
+        return None if found is None else (role, found)  # type: ignore[return-value]
 
     def op_seconds(self, inst: Instruction, scale: float, loops: tuple[tuple[str, int], ...] = ()) -> float:
         """One operation's time: the longer of its matmul and its memory time; the totals count
@@ -404,6 +434,11 @@ class _Program:
                 kind = CollectiveKind.REDUCE_SCATTER
         if kind is None or source is None:
             return None
+        return self._ici(kind, source, inst)
+
+    def _ici(self, kind: CollectiveKind, source: Instruction, inst: Instruction) -> tuple[str, float]:
+        """(``ici``, seconds) of the collective ``source`` (``inst`` itself, or the collective it
+        wraps) on the slice's links."""
         arrays = source.arrays  # the wrapped collective's own result, or the start's (operands, results, ...)
         if source.opcode.endswith("-start") and len(arrays) > 1:
             arrays = arrays[1:2] if kind is CollectiveKind.COLLECTIVE_PERMUTE else arrays[len(arrays) // 2 :]
@@ -452,6 +487,15 @@ class _Program:
                     pending[inst.name] = pending.pop(inst.operands[0])
             elif inst.opcode in _DONES:
                 clock = max(clock, pending.pop(inst.operands[0], clock)) if inst.operands else clock
+            elif (async_collective := self._async_collective(inst)) is not None:
+                role, inner = async_collective  # start and done match by the collective's channel
+                key = f"channel {inner.attribute('channel_id')}"
+                if role == "done":
+                    clock = max(clock, pending.pop(key, clock))
+                    continue
+                _, t = self._ici(_COLLECTIVES[inner.opcode], inner, inner)
+                pending[key] = free["ici"] = max(clock, free.get("ici", 0.0)) + t
+                self.totals.collective += t * scale
             elif (found := self.collective(inst)) is not None:
                 link, t = found
                 end = max(clock, free.get(link, 0.0)) + t
