@@ -346,6 +346,61 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def fused_projections(config: Path, results: dict) -> None:
+    """TINY (as many key/value heads as query heads) with its q/k/v and MLP input projections
+    fused and apart, one 2-D step each on v5e:2x2 (dot attention, remat full): XLA's FLOPs and the
+    matmuls of each program; and one Llama layer, with q/k/v biases, fused and apart on JAX's CPU."""
+    import re
+
+    from spmd.plan.api import plan_program
+    from spmd.plan.request.settings import PlanSettings
+
+    for fused in ("", "qkv,mlp"):
+        settings = PlanSettings("v5e:2x2", 1, 128, "bfloat16", "dot", fused=fused)
+        report, hlo = plan_program(
+            str(config), settings, strategy="2d", mesh={"fsdp": 2, "tensor": 2}, global_batch=8, remat="full"
+        )
+        results[f"fused_{fused or 'none'}"] = {
+            "flops": report.xla_flops, "matmul_flops": report.estimate.hardware_flops_per_device,
+            "fits": report.fits, "fused": list(report.fused),
+            "matmuls": len(re.findall(r"= \S+ (?:dot|convolution)\(", hlo)), "heading": report.table().splitlines()[0],
+        }  # fmt: skip
+    results["fused_numerics"] = _fused_layer_numerics()
+
+
+def _fused_layer_numerics() -> dict:
+    """A Llama layer's output with its projections fused (`fused_projections`) against the same
+    layer in eager torch, and whether the members' forwards were replaced inside and restored after."""
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    from spmd.plan._jax_compat import import_torchax
+    from spmd.plan.request.fused_projections import fused_projections as fused_forwards
+    from spmd.plan.request.fused_projections import fusion_groups
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**TINY, "hidden_size": 64, "intermediate_size": 96, "attention_bias": True})
+    layer = LlamaDecoderLayer(config, 0).eval()
+    x = torch.randn(2, 8, config.hidden_size)
+    positions = LlamaRotaryEmbedding(config)(x, torch.arange(8)[None])
+    want = layer(x, position_embeddings=positions)
+    env = import_torchax().tensor.Environment()
+    with env:
+        params = {n: env.to_xla(p.detach()) for n, p in layer.named_parameters()}
+        groups = fusion_groups(layer, ("qkv", "mlp"))
+        with fused_forwards(groups, env):
+            replaced = all("forward" in m.__dict__ for g in groups for m in g.members)
+            got = torch.func.functional_call(
+                layer, params, (env.to_xla(x),), {"position_embeddings": env.to_xla(positions)}
+            )
+        restored = all("forward" not in m.__dict__ for g in groups for m in g.members)
+    got, want = (v[0] if isinstance(v, tuple) else v for v in (got, want))
+    error = float(np.abs(np.asarray(env.t2j_iso(got)) - want.detach().numpy()).max())
+    return {"groups": [g.kind for g in groups], "replaced": replaced, "restored": restored, "error": error}
+
+
 def _two_slices(config: Path, results: dict) -> None:
     # Two slices over DCN, 8 chips: data=4 (2 per slice) x fsdp=2, so half the FSDP axis of the
     # one-slice fsdp=4 plan, and a data axis across slices.
@@ -369,6 +424,7 @@ def sections(config: Path, out: Path, results: dict) -> dict[str, Callable[[], N
         "every_plan": lambda: every_plan(config, out, results),
         "interrupted_advice": lambda: interrupted_advice(config, out, results),
         "refined_advice": lambda: refined_advice(config, out, results),
+        "fused_projections": lambda: fused_projections(config, results),
     }
 
 

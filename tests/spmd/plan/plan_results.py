@@ -21,13 +21,13 @@ from tests.torchrun import WORKERS
 # The test files that read the worker's results: collecting any of them starts it.
 USERS = (
     "test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py",
-    "test_refine.py",
+    "test_refine.py", "test_fused_projections.py",
 )  # fmt: skip
 # plan_worker's sections, one process each list; the first name names its results file.
 PARTS = (
     ("policies_and_kernels", "two_slices", "interrupted_advice", "refined_advice"),
     ("advisor", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel",
-     "every_plan"),
+     "every_plan", "fused_projections"),
 )  # fmt: skip
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
 # compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles with the

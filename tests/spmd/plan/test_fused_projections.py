@@ -1,8 +1,8 @@
 """Fused projections (`spmd.plan.request.fused_projections`): a Llama's q/k/v and MLP input
 projections fused compute what the separate ones do (numerics, on JAX's CPU), and the compiled
 2-D step does the same FLOPs in fewer matmuls; a grouped-query model's q/k/v, and a model with
-nothing to fuse, are refused before anything compiles. The compiles and the numerics run in a
-process of their own (libtpu and torchax stay out of the test session)."""
+nothing to fuse, are refused before anything compiles. The compiles and the numerics run in the
+planner tests' worker (tests/workers/plan_worker.py: libtpu and torchax stay out of the test session)."""
 
 import pytest
 
@@ -11,79 +11,28 @@ from spmd.plan.__main__ import main as cli
 from spmd.plan.request.fused_projections import FUSIBLE, fusion_groups, parse_fused
 from spmd.plan.request.models import build_meta_model
 from spmd.plan.request.settings import PlanSettings
-from tests.spmd.plan.child_compile import python_code
-
-# Multi-head (as many key/value heads as query heads), with biases on q, k and v as Qwen2's.
-LLAMA = {
-    "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 1024,
-    "tie_word_embeddings": False, "attention_bias": True,
-}  # fmt: skip
-
-NUMERICS = r"""
-import json, sys
-import numpy as np, torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-from spmd.plan._jax_compat import import_torchax
-from spmd.plan.request.fused_projections import fused_projections, fusion_groups
-
-torch.manual_seed(0)
-config = LlamaConfig(**json.load(open(sys.argv[1])))
-layer = LlamaDecoderLayer(config, 0).eval()
-x = torch.randn(2, 8, config.hidden_size)
-positions = LlamaRotaryEmbedding(config)(x, torch.arange(8)[None])
-want = layer(x, position_embeddings=positions)
-env = import_torchax().tensor.Environment()
-with env:
-    params = {n: env.to_xla(p.detach()) for n, p in layer.named_parameters()}
-    jx, jpositions = env.to_xla(x), env.to_xla(positions)
-    groups = fusion_groups(layer, ("qkv", "mlp"))
-    with fused_projections(groups, env):
-        replaced = ["forward" in m.__dict__ for g in groups for m in g.members]
-        got = torch.func.functional_call(layer, params, (jx,), {"position_embeddings": jpositions})
-    restored = all("forward" not in m.__dict__ for g in groups for m in g.members)
-got, want = (v[0] if isinstance(v, tuple) else v for v in (got, want))
-error = float(np.abs(np.asarray(env.t2j_iso(got)) - want.detach().numpy()).max())
-print(json.dumps({"groups": [g.kind for g in groups], "replaced": all(replaced), "restored": restored, "error": error}))
-"""
-
-COMPILE = r"""
-import json, re, sys
-from spmd.plan.api import plan_program
-from spmd.plan.request.settings import PlanSettings
-
-out = {}
-for fused in ("", "qkv,mlp"):
-    settings = PlanSettings("v5e:2x2", 1, 256, "bfloat16", "dot", fused=fused)
-    report, hlo = plan_program(sys.argv[1], settings, strategy="2d", mesh={"fsdp": 2, "tensor": 2}, global_batch=8,
-                               remat="full")
-    out[fused or "none"] = {
-        "flops": report.xla_flops, "fits": report.fits, "fused": list(report.fused),
-        "matmuls": len(re.findall(r"= \S+ (?:dot|convolution)\(", hlo)), "heading": report.table().splitlines()[0],
-    }
-print(json.dumps(out))
-"""
-
-FUSED_NUMERICS = python_code(NUMERICS, LLAMA, timeout=600)
-FUSED_COMPILES = python_code(COMPILE, LLAMA, timeout=1200)
+from tests.spmd.plan import plan_results
 
 
 def test_fused_projections_compute_what_the_separate_ones_do():
-    result = FUSED_NUMERICS.result()
+    result = plan_results.results()[0]["fused_numerics"]
     assert result["groups"] == ["qkv", "mlp"]
     assert result["replaced"] and result["restored"]
     assert result["error"] < 1e-5, result
 
 
 def test_the_fused_step_does_the_same_flops_in_fewer_matmuls():
-    result = FUSED_COMPILES.result()
-    separate, fused = result["none"], result["qkv,mlp"]
+    result = plan_results.results()[0]
+    separate, fused = result["fused_none"], result["fused_qkv,mlp"]
     assert separate["fits"] and fused["fits"]
-    assert fused["flops"] == pytest.approx(separate["flops"], rel=0.005)
-    # per layer 5 projection matmuls become 2 in the forward, and as many fewer again in the
-    # recomputed forward and the input gradient
-    assert fused["matmuls"] < separate["matmuls"], result
+    # the matmuls' FLOPs as the step-time model counts them, and XLA's count of every op, within 1 %
+    # (libtpu 0.0.52: equal, and 0.13 %; the torch_xla lane's 0.0.20 runs 0.57 % more matmul work
+    # fused, and XLA counts 0.52 % more)
+    assert fused["matmul_flops"] == pytest.approx(separate["matmul_flops"], rel=0.01)
+    assert fused["flops"] == pytest.approx(separate["flops"], rel=0.01)
+    # each of the 2 layers' 5 projection matmuls become 2 in the forward (24 matmuls in all where
+    # there were 36, 2026-12-01: the recomputed forward and the input gradient fuse too)
+    assert separate["matmuls"] - fused["matmuls"] >= 2 * 3, result
     assert fused["fused"] == ["qkv", "mlp"] and "fused qkv and mlp projections" in fused["heading"]
     assert not separate["fused"] and "fused" not in separate["heading"]
 
