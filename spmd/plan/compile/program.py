@@ -21,7 +21,9 @@ from spmd.hlo import DTYPE_BYTES, HloModuleText, Instruction, parse_shape
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
 
 __all__ = [
+    "ASYNC_COLLECTIVE_TARGETS",
     "StepCollective",
+    "async_collective_role",
     "hbm_bytes",
     "leaf_layouts",
     "shape_leaves",
@@ -168,6 +170,19 @@ class _StepWalk:
         self.callers = {c: i for i in self.by_name.values() for c in i.callees if i.opcode != "while"}
         self.seen: dict[tuple[int, str], StepCollective] = {}
         self.sparsecore = _sparsecore_computations(hlo_text)
+        self.async_channels: set[str | None] = set()  # of the async collectives started (`continues_async_collective`)
+
+    def continues_async_collective(self, inst: Instruction) -> bool:
+        """``inst`` (a fusion) continues or ends one of libtpu's async collectives
+        (`ASYNC_COLLECTIVE_TARGETS`): the collective inside it is the one its start set going, often
+        outside the loop the continuations run in. A start records its collective's channel."""
+        fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+        channels = {i.attribute("channel_id") for i in fused if i.opcode in _KINDS}
+        role = async_collective_role(fused)
+        if role == "start":
+            self.async_channels |= channels
+            return False
+        return role == "done" or bool(channels & self.async_channels)
 
     def record(self, key: tuple[int, str], item: StepCollective) -> None:
         self.seen.setdefault(key, item)
@@ -243,6 +258,8 @@ class _StepWalk:
                 self.walk((inst.attribute("body") or "").lstrip("%"), multiplier * count, id(inst))
             elif inst.opcode == "fusion" and "all-reduce-scatter" in (inst.attribute("calls") or ""):
                 self.reduce_scatter_fusion(inst, multiplier, context)
+            elif inst.opcode == "fusion" and self.continues_async_collective(inst):
+                continue  # its collective is the start's, counted there once
             elif (found := _dcn_transfer(inst)) is not None:
                 self.dcn(inst, found, multiplier, context)
             elif (kind := _KINDS.get(inst.opcode)) is not None:
@@ -263,6 +280,23 @@ def _sparsecore_computations(hlo_text: str) -> frozenset[str]:
         elif line.startswith('}, execution_thread="sparsecore"') and current is not None:
             found.add(current)
     return frozenset(found)
+
+
+# libtpu's async collective fusion (v5e's default): a collective runs as a chain of fusions that
+# share its ``channel_id``: a start (a kCustom fusion whose root is a custom-call of this target)
+# sets it going on the links, continuation fusions run compute beside it, each holding the
+# collective and passing its buffers through to their results (aliased, not copied), and a done
+# (the same, with the done target) awaits it, often after a loop the continuations ran in.
+ASYNC_COLLECTIVE_TARGETS = {'"AsyncCollectiveStart"': "start", '"AsyncCollectiveDone"': "done"}
+
+
+def async_collective_role(fused: list[Instruction]) -> str | None:
+    """``start`` or ``done`` when ``fused`` (a fusion's computation) begins or ends an async
+    collective (`ASYNC_COLLECTIVE_TARGETS`), else ``None``."""
+    root = next((i for i in fused if i.is_root), None)
+    if root is None or root.opcode != "custom-call":
+        return None
+    return ASYNC_COLLECTIVE_TARGETS.get(root.attribute("custom_call_target") or "")
 
 
 def step_collectives(hlo_text: str) -> list[StepCollective]:

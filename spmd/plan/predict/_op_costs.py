@@ -131,23 +131,6 @@ def in_place_update(out: Instruction, local: dict[str, Instruction]) -> tuple[st
     return target.name, local.get(out.operands[1]) if len(out.operands) > 1 else None
 
 
-# libtpu's async collective fusion (v5e's default): a collective runs as a chain of fusions that
-# share its ``channel_id``: a start (a kCustom fusion whose root is a custom-call of this target)
-# sets it going on the links, continuation fusions run compute beside it, each holding the
-# collective and passing its buffers through to their results (aliased, not copied), and a done
-# (the same, with the done target) awaits it, often after a loop the continuations ran in.
-ASYNC_COLLECTIVE_TARGETS = {'"AsyncCollectiveStart"': "start", '"AsyncCollectiveDone"': "done"}
-
-
-def async_collective_role(fused: list[Instruction]) -> str | None:
-    """``start`` or ``done`` when ``fused`` (a fusion's computation) begins or ends an async
-    collective (`ASYNC_COLLECTIVE_TARGETS`), else ``None``."""
-    root = next((i for i in fused if i.is_root), None)
-    if root is None or root.opcode != "custom-call":
-        return None
-    return ASYNC_COLLECTIVE_TARGETS.get(root.attribute("custom_call_target") or "")
-
-
 def users_of(instructions: list[Instruction]) -> dict[str, list[Instruction]]:
     users: dict[str, list[Instruction]] = {}
     for inst in instructions:

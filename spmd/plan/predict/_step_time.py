@@ -40,12 +40,11 @@ from dataclasses import dataclass
 
 from spmd.hlo import HloModuleText, Instruction
 from spmd.inspector.collectives import CollectiveKind, parse_replica_groups, ring_bytes_sent
-from spmd.plan.compile.program import hbm_bytes, leaf_layouts, shape_leaves, trip_count
+from spmd.plan.compile.program import async_collective_role, hbm_bytes, leaf_layouts, shape_leaves, trip_count
 from spmd.plan.errors import PlanError
 from spmd.plan.predict._calibration import CALIBRATION, Calibration
 from spmd.plan.predict._op_costs import SLICING as _SLICING
 from spmd.plan.predict._op_costs import (
-    async_collective_role,
     attended_pairs,
     declared_blocks,
     splash_head_dim_matmuls,
@@ -163,7 +162,7 @@ def _parsed(hlo_text: str) -> HloModuleText:
 
 
 def _carried_by_collective(fused: list[Instruction], root: Instruction | None) -> set[str]:
-    """In a continuation of libtpu's async collective (`spmd.plan.predict._op_costs.ASYNC_COLLECTIVE_TARGETS`:
+    """In a continuation of libtpu's async collective (`spmd.plan.compile.program.ASYNC_COLLECTIVE_TARGETS`:
     a fusion holding a collective): the collective and the parameters it reads or passes through to
     the results, which the links move and the results alias; their bytes are the collective's, not
     the fusion's HBM traffic. Empty for any other fusion."""
