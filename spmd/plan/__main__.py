@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from mesh import Role
 from spmd._util.atomic_file import atomic_write
@@ -26,9 +28,11 @@ from spmd.plan.request.meshes import ADVISED_STRATEGIES, STRATEGIES
 from spmd.plan.request.models import BUILTIN_CONFIGS, MAX_SEQ_LEN
 from spmd.plan.request.remat import Remat
 from spmd.plan.request.settings import MAX_SCOPED_VMEM_KIB, MOMENT_DTYPES, WEIGHT_DTYPES
-from spmd.plan.request.splash_blocks import SplashBlocks, parse_splash_blocks
+from spmd.plan.request.splash_blocks import parse_splash_blocks
 from spmd.plan.request.topology import MAX_SLICES
 from spmd.plan.request.vocab_tiling import MAX_TILES
+
+_T = TypeVar("_T")
 
 REMATS = tuple(r.value for r in Remat)
 
@@ -59,32 +63,28 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,2,4 ({e})") from None
 
 
-def _remat(text: str) -> str:
-    if text.strip().startswith(CUSTOM_PREFIX):
+def _flag_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``parse`` as an argparse type: the `ShardingError` it raises for bad text becomes argparse's
+    usage error for the flag, with the same message."""
+
+    def flag_type(text: str) -> _T:
         try:
-            return CustomRemat.parse(text.strip()).value
+            return parse(text)
         except ShardingError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
+    return flag_type
+
+
+def _remat(text: str) -> str:
+    if text.strip().startswith(CUSTOM_PREFIX):
+        return _flag_type(CustomRemat.parse)(text.strip()).value
     try:
         return Remat(text.strip()).value
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"unknown remat policy {text[:40]!r}; choose from {','.join(REMATS)} (or minimal, MaxText's name for dots)"
         ) from None
-
-
-def _splash_blocks(text: str) -> SplashBlocks:
-    try:
-        return parse_splash_blocks(text)
-    except ShardingError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _fused(text: str) -> tuple[str, ...]:
-    try:
-        return parse_fused(text)
-    except ShardingError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _remats(text: str) -> list[str]:
@@ -131,7 +131,7 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--splash-blocks",
-        type=_splash_blocks,
+        type=_flag_type(parse_splash_blocks),
         default=None,
         help="with --attention flash, the splash kernel's block sizes by MaxText's sa_block_ names, e.g. "
         "q=1024,kv=1024,q_dkv=512,kv_dkv=2048, or one size for all first (2048,q_dkv=1024), and "
@@ -140,7 +140,7 @@ def _step_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fused",
-        type=_fused,
+        type=_flag_type(parse_fused),
         default=(),
         help="run sibling projections as one matmul over their stacked weights: qkv (q, k and v; not with grouped "
         "key/value heads), mlp (a gated MLP's two input projections), or qkv,mlp (MaxText's fused_qkv, fused_mlp)",

@@ -170,14 +170,14 @@ class _StepWalk:
         self.callers = {c: i for i in self.by_name.values() for c in i.callees if i.opcode != "while"}
         self.seen: dict[tuple[int, str], StepCollective] = {}
         self.sparsecore = _sparsecore_computations(hlo_text)
-        self.async_channels: set[str | None] = set()  # of the async collectives started (`continues_async_collective`)
+        self.async_channels: set[str] = set()  # of the async collectives started (`continues_async_collective`)
 
     def continues_async_collective(self, inst: Instruction) -> bool:
         """``inst`` (a fusion) continues or ends one of libtpu's async collectives
         (`ASYNC_COLLECTIVE_TARGETS`): the collective inside it is the one its start set going, often
         outside the loop the continuations run in. A start records its collective's channel."""
         fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
-        channels = {i.attribute("channel_id") for i in fused if i.opcode in _KINDS}
+        channels = {i.attribute("channel_id") for i in fused if i.opcode in _KINDS} - {None}
         role = async_collective_role(fused)
         if role == "start":
             self.async_channels |= channels

@@ -161,15 +161,17 @@ def _parsed(hlo_text: str) -> HloModuleText:
     return HloModuleText.parse(hlo_text)
 
 
-def _carried_by_collective(fused: list[Instruction], root: Instruction | None) -> set[str]:
+def _carried_by_collective(
+    fused: list[Instruction], root: Instruction | None, users: dict[str, list[Instruction]]
+) -> set[str]:
     """In a continuation of libtpu's async collective (`spmd.plan.compile.program.ASYNC_COLLECTIVE_TARGETS`:
     a fusion holding a collective): the collective and the parameters it reads or passes through to
     the results, which the links move and the results alias; their bytes are the collective's, not
-    the fusion's HBM traffic. Empty for any other fusion."""
+    the fusion's HBM traffic. Empty for any other fusion. ``users``: `_users` of ``fused``."""
     collectives = {i.name for i in fused if i.opcode in _COLLECTIVES}
     if not collectives:
         return set()
-    users, carried = _users(fused), set(collectives)
+    carried = set(collectives)
     for param in (i for i in fused if i.opcode == "parameter"):
         uses = users.get(param.name, [])
         if uses and all(u.name in collectives or u is root for u in uses):
@@ -311,7 +313,7 @@ class _Program:
         params = {i.argument: i for i in fused if i.opcode == "parameter"}
         root = next((i for i in fused if i.is_root), None)
         outputs = [] if root is None else [local[o] for o in root.operands] if root.opcode == "tuple" else [root]
-        carried = _carried_by_collective(fused, root)
+        carried = _carried_by_collective(fused, root, users)
         in_place, total = set(), 0.0
         for out in outputs:
             if out.name in carried:
