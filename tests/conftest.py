@@ -72,14 +72,16 @@ def mesh_4x2() -> Mesh:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the XLA dumps of this session, and stop the planner's workers if they still run."""
+    """Remove the XLA dumps of this session, and stop the background runs if they still go."""
     import shutil
 
+    from tests.fsdp_xla import chaos_runs
     from tests.spmd.plan import child_compile, plan_results
     from tests.torchrun import stop_warm_parent
 
-    child_compile.stop_all()  # the planner worker's runs too
+    child_compile.stop_all()  # every background run too (tests/background.py)
     plan_results.remove_output()
+    chaos_runs.remove_output()
     stop_warm_parent()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
 
@@ -92,15 +94,16 @@ def _background_runs(item) -> list:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read the planner's background compiles (its worker's, plan_results.py, and
-    their modules' own, child_compile.py) run last, so the compiles overlap with everything else
-    (the order of the rest is kept)."""
+    """The tests that read background runs (the planner's compiles: its worker's, plan_results.py,
+    and their modules' own, child_compile.py; torchft's chaos runs, chaos_runs.py) run last, so
+    the runs overlap with everything else (the order of the rest is kept)."""
+    from tests.fsdp_xla import chaos_runs
     from tests.spmd.plan import plan_results
 
     _skip_what_needs_torch_xla(items)
     rest, children, readers = [], [], []
     for item in items:
-        if plan_results.needed([item.nodeid]):
+        if plan_results.needed([item.nodeid]) or chaos_runs.needed([item.nodeid]):
             readers.append(item)
         elif _background_runs(item):
             children.append(item)
@@ -110,10 +113,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the planner's TPU compiles (tests/spmd/plan) in the background as soon as the tests
-    are known: they run in their own processes on the spare core while other tests run."""
+    """Start the background runs as soon as the tests are known: the planner's TPU compiles
+    (tests/spmd/plan) on the spare core, and torchft's chaos runs, in their own processes while
+    other tests run."""
+    from tests.fsdp_xla import chaos_runs
     from tests.spmd.plan import child_compile, plan_results
 
-    if plan_results.needed([item.nodeid for item in session.items]):
+    nodeids = [item.nodeid for item in session.items]
+    chaos_runs.start(chaos_runs.needed(nodeids))
+    if plan_results.needed(nodeids):
         plan_results.start()
     child_compile.queue([run for item in session.items for run in _background_runs(item)])  # it skips repeats

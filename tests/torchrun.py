@@ -58,7 +58,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it."""
     for victim in [pid, *_descendants(pid)]:
         try:
@@ -105,7 +105,7 @@ def torchrun(
         try:
             out, err = launch.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_tree(launch.pid)
+            kill_tree(launch.pid)
             out, err = launch.communicate()
             raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(command, launch.returncode, out, err)
@@ -139,7 +139,7 @@ def _kill_launch(directory: Path) -> None:
     pid_file = directory / "pid"
     if not pid_file.exists():
         return
-    _kill_tree(int(pid_file.read_text()))
+    kill_tree(int(pid_file.read_text()))
 
 
 def warm_launch(

@@ -68,6 +68,11 @@ class Instruction:
         return _attribute(self.attributes, key)
 
     @property
+    def calls(self) -> str:
+        """The computation a fusion or a call runs (its ``calls``), ``""`` for other operations."""
+        return (self.attribute("calls") or "").lstrip("%")
+
+    @property
     def callees(self) -> list[str]:
         """The computations this instruction runs: fusions, reductions, loops, conditionals, and
         the ``called_computations`` of custom calls and async wrappers (libtpu 0.0.52 wraps

@@ -6,24 +6,23 @@ the losses are those of one process training on all 4 parts: equal before the ki
 the stated tolerance at the end (while one group trains alone its steps see half the batch).
 """
 
-import argparse
 import importlib.util
 import statistics
 
 import pytest
 
+from tests.fsdp_xla.chaos_runs import HEAL_STEPS as STEPS
+from tests.fsdp_xla.chaos_runs import records_dir
 from tests.torchrun import ROOT
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torchft") is None, reason="torchft is not installed (the extra xla-spmd[ft])"
 )
 
-STEPS = 115
-STEP_SECONDS = 0.6  # a restart costs seconds of imports: the live group must still be training after it
 # Seconds from the kill to both killed ranks committing with the live group again (docs/reliability.md
 # measured medians of 20.9 and 25.9 s, 35.4 s at most). The kill comes at step 10 to 14, so the live
-# group trains on for (STEPS - 14) x STEP_SECONDS = 60.6 s or more: a heal within the bound finds it
-# still training.
+# group trains on for (STEPS - 14) x chaos_runs.STEP_SECONDS = 60.6 s or more: a heal within the
+# bound finds it still training.
 HEAL_BOUND = 60.0
 FINAL_LOSS_TOLERANCE = 0.10  # relative, mean of the last 10 steps, against the failure-free run
 
@@ -36,15 +35,16 @@ def _load(path, name):
 
 
 @pytest.fixture(scope="module")
-def chaos(tmp_path_factory):
-    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
-    out = tmp_path_factory.mktemp("chaos")
-    args = argparse.Namespace(
-        timeout=10.0, min_step_seconds=STEP_SECONDS, heartbeat_timeout=2.0, max_restarts=2, run_timeout=170.0
-    )
-    killer = bench.Killer(out, STEPS, gaps=(10, 14), kills=1, tail=30, seed=1)
-    bench.run_healing(out, STEPS, args, killer)  # raises if a group's torchrun did not end with 0
-    return bench, bench.read_records(out), killer.events
+def bench():
+    return _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
+
+
+@pytest.fixture(scope="module")
+def chaos(bench):
+    """The heal run (tests/workers/chaos_worker.py), started in the background when collection
+    ended: its records and its one kill."""
+    out, kills = records_dir("heal")
+    return bench, bench.read_records(out), kills
 
 
 def test_one_kill_is_healed_without_restarting_the_job(chaos):
@@ -88,19 +88,14 @@ def test_the_losses_are_the_failure_free_runs(chaos):
     assert abs(final - expected) <= FINAL_LOSS_TOLERANCE * expected, (final, expected)
 
 
-def test_checkpoints_stay_the_fallback_when_every_group_is_lost(tmp_path):
-    """Both groups gone (here: the run ended at step 12); started again, each resumes from its own
-    last checkpoint (step 10) with the step count, and trains on as if never stopped."""
-    bench = _load(ROOT / "benchmarks" / "chaos_heal.py", "chaos_heal")
-    args = argparse.Namespace(
-        timeout=10.0, min_step_seconds=0.0, heartbeat_timeout=2.0, max_restarts=0, run_timeout=170.0
-    )
-    saves = ("--checkpoint", str(tmp_path / "checkpoints"), "--save-every", "5")
-    bench.run_healing(tmp_path / "first", 12, args, None, saves)
-    first = bench.steps_of(bench.read_records(tmp_path / "first"))
+def test_checkpoints_stay_the_fallback_when_every_group_is_lost(bench):
+    """Both groups gone (here: the run ended at step 12, saving every 5 steps); started again, each
+    resumes from its own last checkpoint (step 10) with the step count, and trains on as if never
+    stopped."""
+    out, _ = records_dir("fallback")
+    first = bench.steps_of(bench.read_records(out / "first"))
     assert {r["participants"] for r in first} == {2}  # both groups from step 0: the failure-free run
-    bench.run_healing(tmp_path / "again", 16, args, None, saves)
-    records = bench.steps_of(bench.read_records(tmp_path / "again"))
+    records = bench.steps_of(bench.read_records(out / "again"))
     assert sorted({r["step"] for r in records}) == list(range(10, 16))  # from the checkpoint of step 10
     reference = _load(ROOT / "examples" / "train_heal.py", "train_heal").reference_losses(16)
     for step in range(10, 16):

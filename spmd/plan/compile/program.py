@@ -176,7 +176,7 @@ class _StepWalk:
         """``inst`` (a fusion) continues or ends one of libtpu's async collectives
         (`ASYNC_COLLECTIVE_TARGETS`): the collective inside it is the one its start set going, often
         outside the loop the continuations run in. A start records its collective's channel."""
-        fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+        fused = self.module.computations.get(inst.calls, [])
         channels = {i.attribute("channel_id") for i in fused if i.opcode in _KINDS} - {None}
         role = async_collective_role(fused)
         if role == "start":
@@ -202,7 +202,7 @@ class _StepWalk:
         if inst is None:
             return False
         if inst.opcode == "fusion":
-            fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+            fused = self.module.computations.get(inst.calls, [])
             return any(i.is_root and i.opcode == "dynamic-update-slice" for i in fused)
         return inst.opcode == "dynamic-update-slice"
 

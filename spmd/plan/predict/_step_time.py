@@ -201,6 +201,7 @@ class _Program:
         # Per program, not per class: a method's functools.cache keys on ``self`` and so kept every
         # program (its parsed module, GiB for a 405B) alive for the process's life.
         self._matmul_seconds = functools.cache(self._matmul_seconds)
+        self._async_collective = functools.cache(self._async_collective)
         self._flat = functools.cache(self._flat)
 
     # -- operations ------------------------------------------------------------------------
@@ -337,19 +338,18 @@ class _Program:
 
     def _op_bytes(self, inst: Instruction) -> float:
         if inst.opcode == "fusion":
-            return self._fusion_bytes(inst, (inst.attribute("calls") or "").lstrip("%"))
+            return self._fusion_bytes(inst, inst.calls)
         if inst.opcode in _SLICING:
             return 2.0 * hbm_bytes(inst.shape_text)
         if inst.opcode == "dynamic-update-slice":
             return 2.0 * self._operand_bytes(inst, 1)
         return hbm_bytes(inst.shape_text) + sum(self._operand_bytes(inst, k) for k in range(len(inst.operands)))
 
-    def _async_collective(self, inst: Instruction) -> tuple[str, Instruction] | None:
-        """(``start`` or ``done``, the collective) of a fusion that begins or ends one of libtpu's
-        async collectives (`async_collective_role`), else ``None``."""
-        if inst.opcode != "fusion":
-            return None
-        fused = self.module.computations.get((inst.attribute("calls") or "").lstrip("%"), [])
+    def _async_collective(self, computation: str) -> tuple[str, Instruction] | None:
+        """(``start`` or ``done``, the collective) of a fused ``computation`` that begins or ends
+        one of libtpu's async collectives (`async_collective_role`), else ``None``. Cached per
+        program: a loop body's fusions are looked at again for each loop around it."""
+        fused = self.module.computations.get(computation, [])
         role = async_collective_role(fused)
         found = next((i for i in fused if i.opcode in _COLLECTIVES), None) if role else None
         return None if found is None else (role, found)  # type: ignore[return-value]
@@ -364,7 +364,7 @@ class _Program:
             flops, fill = self._dot(inst) if inst.opcode == "dot" else self._convolution(inst)
             matmul = flops / (self.peak * self.matmul_efficiency * fill) if flops else 0.0
         elif inst.opcode == "fusion":
-            flops, matmul = self._matmul_seconds((inst.attribute("calls") or "").lstrip("%"))
+            flops, matmul = self._matmul_seconds(inst.calls)
         else:
             flops = matmul = 0.0
         nbytes = self._op_bytes(inst)
@@ -488,7 +488,7 @@ class _Program:
                     pending[inst.name] = pending.pop(inst.operands[0])
             elif inst.opcode in _DONES:
                 clock = max(clock, pending.pop(inst.operands[0], clock)) if inst.operands else clock
-            elif (async_collective := self._async_collective(inst)) is not None:
+            elif inst.opcode == "fusion" and (async_collective := self._async_collective(inst.calls)) is not None:
                 role, inner = async_collective  # start and done match by the collective's channel
                 key = f"channel {inner.attribute('channel_id')}"
                 if role == "done":

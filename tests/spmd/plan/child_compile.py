@@ -6,85 +6,24 @@ runs of the modules it selected; they run one at a time at nice 19 while the oth
 compile is 5 to 35 s of one core, and the multi-process tests leave a core idle while they wait),
 and their tests, ordered near the end, read the results. A thread of the session starts each run
 the moment the one before it ends: advanced only between tests, the queue stood still through
-every test of a minute or more. (Two at a time, measured once, took no less: the tests leave
-little idle, 2 to 3 % of the suite's CPU.) A test whose run has not started yet starts it, so a
-module run on its own works the same. The planner worker's two processes
-(plan_results.py) are BackgroundRuns too, started at once rather than queued; `stop_all` ends
-every run still going when the session ends.
+every test of a minute or more. Two at a time all along took no less (the tests leave little
+idle, 2 to 3 % of the suite's CPU), but while a test waits for a run the session uses no CPU:
+then two run at once. A test whose run has not started yet starts it, so a module run on its own
+works the same. The planner worker's two processes (plan_results.py) are `BackgroundRun`s too
+(tests/background.py), started at once rather than queued; `stop_all` ends every run still going
+when the session ends.
 """
 
-import json
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-from pathlib import Path
-from typing import Any
 
-from tests.torchrun import ROOT, child_env
+from tests import background
+from tests.background import BackgroundRun
 
-# The other tests first. `nice` execs the command (the same pid), where a preexec_fn would run
-# Python between fork and exec in a session that has jax's threads.
-NICE = ("nice", "-n", "19")
 # How often the queue's thread looks for an ended run: short beside a compile of 5 s or more.
 POLL_SECONDS = 0.25
 
 
-class BackgroundRun:
-    """``python PROGRAM... [CONFIG] ARGS...``, where CONFIG is the model ``config`` written to a
-    JSON file (none when ``config`` is None); `completed` is how it ended, `result` the JSON of the
-    last line it printed."""
-
-    def __init__(self, program: tuple[str, ...], config: dict | None, *args: str, timeout: float):
-        self.program, self.config, self.args, self.timeout = program, config, args, timeout
-        self._proc: subprocess.Popen | None = None
-        self._dir: Path | None = None
-
-    def start(self) -> None:
-        with _lock:  # the queue's thread and a test that wants this result may both start it
-            if self._proc is None:
-                self._start()
-
-    def _start(self) -> None:
-        _started.append(self)  # so stop_all ends it and removes its files
-        self._dir = Path(tempfile.mkdtemp(prefix="plan-child-"))
-        config = []
-        if self.config is not None:
-            config = [str(self._dir / "config.json")]
-            Path(config[0]).write_text(json.dumps(self.config))
-        with open(self._dir / "stdout", "w") as out, open(self._dir / "stderr", "w") as err:
-            self._proc = subprocess.Popen(
-                [*NICE, sys.executable, *self.program, *config, *self.args], cwd=ROOT, env=child_env(xla=False),
-                stdout=out, stderr=err,
-            )  # fmt: skip
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def completed(self) -> subprocess.CompletedProcess:
-        self.start()
-        assert self._proc is not None and self._dir is not None
-        code = self._proc.wait(timeout=self.timeout)
-        out, err = ((self._dir / name).read_text() for name in ("stdout", "stderr"))
-        return subprocess.CompletedProcess(self._proc.args, code, out, err)
-
-    def result(self) -> Any:
-        done = self.completed()
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
-
-    def stop(self) -> None:
-        if self.running():
-            self._proc.kill()
-            self._proc.wait()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-
-_started: list[BackgroundRun] = []  # every run this session started, queued or not
 _queue: list[BackgroundRun] = []  # the runs that take turns
-_lock = threading.RLock()  # guards both lists and each run's start
 _stopping = threading.Event()
 _watcher: threading.Thread | None = None
 
@@ -138,7 +77,7 @@ def queue(runs: list[BackgroundRun]) -> None:
     """Run ``runs`` one after another in the background, each once: a thread starts the next
     when the one before it ends (`advance`)."""
     global _watcher
-    with _lock:
+    with background.lock:
         for run in runs:
             if run not in _queue:
                 _queue.append(run)
@@ -150,19 +89,20 @@ def queue(runs: list[BackgroundRun]) -> None:
 
 
 def advance() -> None:
-    """Start the next queued run when none is running."""
-    with _lock:
-        if not any(run.running() for run in _queue):
-            next_run = next((run for run in _queue if run._proc is None), None)
-            if next_run is not None:
-                next_run.start()
+    """Start the next queued run when none is running, or two at a time while a test waits for a
+    run (at the end of the session, where the queue used one core of two and left the other idle)."""
+    with background.lock:
+        slots = 2 if background.test_waits() else 1
+        free = slots - sum(run.running() for run in _queue)
+        for run in [run for run in _queue if not run.started()][: max(free, 0)]:
+            run.start()
 
 
 def _advance_until_all_started() -> None:
     while not _stopping.wait(POLL_SECONDS):
         advance()
-        with _lock:
-            if all(run._proc is not None for run in _queue):
+        with background.lock:
+            if all(run.started() for run in _queue):
                 return
 
 
@@ -173,8 +113,6 @@ def stop_all() -> None:
     if _watcher is not None:
         _watcher.join()
         _watcher = None
-    with _lock:
-        for run in _started:
-            run.stop()
-        _started.clear()
+    with background.lock:
+        background.stop_all()
         _queue.clear()

@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tests.background import BackgroundRun
 from tests.conftest import HAS_TORCH_XLA
-from tests.spmd.plan.child_compile import BackgroundRun
 from tests.torchrun import WORKERS
 
 # The test files that read the worker's results: collecting any of them starts it.

@@ -6,7 +6,7 @@ libtpu loads for the first time, as it does for a user (in the background: child
 import subprocess
 import sys
 
-from tests.spmd.plan.child_compile import BackgroundRun
+from tests.background import BackgroundRun
 from tests.torchrun import ROOT, child_env
 
 # A GPT-2 (the class whose name names no loss, so transformers warned) small enough to compile in seconds.

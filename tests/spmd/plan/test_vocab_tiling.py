@@ -10,7 +10,8 @@ import torch
 from spmd.plan import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
-from tests.spmd.plan.child_compile import BackgroundRun, python_code
+from tests.background import BackgroundRun
+from tests.spmd.plan.child_compile import python_code
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
 LLAMA = {
