@@ -92,7 +92,7 @@ _waiting = [0]  # how many threads wait in `BackgroundRun.completed` (the sessio
 lock = threading.RLock()  # guards _started, _waiting, each run's start, and a queue's list (child_compile)
 
 
-def test_waits() -> bool:
+def session_waits() -> bool:
     """Whether a test is waiting for a run to end: the session itself then uses no CPU."""
     with lock:
         return _waiting[0] > 0

@@ -92,7 +92,7 @@ def advance() -> None:
     """Start the next queued run when none is running, or two at a time while a test waits for a
     run (at the end of the session, where the queue used one core of two and left the other idle)."""
     with background.lock:
-        slots = 2 if background.test_waits() else 1
+        slots = 2 if background.session_waits() else 1
         free = slots - sum(run.running() for run in _queue)
         for run in [run for run in _queue if not run.started()][: max(free, 0)]:
             run.start()
