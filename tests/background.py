@@ -73,10 +73,17 @@ class BackgroundRun:
         out, err = ((self._dir / name).read_text() for name in ("stdout", "stderr"))
         return subprocess.CompletedProcess(self._proc.args, code, out, err)
 
-    def result(self) -> Any:
+    def succeeded(self) -> subprocess.CompletedProcess:
+        """`completed`, or a RuntimeError with the end of what the run printed when it failed."""
         done = self.completed()
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
+        if done.returncode != 0:
+            named = " ".join(a if len(a) <= 80 else f"{a[:60]}..." for a in (*self.program, *self.args))
+            said = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
+            raise RuntimeError(f"{named} failed ({done.returncode}):\n{said}")
+        return done
+
+    def result(self) -> Any:
+        return json.loads(self.succeeded().stdout.splitlines()[-1])
 
     def stop(self) -> None:
         """End it and whatever it started (a chaos run's torchrun groups), and remove its files."""

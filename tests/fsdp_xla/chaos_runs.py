@@ -64,10 +64,6 @@ def records_dir(part: str) -> tuple[Path, list[dict]]:
     """Where ``part``'s ranks wrote their records, and its kills (waits for the run; starts it
     first when the session did not)."""
     start([part])
-    done = _runs[part].completed()
-    if done.returncode != 0:
-        said = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
-        raise RuntimeError(f"chaos_worker.py {part} failed ({done.returncode}):\n{said}")
     return Path(_out[0]) / part, _runs[part].result()["kills"]
 
 
