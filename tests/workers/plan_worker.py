@@ -51,8 +51,10 @@ FIDELITY = {
 FIDELITY_SEQ = 384
 POLICY_BATCH = 32  # the policies' step: 8 sequences a chip on v5e:2x2 (test_step_options.PER_CHIP)
 REMATS = ("none", "dots", "offload")  # `full` is offload's program without the transfers: the slow tests plan it
-# The advisor beside every plan it could try (`every_plan`): FSDP, 2 policies x 2 batches.
-EVERY_BATCHES, EVERY_SEQ, EVERY_REMATS = (2, 8), 256, ("dots", "full")
+# The advisor beside every plan it could try (`every_plan`): FSDP, 2 policies x 2 batches, at the
+# sequence `advisor` and `refined_advice` plan, whose compile cache it shares (`ADVICE_CACHE`).
+EVERY_BATCHES, EVERY_SEQ, EVERY_REMATS = (2, 8), 128, ("dots", "full")
+ADVICE_CACHE = "cache"
 
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
@@ -68,7 +70,7 @@ def advisor(config: Path, out: Path, results: dict) -> None:
     args = lambda name: [  # noqa: E731
         str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "dp,fsdp,2d", "--tensors", "2",
         "--per-device-batches", "8", "--remats", "dots", "--seq", "128", "--hbm-gib", str(74 / 1024),
-        "--cache", str(out / "cache"), "--json", str(out / name), "--fsdp-config", str(out / "fsdp_config.json"),
+        "--cache", str(out / ADVICE_CACHE), "--json", str(out / name), "--fsdp-config", str(out / "fsdp_config.json"),
         "--plot", str(out / "advice.png"), "--refine", "0",  # presets only: refined_advice tries the rest
     ]  # fmt: skip
     results["advise_exit"], results["advise_stdout"], results["advise_stderr"] = run_cli(args("advice.json"))
@@ -218,13 +220,15 @@ def interrupted_advice(config: Path, out: Path, results: dict) -> None:
 def every_plan(config: Path, out: Path, results: dict) -> None:
     """The advisor's search on one FSDP mesh (one compile at a time), and every plan it could have
     tried, each compiled: `EVERY_REMATS` x `EVERY_BATCHES`. One compile cache serves both, so a
-    plan compiles once; the advice says which it compiled."""
+    plan compiles once; the advice says which it compiled. It is `advisor`'s and
+    `refined_advice`'s cache (they run first in one process, `plan_results.PARTS`): of the four
+    plans, FSDP dots at 8 and full at 2 are theirs, so two compile here."""
     from spmd.plan.advisor.advice import Candidate
     from spmd.plan.advisor.advisor import advise
     from spmd.plan.advisor.plan_cache import Settings, model_key, run_candidate
     from spmd.plan.request.settings import PlanSettings
 
-    cache, quiet = out / "every_plan_cache", lambda line: None
+    cache, quiet = out / ADVICE_CACHE, lambda line: None
     advice = advise(
         str(config), "v5e:2x2", strategies=["fsdp"], remats=EVERY_REMATS, per_device_batches=EVERY_BATCHES,
         seq_len=EVERY_SEQ, jobs=1, cache_dir=cache, log=quiet, refine=0,
@@ -241,10 +245,10 @@ def every_plan(config: Path, out: Path, results: dict) -> None:
 def refined_advice(config: Path, out: Path, results: dict) -> None:
     """The advisor's second pass through the CLI: `full` on one FSDP mesh, then the per-tensor
     variant of it with the highest ceiling, at the winner's batch and the next one up; then
-    again, every compile from the cache."""
+    again, every compile from the cache (`advisor`'s, which compiled no `full`)."""
     args = lambda name: [  # noqa: E731
         str(config), "--topology", "v5e:2x2", "--advise", "--strategies", "fsdp", "--per-device-batches", "2,4",
-        "--remats", "full", "--seq", "128", "--refine", "1", "--jobs", "1", "--cache", str(out / "refine_cache"),
+        "--remats", "full", "--seq", "128", "--refine", "1", "--jobs", "1", "--cache", str(out / ADVICE_CACHE),
         "--json", str(out / name),
     ]  # fmt: skip
     code, stdout, stderr = run_cli(args("refined.json"))
@@ -409,10 +413,13 @@ def _two_slices(config: Path, results: dict) -> None:
 
 
 def sections(config: Path, out: Path, results: dict) -> dict[str, Callable[[], None]]:
-    """Every section by name, in the order one process runs them (``context_parallel`` reads the
-    config ``fidelity`` writes)."""
+    """Every section by name, in the order one process runs them: ``context_parallel`` reads the
+    config ``fidelity`` writes, and ``every_plan`` the compiles ``advisor`` and ``refined_advice``
+    cached."""
     return {
         "advisor": lambda: advisor(config, out, results),
+        "refined_advice": lambda: refined_advice(config, out, results),
+        "every_plan": lambda: every_plan(config, out, results),
         "two_slices": lambda: _two_slices(config, results),
         "policies_and_kernels": lambda: policies_and_kernels(config, results),
         "ironwood": lambda: ironwood(config, out, results),
@@ -421,9 +428,7 @@ def sections(config: Path, out: Path, results: dict) -> dict[str, Callable[[], N
         "loop_collectives": lambda: loop_collectives(results),
         "fidelity": lambda: fidelity(out, results),
         "context_parallel": lambda: context_parallel(out, results),
-        "every_plan": lambda: every_plan(config, out, results),
         "interrupted_advice": lambda: interrupted_advice(config, out, results),
-        "refined_advice": lambda: refined_advice(config, out, results),
         "fused_projections": lambda: fused_projections(config, results),
     }
 

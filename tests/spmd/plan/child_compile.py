@@ -33,8 +33,8 @@ def python_code(code: str, config: dict, *args: str, timeout: float) -> Backgrou
     return BackgroundRun(("-c", code), config, *args, timeout=timeout)
 
 
-# One flash step of the model in CONFIG on v5e:2x2 (fsdp 4, batch 4 x 1024, remat dots) with the
-# splash blocks in ARGS (`spmd.plan.request.splash_blocks`): its layers scanned, and each splash
+# One flash step of the model in CONFIG on v5e:2x2 (fsdp 4, batch 4 x SEQ, remat dots) with the
+# splash blocks and the sequence length SEQ in ARGS (`spmd.plan.request.splash_blocks`): its layers scanned, and each splash
 # kernel's name scope, block table and cost in the step-time model.
 _SPLASH_STEP = r"""
 import json, re, sys
@@ -45,10 +45,11 @@ from spmd.plan.predict import predict_step
 from spmd.plan.request.models import build_meta_model
 from spmd.plan.request.settings import PlanSettings
 
-settings = PlanSettings("v5e:2x2", 1, 1024, "bfloat16", "flash", None, "float32", 1, sys.argv[2])
+seq = int(sys.argv[3])
+settings = PlanSettings("v5e:2x2", 1, seq, "bfloat16", "flash", None, "float32", 1, sys.argv[2])
 module, hf_config = build_meta_model(sys.argv[1])
 request = _request(settings, "fsdp", None, 4, "dots", 4)
-lowered, _, _ = _lower(request, module, hf_config, 1024, None)
+lowered, _, _ = _lower(request, module, hf_config, seq, None)
 hlo = compile_step(lowered.lowered).hlo_text
 kernels = {
     inst.name: {
@@ -64,9 +65,10 @@ print(json.dumps({"scanned": lowered.scanned_layers, "kernels": kernels, "flops"
 """
 
 
-def splash_step(config: dict, blocks: str) -> BackgroundRun:
-    """A flash step of ``config`` with ``--splash-blocks blocks`` (`_SPLASH_STEP`), in the background."""
-    return python_code(_SPLASH_STEP, config, blocks, timeout=1200)
+def splash_step(config: dict, blocks: str, seq: int) -> BackgroundRun:
+    """A flash step of ``config`` at sequence length ``seq`` with ``--splash-blocks blocks``
+    (`_SPLASH_STEP`), in the background."""
+    return python_code(_SPLASH_STEP, config, blocks, str(seq), timeout=1200)
 
 
 def runs_of(module: object) -> list[BackgroundRun]:

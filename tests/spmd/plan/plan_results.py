@@ -4,9 +4,9 @@ awaited by the tests that read its results.
 Its sections run in two processes, each on the test session's spare CPU (nice 19): the readers
 run last and wait for the compiles, and one process left at the end used one core of two, so
 the wait was the long pole of the suite (732 s of a loaded 2,016 s run). `PARTS` splits the
-sections by their CPU seconds (plan_worker logs them; measured alone 2026-11-30): 110 s and 121 s
-on the current lane, 208 s and 73 s on the torch_xla lane (its libtpu compiles the policies
-slower, no tpu7x, and `CURRENT_LANE_ONLY` is not run there).
+sections by their CPU seconds (plan_worker logs them): on the current lane the advisor's sections
+take 180 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30); on the torch_xla
+lane its libtpu compiles the policies slower, knows no tpu7x, and `CURRENT_LANE_ONLY` is not run.
 """
 
 import json
@@ -23,11 +23,12 @@ USERS = (
     "test_plan.py", "test_step_options.py", "test_ironwood.py", "test_ceiling.py", "test_plan_context.py",
     "test_refine.py", "test_fused_projections.py",
 )  # fmt: skip
-# plan_worker's sections, one process each list; the first name names its results file.
+# plan_worker's sections, one process each list; the first name names its results file. The
+# advisor's sections share one compile cache, in this order, so they run in one process.
 PARTS = (
-    ("policies_and_kernels", "two_slices", "interrupted_advice", "refined_advice"),
-    ("advisor", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel",
-     "every_plan", "fused_projections"),
+    ("advisor", "refined_advice", "every_plan", "interrupted_advice", "two_slices", "fused_projections"),
+    ("policies_and_kernels", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity",
+     "context_parallel"),
 )  # fmt: skip
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
 # compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles with the

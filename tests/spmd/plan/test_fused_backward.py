@@ -17,8 +17,9 @@ LLAMA = {
 }  # fmt: skip
 
 
-FUSED = splash_step(LLAMA, "256,use_fused_bwd_kernel=true")
-UNFUSED = splash_step(LLAMA, "256")
+# Blocks of 256 over 512 tokens: 3 causal pairs of blocks, the diagonal's 2 and the one below.
+FUSED = splash_step(LLAMA, "256,use_fused_bwd_kernel=true", 512)
+UNFUSED = splash_step(LLAMA, "256", 512)
 
 
 def _by_phase(result: dict) -> dict[str, set[float]]:

@@ -30,7 +30,7 @@ SEQ, WINDOW = 1024, 128
 # Each kernel's blocks unlike the others' (MaxText's sa_block_ names), so a size that reached the
 # wrong kernel, or no kernel, shows in its grid and its cost.
 BLOCKS = {"q": 256, "kv": 128, "q_dkv": 128, "kv_dkv": 256, "q_dq": 512, "kv_dq": 128}
-COMPILED = splash_step(GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()))
+COMPILED = splash_step(GEMMA3, ",".join(f"{k}={v}" for k, v in BLOCKS.items()), SEQ)
 
 
 def _reach(block_q: int, block_kv: int) -> tuple[int, int]:
