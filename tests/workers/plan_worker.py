@@ -53,7 +53,7 @@ POLICY_BATCH = 32  # the policies' step: 8 sequences a chip on v5e:2x2 (test_ste
 REMATS = ("none", "dots", "offload")  # `full` is offload's program without the transfers: the slow tests plan it
 # The advisor beside every plan it could try (`every_plan`): FSDP, 2 policies x 2 batches, at the
 # sequence `advisor` and `refined_advice` plan, whose compile cache it shares (`ADVICE_CACHE`).
-EVERY_BATCHES, EVERY_SEQ, EVERY_REMATS = (2, 8), 128, ("dots", "full")
+EVERY_BATCHES, EVERY_SEQ, EVERY_REMATS = (4, 8), 128, ("dots", "full")
 ADVICE_CACHE = "cache"
 
 
@@ -222,7 +222,7 @@ def every_plan(config: Path, out: Path, results: dict) -> None:
     tried, each compiled: `EVERY_REMATS` x `EVERY_BATCHES`. One compile cache serves both, so a
     plan compiles once; the advice says which it compiled. It is `advisor`'s and
     `refined_advice`'s cache (they run first in one process, `plan_results.PARTS`): of the four
-    plans, FSDP dots at 8 and full at 2 are theirs, so two compile here."""
+    plans, FSDP dots at 8 is `advisor`'s and full at 4 `refined_advice`'s, so two compile here."""
     from spmd.plan.advisor.advice import Candidate
     from spmd.plan.advisor.advisor import advise
     from spmd.plan.advisor.plan_cache import Settings, model_key, run_candidate

@@ -5,7 +5,7 @@ Its sections run in two processes, each on the test session's spare CPU (nice 19
 run last and wait for the compiles, and one process left at the end used one core of two, so
 the wait was the long pole of the suite (732 s of a loaded 2,016 s run). `PARTS` splits the
 sections by their CPU seconds (plan_worker logs them): on the current lane the advisor's sections
-take 180 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30); on the torch_xla
+take about 150 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30); on the torch_xla
 lane its libtpu compiles the policies slower, knows no tpu7x, and `CURRENT_LANE_ONLY` is not run.
 """
 
