@@ -34,8 +34,8 @@ def python_code(code: str, config: dict, *args: str, timeout: float) -> Backgrou
 
 
 # One flash step of the model in CONFIG on v5e:2x2 (fsdp 4, batch 4 x SEQ, remat dots) with the
-# splash blocks and the sequence length SEQ in ARGS (`spmd.plan.request.splash_blocks`): its layers scanned, and each splash
-# kernel's name scope, block table and cost in the step-time model.
+# splash blocks (`spmd.plan.request.splash_blocks`) and SEQ in ARGS: its layers scanned, and each
+# splash kernel's name scope, block table and cost in the step-time model.
 _SPLASH_STEP = r"""
 import json, re, sys
 from spmd.hlo import HloModuleText

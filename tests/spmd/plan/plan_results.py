@@ -24,7 +24,8 @@ USERS = (
     "test_refine.py", "test_fused_projections.py",
 )  # fmt: skip
 # plan_worker's sections, one process each list; the first name names its results file. The
-# advisor's sections share one compile cache, in this order, so they run in one process.
+# advisor's sections share one compile cache, so they run in one process (in the order
+# plan_worker.sections gives: every_plan reads what advisor and refined_advice cached).
 PARTS = (
     ("advisor", "refined_advice", "every_plan", "interrupted_advice", "two_slices", "fused_projections"),
     ("policies_and_kernels", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity",
@@ -32,7 +33,8 @@ PARTS = (
 )  # fmt: skip
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
 # compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles with the
-# torch_xla lane's libtpu. The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
+# torch_xla lane's libtpu when it compiled all four of its plans (it now compiles two; not
+# measured there since). The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
 # and `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
 if HAS_TORCH_XLA:
