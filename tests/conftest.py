@@ -89,8 +89,7 @@ def pytest_sessionfinish(session, exitstatus):
 def _background_runs(item) -> list:
     from tests.spmd.plan import child_compile
 
-    module = getattr(item, "module", None)  # a doctest has none
-    return child_compile.runs_of(module) if module is not None else []
+    return child_compile.runs_read_by(item)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -122,5 +121,5 @@ def pytest_collection_finish(session):
     nodeids = [item.nodeid for item in session.items]
     chaos_runs.start(chaos_runs.needed(nodeids))
     if plan_results.needed(nodeids):
-        plan_results.start()
+        plan_results.start(session.items)
     child_compile.queue([run for item in session.items for run in _background_runs(item)])  # it skips repeats

@@ -1,8 +1,9 @@
 """The planner tests that lower or compile a step do it in a fresh interpreter (libtpu and jax stay
 out of the test session, torch_xla out of its environment), in the background.
 
-Each such run is a module-level `BackgroundRun`. When collection ends, tests/conftest.py queues the
-runs of the modules it selected; they run one at a time at nice 19 while the other tests run (a
+Each such run is a module-level `BackgroundRun`, and each test that reads one says so with
+``@pytest.mark.reads(RUN)``. When collection ends, tests/conftest.py queues the runs the selected
+tests read; they run one at a time at nice 19 while the other tests run (a
 compile is 5 to 35 s of one core, and the multi-process tests leave a core idle while they wait),
 and their tests, ordered near the end, read the results. A thread of the session starts each run
 the moment the one before it ends: advanced only between tests, the queue stood still through
@@ -15,9 +16,13 @@ when the session ends.
 """
 
 import threading
+from collections.abc import Callable
+
+import pytest
 
 from tests import background
 from tests.background import BackgroundRun
+from tests.conftest import HAS_TORCH_XLA
 
 # How often the queue's thread looks for an ended run: short beside a compile of 5 s or more.
 POLL_SECONDS = 0.25
@@ -71,8 +76,24 @@ def splash_step(config: dict, blocks: str, seq: int) -> BackgroundRun:
     return python_code(_SPLASH_STEP, config, blocks, str(seq), timeout=1200)
 
 
-def runs_of(module: object) -> list[BackgroundRun]:
-    return [value for value in vars(module).values() if isinstance(value, BackgroundRun)]
+def on_demand_on_torch_xla(test: Callable) -> Callable:
+    """Mark a test slow (run by ``pytest -m slow``) on the torch_xla lane only.
+
+    For the planner's feature checks that compile: each is the same lowering through the same
+    planner code on both lanes, and what differs is the compiler. The torch_xla lane's (libtpu
+    0.0.20, jax 0.7.1) compiled them 1.1 to 2.4 times slower, and the planner's compiles were half
+    of that lane's CPU (965 of 1,829 core-s, measured 2026-12-02). The current lane checks them
+    every run, with the libtpu TorchTPU runs on; the torch_xla lane compiles each jax 0.7.1 path
+    the planner has every run all the same: plans through the CLI (the advisor's), two slices (the
+    DCN mesh), splash kernels (the Mosaic IR cap, test_fused_backward), per-tensor remat and
+    offload lowered (the layer scan's stacked outputs), and libtpu's start-up (test_quiet_start).
+    """
+    return pytest.mark.slow(test) if HAS_TORCH_XLA else test
+
+
+def runs_read_by(item: pytest.Item) -> list[BackgroundRun]:
+    """The runs ``item`` reads (its ``reads`` marks)."""
+    return [run for mark in item.iter_markers("reads") for run in mark.args]
 
 
 def queue(runs: list[BackgroundRun]) -> None:

@@ -5,8 +5,9 @@ Its sections run in two processes, each on the test session's spare CPU (nice 19
 run last and wait for the compiles, and one process left at the end used one core of two, so
 the wait was the long pole of the suite (732 s of a loaded 2,016 s run). `PARTS` splits the
 sections by their CPU seconds (plan_worker logs them): on the current lane the advisor's sections
-take about 150 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30); on the torch_xla
-lane its libtpu compiles the policies slower, knows no tpu7x, and `CURRENT_LANE_ONLY` is not run.
+take about 150 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30). On the
+torch_xla lane its libtpu knows no tpu7x, `CURRENT_LANE_ONLY` is not run and
+`ON_DEMAND_ON_TORCH_XLA` only when its readers are selected.
 """
 
 import json
@@ -38,7 +39,19 @@ PARTS = (
 # and `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
 if HAS_TORCH_XLA:
-    PARTS = tuple(tuple(name for name in part if name not in CURRENT_LANE_ONLY) for part in PARTS)
+    # Without every_plan, and with the policies and the refinement on demand (below), the sections
+    # that share no cache move to the second process: 139 and 87 CPU s (measured alone) where the
+    # current lane's split would leave 226 and a few.
+    PARTS = (
+        ("advisor", "refined_advice"),
+        ("interrupted_advice", "two_slices", "fused_projections", "policies_and_kernels", "ironwood",
+         "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel"),
+    )  # fmt: skip
+# Sections the torch_xla lane runs on demand (pytest -m slow; their readers are marked
+# `child_compile.on_demand_on_torch_xla`), by the fixture those readers use: such a section runs
+# when a selected test uses it. Measured alone on that lane (2026-12-02): the remat policies' 4
+# compiles 288 CPU s (121 on the current lane), the per-tensor refinement's 49 (26).
+ON_DEMAND_ON_TORCH_XLA = {"policies_and_kernels": "reports", "refined_advice": "refined"}
 # Up to 20 minutes: what the compiles have taken on this 2-core machine shared with other sessions.
 TIMEOUT_SECONDS = 1200
 _runs: list[BackgroundRun] = []  # once started; each is given the shared output directory first
@@ -48,14 +61,25 @@ def needed(nodeids: list[str]) -> bool:
     return any(f"spmd/plan/{name}" in nodeid for nodeid in nodeids for name in USERS)
 
 
-def start() -> None:
+def _parts(items: list) -> tuple[tuple[str, ...], ...]:
+    """`PARTS` without the on-demand sections no test in ``items`` reads (none on the current lane)."""
+    unread = {
+        section
+        for section, fixture in ON_DEMAND_ON_TORCH_XLA.items()
+        if HAS_TORCH_XLA and not any(fixture in getattr(item, "fixturenames", ()) for item in items)
+    }
+    return tuple(tuple(name for name in part if name not in unread) for part in PARTS)
+
+
+def start(items: list = ()) -> None:
     """Both parts at once, beside child_compile's queue (not in it: the queue's runs take turns,
-    and these would hold it for their whole 4 to 5 minutes). child_compile.stop_all ends them."""
+    and these would hold it for their whole 4 to 5 minutes), with the sections the tests
+    ``items`` read. child_compile.stop_all ends them."""
     if _runs:
         return
     out = tempfile.mkdtemp(prefix="plan-worker-")
     worker = (str(WORKERS / "plan_worker.py"),)
-    _runs.extend(BackgroundRun(worker, None, out, *part, timeout=TIMEOUT_SECONDS) for part in PARTS)
+    _runs.extend(BackgroundRun(worker, None, out, *part, timeout=TIMEOUT_SECONDS) for part in _parts(items) if part)
     for run in _runs:
         run.start()
 
@@ -65,9 +89,9 @@ def results() -> tuple[dict, Path]:
     start()
     out = _output_dir()
     merged: dict = {"seconds": {}}
-    for part, run in zip(PARTS, _runs, strict=True):
+    for run in _runs:
         run.succeeded()
-        found = json.loads((out / f"results-{part[0]}.json").read_text())
+        found = json.loads((out / f"results-{run.args[1]}.json").read_text())
         merged["seconds"].update(found.pop("seconds", {}))
         merged.update(found)
     return merged, out

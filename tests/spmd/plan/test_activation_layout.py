@@ -9,7 +9,7 @@ import pytest
 from mesh import Mesh
 from spmd.logical_axes import ACTIVATION_AXIS_RULES, RESIDUAL
 from spmd.sharding._partition_spec import P
-from tests.spmd.plan.child_compile import python_code
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla, python_code
 
 # 3 layers (no other dim is 3) of width 256 (no other dim but the K/V heads' 2 x 128 is 256).
 LLAMA = {
@@ -35,6 +35,8 @@ print(json.dumps(sorted(set(re.findall(r"bf16\\[3,[\\d,]+\\]", hlo)))))
 STACKED = python_code(COMPILE, LLAMA, timeout=1200)
 
 
+@pytest.mark.reads(STACKED)
+@on_demand_on_torch_xla
 def test_a_2d_plan_s_residual_stream_between_blocks_is_split_over_tensor():
     """Under remat `full` the block scan keeps each layer's input, stacked over the 3 layers: per
     device 4 sequences (8 over fsdp=2) x 512 tokens x the width over tensor=2, 128 of 256."""

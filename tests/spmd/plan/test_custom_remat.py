@@ -39,6 +39,7 @@ print(json.dumps({"saved": saved, "math": list(saved_per_token(shape, req.remat,
 KEPT = python_code(LOWER, LLAMA, POLICY, timeout=900)
 
 
+@pytest.mark.reads(KEPT)
 def test_each_tensor_is_kept_where_its_choice_says():
     out = KEPT.result()
     # global shapes of one layer, batch 8 x 256 tokens: the input (320) and q (320 = 5 x 64) on the

@@ -8,7 +8,7 @@ import pytest
 
 from spmd.plan import PlanError
 from spmd.plan.request.dcn import split_dcn
-from tests.spmd.plan.child_compile import python_code
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla, python_code
 
 LLAMA = {
     "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 2,
@@ -48,6 +48,8 @@ def n_params() -> int:
 ACROSS_SLICES = python_code(COMPILE, LLAMA, timeout=1800)
 
 
+@pytest.mark.reads(ACROSS_SLICES)
+@on_demand_on_torch_xla
 def test_fsdp_across_slices_shards_the_parameters_over_every_device():
     out = ACROSS_SLICES.result()
     assert out["slices"] == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -29,6 +29,7 @@ def _by_phase(result: dict) -> dict[str, set[float]]:
     return phases
 
 
+@pytest.mark.reads(FUSED, UNFUSED)
 def test_the_fused_backward_runs_one_kernel_costed_as_both():
     fused, unfused = FUSED.result(), UNFUSED.result()
     assert {splash_phase(n) for n in fused["kernels"]} == {"fwd", "dkv"}, fused["kernels"]

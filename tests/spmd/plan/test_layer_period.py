@@ -15,7 +15,7 @@ from spmd.plan.lower.layer_period import PeriodCalls, PeriodLayer, layer_period
 from spmd.plan.predict._op_costs import attended_pairs, splash_phase
 from spmd.plan.request.attention import window_scope
 from spmd.plan.request.splash_blocks import SplashBlocks
-from tests.spmd.plan.child_compile import splash_step
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla, splash_step
 
 # 14 layers: two whole periods of Gemma 3's pattern (layers 5 and 11 global), then two more local ones.
 GEMMA3 = {
@@ -40,6 +40,8 @@ def _reach(block_q: int, block_kv: int) -> tuple[int, int]:
     return int(run.sum(axis=1).max()), int(run.sum(axis=0).max())
 
 
+@pytest.mark.reads(COMPILED)
+@on_demand_on_torch_xla
 def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
     result = COMPILED.result()
     assert result["scanned"] == 12  # two periods of six; layers 12 and 13 run after the scan
@@ -53,6 +55,8 @@ def test_gemma3_scans_whole_periods_and_each_local_layer_keeps_its_window():
     assert whole and len(forward & windowed) == 7 * len(whole), kernels
 
 
+@pytest.mark.reads(COMPILED)
+@on_demand_on_torch_xla
 def test_each_splash_kernel_runs_the_blocks_given_and_is_costed_by_them():
     result = COMPILED.result()
     kernels, flops = result["kernels"], result["flops"]

@@ -7,7 +7,9 @@ test session)."""
 
 import re
 
-from tests.spmd.plan.child_compile import python_code
+import pytest
+
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla, python_code
 
 # 4 layers (no other dim is 4), width 512, 4 query heads and 1 K/V head of 128: the 8B's recipe in
 # small, which showed the two relaid stacks (bf16[4,2,2048,512]) before the fix. One sequence of
@@ -42,6 +44,8 @@ print(json.dumps({
 RELAID = python_code(COMPILE, LLAMA, RECIPE, timeout=1200)
 
 
+@pytest.mark.reads(RELAID)
+@on_demand_on_torch_xla
 def test_no_host_stack_is_relaid_between_the_layer_scans():
     out = RELAID.result()
     # per device: 4 layers x 1 sequence x 1024 tokens; the layer input, q and the out projection
@@ -75,6 +79,7 @@ POLICIES = (
 PINNED = python_code(LOWER, LLAMA, *POLICIES, timeout=1200)
 
 
+@pytest.mark.reads(PINNED)
 def test_only_plans_that_offload_what_a_block_adds_to_the_stream_pin_a_layout():
     """Plans that keep no out projection (or MLP output) on the host lower as before (no layout
     constraint), so their programs and calibrated predictions stay as they were: ``offload`` (the

@@ -6,6 +6,8 @@ libtpu loads for the first time, as it does for a user (in the background: child
 import subprocess
 import sys
 
+import pytest
+
 from tests.background import BackgroundRun
 from tests.torchrun import ROOT, child_env
 
@@ -40,6 +42,7 @@ FITS = plan_cli(TINY_GPT2, "--topology", "v5e:2x2", "--batch", "4", "--seq", "12
 REFUSED = plan_cli(None, "gpt2", "--topology", "v5e:3x7")
 
 
+@pytest.mark.reads(FITS)
 def test_a_plan_prints_no_line_of_libtpu_s_start_up():
     done = FITS.completed()
     assert done.returncode == 0, done.stderr[-3000:]
@@ -48,6 +51,7 @@ def test_a_plan_prints_no_line_of_libtpu_s_start_up():
     assert not [n for n in NOISE if n in done.stdout]
 
 
+@pytest.mark.reads(REFUSED)
 def test_a_topology_libtpu_refuses_shows_libtpu_s_words():
     done = REFUSED.completed()
     assert done.returncode == 2

@@ -16,6 +16,7 @@ from spmd.plan.request.attention import Attention
 from spmd.plan.request.custom_remat import BLOCK_INPUT_NAME, CHOICES, NAMES, CustomRemat
 from spmd.plan.request.models import build_meta_model
 from spmd.plan.request.remat import Remat, as_custom
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla
 
 GIB = 2**30
 LLAMA = ("decoder_layer_input", "context", "query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
@@ -165,6 +166,7 @@ def refined():
     return plan_results.results()[0]["refined"]
 
 
+@on_demand_on_torch_xla
 def test_the_cli_searches_the_winner_s_per_tensor_variants_after_the_presets(refined):
     assert refined["exit"] == 0, refined["stderr"][-2000:]
     advice = refined["advice"]
@@ -197,6 +199,7 @@ def test_the_cli_searches_the_winner_s_per_tensor_variants_after_the_presets(ref
     compile(advice["code"], "advice", "exec")
 
 
+@on_demand_on_torch_xla
 def test_a_second_refined_advice_compiles_nothing(refined):
     assert refined["again_exit"] == 0
     again = refined["again"]["outcomes"]

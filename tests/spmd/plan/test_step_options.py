@@ -7,6 +7,7 @@ import pytest
 
 from spmd.plan import PlanReport
 from tests.spmd.plan import plan_results
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla
 
 MIB = 2**20
 # plan_worker's step (POLICY_BATCH): 32 sequences of 512 tokens on 4 chips (8 each), 4 heads of 128, 2 layers.
@@ -22,6 +23,7 @@ def reports():
     return out
 
 
+@on_demand_on_torch_xla
 def test_each_policy_keeps_less_than_the_one_before(reports):
     temp = {name: r.memory.temp_bytes for name, r in reports.items()}
     # none keeps every activation, the scores included (torch autograd's, no checkpointing)...
@@ -38,6 +40,7 @@ def test_each_policy_keeps_less_than_the_one_before(reports):
     assert len({r.memory.argument_bytes for r in reports.values()}) == 1
 
 
+@on_demand_on_torch_xla
 def test_offload_moves_layer_inputs_to_the_host(reports):
     offload = reports["offload"].memory
     # Each of the 2 layers' bf16 input, [8, 512, 512] per chip, sits in host memory.
@@ -46,12 +49,14 @@ def test_offload_moves_layer_inputs_to_the_host(reports):
     assert offload.temp_bytes < reports["dots"].memory.temp_bytes
 
 
+@on_demand_on_torch_xla
 def test_recomputation_is_in_the_estimate(reports):
     factors = {k: r.estimate.recompute_factor for k, r in reports.items()}
     assert factors["none"] == 1.0 < factors["dots"] < factors["offload"] == 4 / 3
     assert reports["none"].estimate.compute_seconds < reports["offload"].estimate.compute_seconds
 
 
+@on_demand_on_torch_xla
 def test_flash_attention_is_the_splash_kernel(reports):
     flash, dot = reports["flash"], reports["dots"]
     assert (flash.attention, dot.attention) == ("flash", "dot")
@@ -141,6 +146,7 @@ def test_bf16_weights_store_the_parameters_and_second_moment_in_2_bytes(fidelity
     assert abs(arguments - expected) / expected < 0.01, (arguments, expected)
 
 
+@on_demand_on_torch_xla
 def test_each_plan_predicts_a_step_between_its_bound_and_a_sane_limit(reports):
     """The prediction (the compiled program's model, `spmd.plan.predict._step_time`) on the small Llama:
     no faster than the roofline with all communication hidden (model FLOPs at peak), no slower

@@ -11,7 +11,7 @@ from spmd.plan import PlanError
 from spmd.plan.request.settings import PlanSettings
 from spmd.plan.request.vocab_tiling import check_vocab_tiles, output_head, tiled_token_loss
 from tests.background import BackgroundRun
-from tests.spmd.plan.child_compile import python_code
+from tests.spmd.plan.child_compile import on_demand_on_torch_xla, python_code
 
 # No dim of this Llama is another's: a buffer with a 1024 dim is the vocabulary's.
 LLAMA = {
@@ -46,6 +46,8 @@ def f32_vocab_buffers(run: BackgroundRun) -> list[tuple[int, ...]]:
     return [s for s in shapes if LLAMA["vocab_size"] in s]
 
 
+@pytest.mark.reads(UNTILED, TILED)
+@on_demand_on_torch_xla
 def test_no_tokens_by_vocab_fp32_buffer_with_tiling_on():
     tokens = BATCH * SEQ // DEVICES
     whole = tokens * LLAMA["vocab_size"]
