@@ -35,8 +35,8 @@ PARTS = (
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
 # compiled reports, the same whichever libtpu compiled them, and 99 CPU s of compiles with the
 # torch_xla lane's libtpu when it compiled all four of its plans (it now compiles two; not
-# measured there since). The current lane runs it; on the torch_xla lane `advisor`, `refined_advice`
-# and `interrupted_advice` still run the advisor on its own libtpu.
+# measured there since). The current lane runs it; on the torch_xla lane `advisor` and
+# `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
 if HAS_TORCH_XLA:
     # Without every_plan, and with the policies and the refinement on demand (below), the sections
