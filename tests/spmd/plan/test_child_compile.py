@@ -10,12 +10,10 @@ import pytest
 from tests.background import BackgroundRun
 
 HERE = Path(__file__).parent
-MODULES = sorted(
-    p.stem for p in HERE.glob("test_*.py") if "BackgroundRun" in p.read_text() or "child_compile" in p.read_text()
-)
 
 
 def _runs_and_reads(name: str) -> tuple[set[str], set[str]]:
+    """The module-level runs of test module ``name``, and those its tests' ``reads`` marks name."""
     module = importlib.import_module(f"tests.spmd.plan.{name}")
     runs = {key for key, value in vars(module).items() if isinstance(value, BackgroundRun)}
     read = {
@@ -29,6 +27,14 @@ def _runs_and_reads(name: str) -> tuple[set[str], set[str]]:
         if value is run
     }
     return runs, read
+
+
+# The test modules that hold a run (those that name BackgroundRun or child_compile and define one).
+MODULES = sorted(
+    p.stem
+    for p in HERE.glob("test_*.py")
+    if ("BackgroundRun" in p.read_text() or "child_compile" in p.read_text()) and _runs_and_reads(p.stem)[0]
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
