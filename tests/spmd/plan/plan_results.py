@@ -38,15 +38,17 @@ PARTS = (
 # measured there since). The current lane runs it; on the torch_xla lane `advisor` and
 # `interrupted_advice` still run the advisor on its own libtpu.
 CURRENT_LANE_ONLY = ("every_plan",)
+# The sections that read or fill the advisor's compile cache, so they share a process.
+SHARE_THE_ADVICE_CACHE = ("advisor", "refined_advice", "every_plan")
 if HAS_TORCH_XLA:
-    # Without every_plan, and with the policies and the refinement on demand (below), the sections
-    # that share no cache move to the second process: 139 and 87 CPU s (measured alone) where the
-    # current lane's split would leave 226 and a few.
+    # Without `CURRENT_LANE_ONLY`, and with the policies and the refinement on demand (below), the
+    # sections that share no cache move to the second process: 139 and 87 CPU s (measured alone)
+    # where the current lane's split would leave 226 and a few.
+    _sections = [name for part in PARTS for name in part if name not in CURRENT_LANE_ONLY]
     PARTS = (
-        ("advisor", "refined_advice"),
-        ("interrupted_advice", "two_slices", "fused_projections", "policies_and_kernels", "ironwood",
-         "device_orders", "errors", "loop_collectives", "fidelity", "context_parallel"),
-    )  # fmt: skip
+        tuple(name for name in _sections if name in SHARE_THE_ADVICE_CACHE),
+        tuple(name for name in _sections if name not in SHARE_THE_ADVICE_CACHE),
+    )
 # Sections the torch_xla lane runs on demand (pytest -m slow; their readers are marked
 # `child_compile.on_demand_on_torch_xla`), by the fixture those readers use: such a section runs
 # when a selected test uses it. Measured alone on that lane (2026-12-02): the remat policies' 4
