@@ -75,27 +75,24 @@ def pytest_sessionfinish(session, exitstatus):
     """Remove the XLA dumps of this session, and stop the background runs if they still go."""
     import shutil
 
+    from tests import background
     from tests.fsdp_xla import chaos_runs
-    from tests.spmd.plan import child_compile, plan_results
+    from tests.spmd.plan import plan_results
     from tests.torchrun import stop_warm_parent
 
-    child_compile.stop_all()  # every background run too (tests/background.py)
+    background.stop_all()
     plan_results.remove_output()
     chaos_runs.remove_output()
     stop_warm_parent()
     shutil.rmtree(INSPECTOR_DUMP_DIR, ignore_errors=True)
 
 
-def _background_runs(item) -> list:
-    from tests.spmd.plan import child_compile
-
-    return child_compile.runs_read_by(item)
-
-
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read background runs (the planner's compiles: its worker's, plan_results.py,
-    and their modules' own, child_compile.py; torchft's chaos runs, chaos_runs.py) run last, so
-    the runs overlap with everything else (the order of the rest is kept)."""
+    """The tests that read background runs (tests/background.py: the planner's compiles, its
+    worker's in plan_results.py and their modules' own; the launches that mostly wait; torchft's
+    chaos runs, chaos_runs.py) run last, so the runs overlap with everything else (the order of
+    the rest is kept)."""
+    from tests.background import runs_read_by
     from tests.fsdp_xla import chaos_runs
     from tests.spmd.plan import plan_results
 
@@ -104,7 +101,7 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if plan_results.needed([item.nodeid]) or chaos_runs.needed([item.nodeid]):
             readers.append(item)
-        elif _background_runs(item):
+        elif runs_read_by(item):
             children.append(item)
         else:
             rest.append(item)
@@ -113,13 +110,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     """Start the background runs as soon as the tests are known: the planner's TPU compiles
-    (tests/spmd/plan) on the spare core, and torchft's chaos runs, in their own processes while
-    other tests run."""
+    (tests/spmd/plan) on the spare core, the launches that mostly wait, and torchft's chaos
+    runs, in their own processes while other tests run."""
+    from tests import background
     from tests.fsdp_xla import chaos_runs
-    from tests.spmd.plan import child_compile, plan_results
+    from tests.spmd.plan import plan_results
 
     nodeids = [item.nodeid for item in session.items]
     chaos_runs.start(chaos_runs.needed(nodeids))
     if plan_results.needed(nodeids):
         plan_results.start(session.items)
-    child_compile.queue([run for item in session.items for run in _background_runs(item)])  # it skips repeats
+    background.queue([run for item in session.items for run in background.runs_read_by(item)])  # once each

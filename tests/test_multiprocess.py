@@ -8,6 +8,9 @@ rank 3 is SIGSTOPped, then rank 2 is SIGKILLed while the others wait for it in a
 every attempt resumes from the newest complete checkpoint and the run ends with the reference's
 losses. benchmarks/kill_ranks.py kills ranks at random moments, in saves too;
 benchmarks/stopped_rank_repeat.py repeats the stopped-rank test under load.
+
+The second launch mostly waits (a stopped rank's timeout, torchrun's restarts), so it runs in the
+background from the start of the session (tests/background.py), beside the other tests.
 """
 
 import json
@@ -15,15 +18,22 @@ import re
 
 import pytest
 
-from tests.torchrun import WORKERS, torchrun, warm_launch
+from tests.background import OWN_DIR, torchrun_in_background
+from tests.torchrun import WORKERS, warm_launch
 
 TRAIN = ["--backend", "dtensor", "--layers", "2", "--d-model", "64", "--seq", "32", "--vocab", "64"]
 TRAIN += ["--batch", "16", "--steps", "16", "--dataset-rows", "512", "--lr", "1e-2"]
 TIMEOUT = 10  # seconds a collective may wait (spmd.init_process_group's timeout)
 FAULTS = "kill:1:10@0,stop:3:13@1,killmid:2:14@2"
+FAULTY = torchrun_in_background(
+    WORKERS / "train_fsdp_fault_worker.py", 4, OWN_DIR, FAULTS, *TRAIN, "--checkpoint-dir", f"{OWN_DIR}/ckpt",
+    "--save-every", "4", "--timeout", str(TIMEOUT), max_restarts=3,
+)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+# Session-wide: the tests that read FAULTY run after the rest (tests/conftest.py), and one of them
+# reads this too.
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("multiprocess")
     run = warm_launch(WORKERS / "multiprocess_worker.py", 4, str(out), *TRAIN)
@@ -32,10 +42,8 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faults")
-    args = [*TRAIN, "--checkpoint-dir", str(out / "ckpt"), "--save-every", "4", "--timeout", str(TIMEOUT)]
-    run = torchrun(WORKERS / "train_fsdp_fault_worker.py", 4, str(out), FAULTS, *args, max_restarts=3)
+def faulty():
+    run, out = FAULTY.completed(), FAULTY.directory
     attempts = {}
     for path in out.glob("attempt*-rank*.json"):
         record = json.loads(path.read_text())
@@ -66,6 +74,7 @@ def test_four_ranks_with_per_process_loaders_train_as_one_process(reference):
     assert reference["fsdp_losses"][-1] < reference["fsdp_losses"][0]
 
 
+@pytest.mark.reads(FAULTY)
 def test_killed_and_stopped_ranks_cost_nothing(reference, faulty):
     run, attempts, _ = faulty
     assert run.returncode == 0, run.stderr[-4000:]
@@ -79,6 +88,7 @@ def test_killed_and_stopped_ranks_cost_nothing(reference, faulty):
             assert loss == pytest.approx(reference["fsdp_losses"][int(step)], rel=1e-4), (attempt, step)
 
 
+@pytest.mark.reads(FAULTY)
 def test_each_attempt_resumes_from_the_newest_complete_checkpoint(faulty):
     _, attempts, _ = faulty
     # killed after step 10: back to the save after step 7; stopped at step 13, killed in step 14:
@@ -87,6 +97,7 @@ def test_each_attempt_resumes_from_the_newest_complete_checkpoint(faulty):
     assert attempts[(1, 0)]["positions"]["8"] == attempts[(0, 0)]["positions"]["8"]  # the same data position
 
 
+@pytest.mark.reads(FAULTY)
 def test_restarted_attempts_go_on_pruning_their_own_run_s_versions(faulty):
     _, _, ckpt = faulty
     # Saves after steps 4 and 8 (attempt 0), 12 (attempt 1), 16 (attempt 3), keep=2: each attempt
@@ -97,6 +108,7 @@ def test_restarted_attempts_go_on_pruning_their_own_run_s_versions(faulty):
     assert steps == [12, 16]
 
 
+@pytest.mark.reads(FAULTY)
 def test_a_stopped_rank_ends_the_others_with_a_clear_error_within_the_timeout(faulty):
     _, attempts, _ = faulty
     stopped = attempts[(1, 3)]
@@ -113,6 +125,7 @@ def test_a_stopped_rank_ends_the_others_with_a_clear_error_within_the_timeout(fa
         assert record["failed_at"] - stopped["stopped_at"] < TIMEOUT + 5
 
 
+@pytest.mark.reads(FAULTY)
 def test_a_rank_killed_mid_collective_is_named_by_every_surviving_rank(faulty):
     _, attempts, _ = faulty
     killed = attempts[(2, 2)]

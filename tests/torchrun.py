@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,11 +68,21 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def _launch_env() -> dict[str, str]:
+def launch_env() -> dict[str, str]:
     """What a launch's ranks get: no XLA device settings, and ``USE_TORCH_XLA=0``."""
     env = child_env(xla=False)
     env["USE_TORCH_XLA"] = "0"
     return env
+
+
+def torchrun_arguments(script: Path, nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
+    """What follows ``python`` in a launch of ``script`` on ``nproc`` processes.
+    ``--standalone``: a free port of its own, so launches of concurrent test runs (and of the
+    session's background runs) do not collide on 29500."""
+    return [
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        "--max-restarts", str(max_restarts), str(script), *args,
+    ]  # fmt: skip
 
 
 def torchrun(
@@ -85,22 +96,9 @@ def torchrun(
     On a timeout the whole launch is killed, torchrun and its workers, and
     ``subprocess.TimeoutExpired`` is raised with what they printed.
     """
-    env = _launch_env()
-    # --standalone: a free port of its own, so launches of concurrent test runs do not collide on 29500.
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
-        "--max-restarts",
-        str(max_restarts),
-        str(script),
-        *args,
-    ]
+    command = [sys.executable, *torchrun_arguments(script, nproc, *args, max_restarts=max_restarts)]
     with subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as launch:
         try:
             out, err = launch.communicate(timeout=timeout)
@@ -111,35 +109,102 @@ def torchrun(
     return subprocess.CompletedProcess(command, launch.returncode, out, err)
 
 
-_zygote: list[subprocess.Popen] = []
-_PARENT_LOG = Path(tempfile.gettempdir()) / f"warm-parent-{os.getpid()}.log"
+KILL_WAIT_SECONDS = 10  # a warm parent forks the leader within a second of a request, when idle
+_zygotes: dict[bool, subprocess.Popen] = {}  # the warm parents, by whether they import the planner
+_zygote_lock = threading.Lock()  # a test's thread and the background queue's both start launches
 
 
-def _warm_parent() -> subprocess.Popen:
-    """The session's warm parent (workers/zygote_worker.py), started at the first warm launch."""
-    if not _zygote or _zygote[0].poll() is not None:
-        _zygote[:] = [
-            subprocess.Popen(
-                [sys.executable, str(WORKERS / "zygote_worker.py")], cwd=ROOT, env=_launch_env(), text=True,
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_PARENT_LOG.open("w"),
-            )
-        ]  # fmt: skip
-    return _zygote[0]
+def _parent_log(planner: bool) -> Path:
+    return Path(tempfile.gettempdir()) / f"warm-parent{'-planner' if planner else ''}-{os.getpid()}.log"
+
+
+def _warm_parent(planner: bool) -> subprocess.Popen:
+    """The session's warm parent (workers/zygote_worker.py), started at its first launch; with
+    ``planner``, the one that has imported jax and the planner too."""
+    parent = _zygotes.get(planner)
+    if parent is None or parent.poll() is not None:
+        command = [sys.executable, str(WORKERS / "zygote_worker.py"), *(["--planner"] if planner else [])]
+        parent = _zygotes[planner] = subprocess.Popen(
+            command, cwd=ROOT, env=launch_env(), text=True, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=_parent_log(planner).open("w"),
+        )  # fmt: skip
+    return parent
 
 
 def stop_warm_parent() -> None:
-    for parent in _zygote:
+    for planner, parent in _zygotes.items():
         parent.kill()
         parent.wait()
-    _zygote.clear()
-    _PARENT_LOG.unlink(missing_ok=True)
+        _parent_log(planner).unlink(missing_ok=True)
+    _zygotes.clear()
 
 
-def _kill_launch(directory: Path) -> None:
-    pid_file = directory / "pid"
-    if not pid_file.exists():
-        return
-    kill_tree(int(pid_file.read_text()))
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie included: the leader's parent is init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class WarmLaunch:
+    """A launch of ``script`` on ``nproc`` ranks forked by a warm parent, seen as a
+    `subprocess.Popen`: `pid` (its leader's), `poll` and `wait` read what the parent writes to
+    ``directory`` (``pid``, ``returncode``; ``stdout`` and ``stderr`` beside them). ``nice``: the
+    ranks' niceness; ``planner``: forked from the parent that has imported the planner."""
+
+    def __init__(
+        self, script: Path, nproc: int, *args: str, directory: Path, cwd: Path = ROOT, nice: int = 0,
+        planner: bool = False,
+    ) -> None:  # fmt: skip
+        self.args = ["warm_launch", str(script), "--nproc", str(nproc), *args]
+        self.directory, self.returncode, self._planner = directory, None, planner
+        request = {"script": str(script), "args": list(args), "nproc": nproc, "cwd": str(cwd), "dir": str(directory)}
+        with _zygote_lock:
+            self._parent = _warm_parent(planner)
+            self._parent.stdin.write(json.dumps(request | {"nice": nice}) + "\n")
+            self._parent.stdin.flush()
+
+    @property
+    def pid(self) -> int | None:
+        path = self.directory / "pid"
+        return int(path.read_text()) if path.exists() else None
+
+    def poll(self) -> int | None:
+        """Its exit code once it has ended (-9 when it was killed before writing one)."""
+        if self.returncode is None:
+            pid = self.pid
+            ended = pid is not None and _gone(pid)  # before reading returncode, which it writes last
+            done = self.directory / "returncode"
+            if done.exists():
+                self.returncode = int(done.read_text())
+            elif ended:
+                self.returncode = -signal.SIGKILL
+            elif pid is None and self._parent.poll() is not None:
+                log = _parent_log(self._planner).read_text()[-2000:]
+                raise RuntimeError(
+                    f"the warm parent (workers/zygote_worker.py) ended with {self._parent.returncode}: {log}"
+                )
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL its leader and ranks, waiting up to `KILL_WAIT_SECONDS` for the warm parent to
+        have started the leader."""
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while self.pid is None and self._parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.pid is not None:
+            kill_tree(self.pid)
+        else:
+            self.returncode = -signal.SIGKILL  # not started: the session ends, and its parent with it
 
 
 def warm_launch(
@@ -151,26 +216,15 @@ def warm_launch(
     torch a launch. For scripts that test what a launch does, not torchrun itself: restarts,
     torchrun's own messages and interpreter exit need ``torchrun``."""
     directory = Path(tempfile.mkdtemp(prefix="warm-launch-"))
-    request = {"script": str(script), "args": list(args), "nproc": nproc, "cwd": str(cwd), "dir": str(directory)}
-    parent = _warm_parent()
-    parent.stdin.write(json.dumps(request) + "\n")
-    parent.stdin.flush()
-    command = ["warm_launch", str(script), "--nproc", str(nproc), *args]
-    deadline = time.monotonic() + timeout
-    done = directory / "returncode"
-    while not done.exists():
-        if parent.poll() is not None and not done.exists():
-            raise RuntimeError(
-                f"the warm parent (workers/zygote_worker.py) ended with {parent.returncode}: {_PARENT_LOG.read_text()[-2000:]}"
-            )
-        if time.monotonic() > deadline:
-            _kill_launch(directory)
-            raise subprocess.TimeoutExpired(command, timeout, *_outputs(directory))
-        time.sleep(0.05)
-    code = int(done.read_text())
+    launch = WarmLaunch(script, nproc, *args, directory=directory, cwd=cwd)
+    try:
+        code = launch.wait(timeout)
+    except subprocess.TimeoutExpired:
+        launch.kill()
+        raise subprocess.TimeoutExpired(launch.args, timeout, *_outputs(directory)) from None
     out, err = _outputs(directory)
     shutil.rmtree(directory, ignore_errors=True)
-    return subprocess.CompletedProcess(command, code, out, err)
+    return subprocess.CompletedProcess(launch.args, code, out, err)
 
 
 def _outputs(directory: Path) -> tuple[str, str]:

@@ -16,9 +16,10 @@ from spmd import PartitionSpec, ShardingError
 from spmd._backend import backend_for, use_backend
 from spmd._backend.dtensor_backend import placements_for, spec_of
 from spmd._util import torch_compat
+from tests.background import torchrun_in_background
 from tests.conftest import HAS_TORCH_XLA
 from tests.spmd.specs import all_specs
-from tests.torchrun import WORKERS, torchrun, warm_launch
+from tests.torchrun import WORKERS, warm_launch
 
 WORKER = WORKERS / "dtensor_worker.py"
 
@@ -151,50 +152,30 @@ def test_replace_takes_a_bool_on_the_dtensor_backend_too():
         use_backend(None)
 
 
-EXIT_AFTER_DESTROY = """
-import numpy as np, torch, torch.distributed as dist
-from mesh import Mesh
-from spmd import P, mark_sharding
-
-dist.init_process_group("gloo")
-x = mark_sharding(torch.ones(8), Mesh(np.arange(dist.get_world_size()), (dist.get_world_size(),), ("x",)), P("x"))
-assert x.full_tensor().sum().item() == 8
-dist.destroy_process_group()
-"""
-# Ends right after collectives, holding the GIL (a long switch interval stands for a script busy
-# in Python to its end), with no destroy_process_group: the workers that drop the collectives need
-# the GIL, and get it only from the exit hook. Four asynchronous collectives on both axes' groups
-# leave more workers waiting than one: without the hook 12 of 14 launches aborted (one collective:
-# 4 of 6), so 2 launches catch it as surely as 3 did (98 % and 96 %).
-EXIT_AFTER_COLLECTIVE = """
-import sys
-import numpy as np, torch, torch.distributed as dist
-import spmd
-from mesh import Mesh
-
-dist.init_process_group("gloo")
-n = dist.get_world_size()
-device_mesh = spmd.device_mesh(Mesh(np.arange(n).reshape(2, n // 2), (2, n // 2), ("a", "b")))
-sys.setswitchinterval(60)
-pending = [dist.all_reduce(torch.ones(8), group=device_mesh.get_group(axis), async_op=True) for axis in "abab"]
-dist.all_reduce(torch.ones(8), group=device_mesh.get_group("a"))
-"""
+# Launches of the two scripts, each run in the background (tests/background.py): a launch is
+# mostly torch's imports and the ranks' exits, waited for. Without the exit hook, 12 of 14
+# launches of the second script aborted (with one collective in place of its four: 4 of 6), so 2
+# launches catch it as surely as 3 did (98 % and 96 %).
+EXITS = {
+    "destroyed": tuple(torchrun_in_background(WORKERS / "exit_after_destroy_worker.py", 4, timeout=120) for _ in range(3)),
+    "last-collective": tuple(
+        torchrun_in_background(WORKERS / "exit_after_collective_worker.py", 4, timeout=120) for _ in range(2)
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.smoke
 @pytest.mark.parametrize(
-    "script_text, launches", [(EXIT_AFTER_DESTROY, 3), (EXIT_AFTER_COLLECTIVE, 2)], ids=["destroyed", "last-collective"]
+    "launches", [pytest.param(runs, marks=pytest.mark.reads(*runs), id=name) for name, runs in EXITS.items()]
 )
-def test_processes_exit_cleanly(tmp_path, script_text, launches):
+def test_processes_exit_cleanly(launches):
     """torch 2.15 aborted exits ("terminate called without an active exception") two ways: the
     DeviceMesh a mesh caches kept a destroyed group's gloo workers alive into interpreter
     finalization, and a worker dropping the script's last collective waited for the GIL until
     finalization (without the exit hook, 1 of 6 launches of the first script aborted, 12 of 14 of
     the second). Every launch of 4 processes must exit 0."""
-    script = tmp_path / "exit.py"
-    script.write_text(script_text)
-    for _ in range(launches):
-        run = torchrun(script, 4, timeout=120)
+    for launch in launches:
+        run = launch.completed()
         # What the aborting rank said comes before torchrun's long report: keep it in the message.
         said = [line for line in run.stderr.splitlines() if "terminate" in line or "what()" in line]
         assert run.returncode == 0 and "terminate called" not in run.stderr, "\n".join(said) + run.stderr[-1500:]

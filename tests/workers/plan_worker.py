@@ -5,7 +5,7 @@
 A subprocess because the test session's XLA_FLAGS (8 virtual CPU devices, the inspector's HLO
 dumps) would apply to the TPU compiles too, and because libtpu and torchax stay out of the test
 session. Writes OUT_DIR/results.json, or results-SECTION.json (SECTION the first named) when
-sections are named: tests/spmd/plan/plan_results.py runs them in two processes. Runs on both
+sections are named: tests/spmd/plan/plan_results.py runs them in three processes. Runs on both
 lanes; what a lane cannot compile (tpu7x on libtpu 0.0.20) is recorded as the error the planner
 gives.
 """

@@ -1,13 +1,14 @@
 """The background run of plan_worker.py: started when collection ends (tests/conftest.py),
 awaited by the tests that read its results.
 
-Its sections run in two processes, each on the test session's spare CPU (nice 19): the readers
-run last and wait for the compiles, and one process left at the end used one core of two, so
-the wait was the long pole of the suite (732 s of a loaded 2,016 s run). `PARTS` splits the
-sections by their CPU seconds (plan_worker logs them): on the current lane the advisor's sections
-take about 150 s (measured alone 2026-12-02) and the rest about 185 s (2026-11-30). On the
-torch_xla lane its libtpu knows no tpu7x, `CURRENT_LANE_ONLY` is not run and
-`ON_DEMAND_ON_TORCH_XLA` only when its readers are selected.
+Its sections run in three processes on the current lane (two on the torch_xla lane), each on the
+test session's spare CPU (nice 19) and forked from the warm parent that has imported the planner
+(tests/background.py). The readers run last and wait for the compiles, and one process left at
+the end uses one core of two: with two processes the last 41 s of a 633 s run waited so, 39 % of
+the two cores idle. `PARTS` splits the sections by their CPU seconds (plan_worker logs them;
+measured alone on the current lane 2026-12-02): the advisor's 109 s, the remat policies' 106 s,
+the rest 78 s. On the torch_xla lane its libtpu knows no tpu7x, `CURRENT_LANE_ONLY` is not run
+and `ON_DEMAND_ON_TORCH_XLA` only when its readers are selected.
 """
 
 import json
@@ -28,8 +29,9 @@ USERS = (
 # advisor's sections share one compile cache, so they run in one process (in the order
 # plan_worker.sections gives: every_plan reads what advisor and refined_advice cached).
 PARTS = (
-    ("advisor", "refined_advice", "every_plan", "interrupted_advice", "two_slices", "fused_projections"),
-    ("policies_and_kernels", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity",
+    ("advisor", "refined_advice", "every_plan", "interrupted_advice"),
+    ("policies_and_kernels",),
+    ("two_slices", "fused_projections", "ironwood", "device_orders", "errors", "loop_collectives", "fidelity",
      "context_parallel"),
 )  # fmt: skip
 # `every_plan` checks the advisor's search against every plan it could have tried: Python over
@@ -74,14 +76,16 @@ def _parts(items: list) -> tuple[tuple[str, ...], ...]:
 
 
 def start(items: list = ()) -> None:
-    """Both parts at once, beside child_compile's queue (not in it: the queue's runs take turns,
-    and these would hold it for their whole 4 to 5 minutes), with the sections the tests
-    ``items`` read. child_compile.stop_all ends them."""
+    """Every part at once, beside the queue of tests/background.py (not in it: the queue's runs
+    take turns, and these would hold it for their whole 4 to 5 minutes), with the sections the
+    tests ``items`` read. tests.background.stop_all ends them."""
     if _runs:
         return
     out = tempfile.mkdtemp(prefix="plan-worker-")
     worker = (str(WORKERS / "plan_worker.py"),)
-    _runs.extend(BackgroundRun(worker, None, out, *part, timeout=TIMEOUT_SECONDS) for part in _parts(items) if part)
+    _runs.extend(
+        BackgroundRun(worker, None, out, *part, timeout=TIMEOUT_SECONDS, warm=True) for part in _parts(items) if part
+    )
     for run in _runs:
         run.start()
 
@@ -104,7 +108,7 @@ def _output_dir() -> Path:
 
 
 def remove_output() -> None:
-    """Remove the workers' output directory (after child_compile.stop_all has ended them)."""
+    """Remove the workers' output directory (after tests.background.stop_all has ended them)."""
     if _runs:
         shutil.rmtree(_output_dir(), ignore_errors=True)
     _runs.clear()
