@@ -8,7 +8,7 @@ the rest. The queue runs its runs one at a time in each of two lines: the planne
 the multi-process launches that mostly wait (`torchrun_in_background`: timeouts, restarts,
 process exits) at the tests' own priority, since what they check includes how long a rank takes
 to fail. A test whose run has not started yet starts it, so a module run on its own works the
-same. The planner worker's two processes (plan_results.py) and torchft's chaos runs
+same. The planner worker's processes (plan_results.py) and torchft's chaos runs
 (tests/fsdp_xla/chaos_runs.py) are started at once rather than queued. `stop_all` ends every run
 still going when the session ends.
 
@@ -46,8 +46,8 @@ class BackgroundRun:
     run's environment (`child_env(xla=False)` when None). ``warm``: forked from the warm parent
     that has imported the planner (tests/torchrun.py, `WarmLaunch`) instead of a fresh
     interpreter, with that parent's environment (``env`` unused); for a ``("-c", CODE)`` or a
-    ``(SCRIPT,)`` program. A planner compile run was about 11 CPU s cheaper so (the current lane's
-    niced CPU 575 to 463 core-s for its 10 runs and more, measured 2026-12-02)."""
+    ``(SCRIPT,)`` program. With its 10 compile runs forked so, the current lane's nice-19 CPU fell
+    from 575 to 463 core-s (one run each, 2026-12-02; this machine's runs vary by about 10 %)."""
 
     def __init__(
         self, program: tuple[str, ...], config: dict | None, *args: str, timeout: float, nice: bool = True,
