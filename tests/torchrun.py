@@ -41,16 +41,23 @@ def child_env(*, xla: bool = True) -> dict[str, str]:
     return env
 
 
+def _stat_fields(stat: Path) -> list[str] | None:
+    """A ``/proc/PID/stat`` file's fields after the command name (which may hold spaces and
+    parentheses): state first, then the parent's pid; None once the process is gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid``. torchrun starts each worker in a session of its own, so
     killing torchrun's process group would leave them running, holding the test's pipes."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        fields = _stat_fields(stat)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -141,10 +148,8 @@ def stop_warm_parent() -> None:
 
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie included: the leader's parent is init)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields is None or fields[0] == "Z"
 
 
 class WarmLaunch:
